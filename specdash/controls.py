@@ -1,0 +1,55 @@
+"""Live controls: written by any thread (dashboard keys), read by the engine between steps.
+
+The engine calls `Controls.snapshot()` once at the top of each step, so a change never
+lands mid-step; the engine emits a `ControlChange` event for each setting that moved.
+"""
+
+from __future__ import annotations
+
+import threading
+from dataclasses import dataclass, replace
+
+
+@dataclass(frozen=True, slots=True)
+class ControlState:
+    gemm_backend: str
+    speculation: bool
+    k: int
+    verify_mode: str
+    paused: bool = False
+
+
+class Controls:
+    def __init__(self, initial: ControlState) -> None:
+        self._lock = threading.Lock()
+        self._state = initial
+        self._skip_prompt = threading.Event()
+        self._resume = threading.Event()
+        self._resume.set()
+
+    def snapshot(self) -> ControlState:
+        with self._lock:
+            return self._state
+
+    def update(self, **changes: object) -> ControlState:
+        with self._lock:
+            self._state = replace(self._state, **changes)
+            state = self._state
+        if "paused" in changes:
+            (self._resume.clear if state.paused else self._resume.set)()
+        return state
+
+    def request_next_prompt(self) -> None:
+        self._skip_prompt.set()
+
+    def take_next_prompt_request(self) -> bool:
+        """True once per `request_next_prompt` call."""
+        if self._skip_prompt.is_set():
+            self._skip_prompt.clear()
+            return True
+        return False
+
+    def wait_while_paused(self, stop: threading.Event, poll_s: float = 0.05) -> None:
+        while not self._resume.wait(poll_s):
+            if stop.is_set():
+                return

@@ -1,0 +1,209 @@
+"""Typed events: the one stream from an engine to its consumers.
+
+Every engine (native, sglang) emits these and nothing else; the dashboard, the
+trace writer and the headless summary only ever read them. Keeping the core
+free of any consumer is what lets a trace replay drive the same widgets as a
+live run. Times are integer nanoseconds from `time.monotonic_ns()`.
+"""
+
+from __future__ import annotations
+
+import time
+from typing import Annotated, Any, Literal
+
+from pydantic import BaseModel, ConfigDict, Field, TypeAdapter
+
+SCHEMA = "specdash/v1"
+
+
+def now_ns() -> int:
+    return time.monotonic_ns()
+
+
+class _Event(BaseModel):
+    model_config = ConfigDict(frozen=True, extra="forbid")
+    t_ns: int = Field(default_factory=now_ns)
+
+
+class SessionStart(_Event):
+    """First event of a session: everything needed to reproduce it."""
+
+    kind: Literal["session_start"] = "session_start"
+    schema_version: str = SCHEMA
+    config: dict[str, Any]
+    versions: dict[str, str]
+    device: str
+    gemm_backend: str
+    wall_time: float = Field(default_factory=time.time)
+    git_revision: str | None = None
+
+
+class PromptStart(_Event):
+    kind: Literal["prompt_start"] = "prompt_start"
+    prompt_index: int
+    prompt_tokens: int
+    text: str
+
+
+class Prefill(_Event):
+    kind: Literal["prefill"] = "prefill"
+    prompt_index: int
+    tokens: int
+    seconds: float
+    run: Literal["spec", "shadow", "draft"]
+
+
+class Draft(_Event):
+    kind: Literal["draft"] = "draft"
+    prompt_index: int
+    step: int
+    k: int
+    drafter: str
+    tokens: list[int]
+    seconds: float
+
+
+class VerifyStep(_Event):
+    """One speculative step: k drafts verified, `accepted` of them kept, plus one bonus.
+
+    `accepted` counts drafts only (0..k); the step emits accepted + 1 tokens.
+    Timings are host wall-clock seconds of each phase of this step.
+    """
+
+    kind: Literal["verify_step"] = "verify_step"
+    prompt_index: int
+    step: int
+    k: int
+    accepted: int
+    draft_tokens: list[int]
+    emitted_tokens: list[int]
+    verify_mode: Literal["exact", "fast"]
+    gemm_backend: str
+    draft_s: float
+    verify_s: float
+    shadow_s: float
+    rollback_s: float
+
+
+class Token(_Event):
+    """One emitted token of the speculative run. `source` says how it got there."""
+
+    kind: Literal["token"] = "token"
+    prompt_index: int
+    position: int
+    token_id: int
+    logprob: float
+    text: str
+    source: Literal["draft", "bonus", "decode"]
+    step: int
+
+
+class RootCause(BaseModel):
+    model_config = ConfigDict(frozen=True, extra="forbid")
+    layer: int | None
+    sub_op: str
+    max_abs_diff: float
+    detail: str = ""
+
+
+class Divergence(_Event):
+    """First position where the speculative run and the shadow disagree.
+
+    A logprob divergence means the ids match but the fp32 logprob bits do not.
+    """
+
+    kind: Literal["divergence"] = "divergence"
+    prompt_index: int
+    position: int
+    step: int
+    k: int
+    verify_mode: Literal["exact", "fast"]
+    gemm_backend: str
+    what: Literal["token", "logprob"]
+    spec_token: int
+    shadow_token: int
+    spec_logprob: float
+    shadow_logprob: float
+    spec_text: str = ""
+    shadow_text: str = ""
+    context: str = ""
+    root_cause: RootCause | None = None
+
+
+class PromptDone(_Event):
+    kind: Literal["prompt_done"] = "prompt_done"
+    prompt_index: int
+    new_tokens: int
+    seconds: float
+    verify_steps: int
+    accepted_drafts: int
+    proposed_drafts: int
+    exact: bool
+
+
+class TelemetrySample(_Event):
+    """One GPU sampler window. `source` labels what the bandwidth number means."""
+
+    kind: Literal["telemetry"] = "telemetry"
+    window_s: float
+    source: Literal["gpm", "mem_busy", "none"]
+    dram_bw_util_pct: float | None = None
+    dram_gbps: float | None = None
+    mem_busy_pct: float | None = None
+    sm_util_pct: float | None = None
+    power_w: float | None = None
+    mem_used_gb: float | None = None
+    note: str = ""
+
+
+class ControlChange(_Event):
+    """A live setting changed; it took effect at `applied_step` (never mid-step)."""
+
+    kind: Literal["control"] = "control"
+    name: Literal["gemm_backend", "speculation", "k", "verify_mode", "paused", "prompt", "trace"]
+    old: str
+    new: str
+    applied_step: int
+
+
+class EngineError(_Event):
+    kind: Literal["error"] = "error"
+    message: str
+    fatal: bool = True
+
+
+class Summary(_Event):
+    kind: Literal["summary"] = "summary"
+    prompts: int
+    exact_prompts: int
+    new_tokens: int
+    seconds: float
+    tokens_per_s: float
+    mean_accepted_length: float
+    acceptance_rate: float
+    verify_steps: int
+    divergences: int
+
+
+Event = Annotated[
+    SessionStart
+    | PromptStart
+    | Prefill
+    | Draft
+    | VerifyStep
+    | Token
+    | Divergence
+    | PromptDone
+    | TelemetrySample
+    | ControlChange
+    | EngineError
+    | Summary,
+    Field(discriminator="kind"),
+]
+
+EVENT_ADAPTER: TypeAdapter[Event] = TypeAdapter(Event)
+
+
+def parse_event(line: str | bytes) -> Event:
+    """One JSON object (a trace line) back to its typed event."""
+    return EVENT_ADAPTER.validate_json(line)

@@ -1,0 +1,44 @@
+"""What a session is asked to do: one validated object shared by CLI, dashboard and trace header."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Literal
+
+from pydantic import BaseModel, ConfigDict, Field, field_validator
+
+MAX_K = 16
+
+
+class SessionSettings(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+
+    engine: Literal["native", "sglang"] = "native"
+    model: Path | None = None
+    """Target checkpoint directory (HF format). None: the embedded default, or `preset`."""
+    draft: Path | None = None
+    """Draft checkpoint directory for `drafter="model"`. None: the embedded default draft."""
+    preset: str | None = None
+    """Random weights of a named shape (e.g. `qwen3.5-27b-shape`) instead of a checkpoint."""
+    drafter: Literal["model", "ngram"] = "model"
+    k: int = Field(default=4, ge=1, le=MAX_K)
+    speculation: bool = True
+    verify: Literal["exact", "fast"] = "exact"
+    gemm_backend: str = "auto"
+    batch: int = Field(default=1, ge=1)
+    prompts: Path | None = None
+    """JSONL, one {"prompt": ...} per line. None: the shipped 24-prompt set."""
+    max_new_tokens: int = Field(default=64, ge=1)
+    device: str = "cpu"
+    dtype: Literal["float32", "bfloat16"] | None = None
+    shadow: bool = True
+    root_cause: bool = True
+    seed: int = 0
+    trace: Path | None = None
+
+    @field_validator("k")
+    @classmethod
+    def _k_in_range(cls, k: int) -> int:
+        if not 1 <= k <= MAX_K:
+            raise ValueError(f"k must be in 1..{MAX_K}")
+        return k
