@@ -1,0 +1,37 @@
+"""User-facing errors: one line of text and a documented exit code, never a traceback.
+
+Exit codes (also in the README):
+  0  success
+  1  a divergence was found (`run --fail-on-divergence`, `audit` exact-mode failure, `diff`)
+  2  bad usage or bad input (flags, prompt file, k out of range, prompt too long)
+  3  checkpoint problem (missing/corrupt files, missing tensor, shape mismatch,
+     unsupported architecture, tokenizer mismatch)
+  4  environment problem (no GPU/NVML/SGLang where required, unsupported SGLang version,
+     unwritable output path)
+  130 interrupted (Ctrl-C); partial results and the trace are kept
+"""
+
+from __future__ import annotations
+
+EXIT_OK = 0
+EXIT_DIVERGED = 1
+EXIT_USAGE = 2
+EXIT_CHECKPOINT = 3
+EXIT_ENVIRONMENT = 4
+EXIT_INTERRUPTED = 130
+
+
+class SpecdashError(Exception):
+    exit_code = EXIT_USAGE
+
+
+class UsageError(SpecdashError):
+    exit_code = EXIT_USAGE
+
+
+class CheckpointError(SpecdashError):
+    exit_code = EXIT_CHECKPOINT
+
+
+class EnvironmentProblem(SpecdashError):
+    exit_code = EXIT_ENVIRONMENT
