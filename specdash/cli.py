@@ -1,0 +1,73 @@
+"""`specdash` command line. Each subcommand lives in its own module and is imported lazily,
+so `specdash run --headless` never pays for Textual and `specdash patches check` never
+pays for torch."""
+
+from __future__ import annotations
+
+import argparse
+import sys
+
+from specdash.errors import EXIT_INTERRUPTED, SpecdashError
+
+
+def _add_session_flags(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--engine", choices=["native", "sglang"], default="native")
+    p.add_argument("--model", metavar="DIR", help="target checkpoint (HF format directory)")
+    p.add_argument("--draft", metavar="DIR", help="draft checkpoint (same tokenizer)")
+    p.add_argument("--preset", help="random weights of a named shape, e.g. qwen3.5-27b-shape")
+    p.add_argument("--drafter", choices=["model", "ngram"], default="model")
+    p.add_argument("-k", type=int, default=4, help="draft tokens per verify step (1..16)")
+    p.add_argument("--verify", choices=["exact", "fast"], default="exact")
+    p.add_argument("--gemm-backend", default="auto")
+    p.add_argument("--batch", type=int, default=1, help="prompts decoded together")
+    p.add_argument("--prompts", metavar="FILE", help='JSONL, one {"prompt": ...} per line')
+    p.add_argument("--max-new-tokens", type=int, default=64)
+    p.add_argument("--device", default="cpu")
+    p.add_argument("--dtype", choices=["float32", "bfloat16"])
+    p.add_argument("--no-shadow", action="store_true", help="skip the shadow decode")
+    p.add_argument("--no-spec", action="store_true", help="plain greedy decode only")
+    p.add_argument("--trace", metavar="PATH", help="record a JSONL session trace")
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(prog="specdash", description=__doc__)
+    sub = parser.add_subparsers(dest="command")
+
+    run = sub.add_parser("run", help="decode a prompt set (use --headless for no dashboard)")
+    _add_session_flags(run)
+    run.add_argument("--headless", action="store_true", help="no dashboard: print a summary")
+    run.add_argument("--json", action="store_true", help="print one JSON summary object")
+    run.add_argument("--fail-on-divergence", action="store_true", help="exit 1 on divergence")
+
+    audit = sub.add_parser("audit", help="exactness matrix: k x drafter x batch x verify mode")
+    _add_session_flags(audit)
+    audit.add_argument("--json", action="store_true")
+    audit.add_argument("--ks", default="1,3,5,9", help="comma-separated k values")
+    audit.add_argument("--num-prompts", type=int, default=8, help="prompts per cell")
+    return parser
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = build_parser()
+    args = parser.parse_args(argv)
+    try:
+        if args.command == "run" and args.headless:
+            from specdash.headless import run_headless
+
+            return run_headless(args)
+        if args.command == "audit":
+            from specdash.audit import run_audit
+
+            return run_audit(args)
+        parser.print_help()
+        return 0
+    except SpecdashError as e:
+        print(f"specdash: error: {e}", file=sys.stderr)
+        return e.exit_code
+    except KeyboardInterrupt:
+        print("specdash: interrupted", file=sys.stderr)
+        return EXIT_INTERRUPTED
+
+
+if __name__ == "__main__":
+    sys.exit(main())
