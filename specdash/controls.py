@@ -7,6 +7,7 @@ lands mid-step; the engine emits a `ControlChange` event for each setting that m
 from __future__ import annotations
 
 import threading
+from collections import deque
 from dataclasses import dataclass, replace
 
 
@@ -24,6 +25,7 @@ class Controls:
         self._lock = threading.Lock()
         self._state = initial
         self._skip_prompt = threading.Event()
+        self._user_prompts: deque[str] = deque()
         self._resume = threading.Event()
         self._resume.set()
 
@@ -48,6 +50,16 @@ class Controls:
             self._skip_prompt.clear()
             return True
         return False
+
+    def submit_prompt(self, text: str) -> None:
+        """Queue a prompt typed in the dashboard; the engine decodes it after the current one."""
+        with self._lock:
+            self._user_prompts.append(text)
+
+    def take_user_prompt(self) -> str | None:
+        """The oldest queued user prompt, or None. The engine calls this between prompts."""
+        with self._lock:
+            return self._user_prompts.popleft() if self._user_prompts else None
 
     def wait_while_paused(self, stop: threading.Event, poll_s: float = 0.05) -> None:
         while not self._resume.wait(poll_s):
