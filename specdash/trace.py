@@ -1,0 +1,197 @@
+"""Session traces: the crash-safe JSONL file that records one session's event stream.
+
+Line 1 is the `SessionStart` header (config, versions, device, GEMM backend, git revision);
+every later line is one event, written whole and flushed at once, so a `kill -9` loses at
+most the line being written and `read_trace` gets back everything before it. Recording must
+never take a session down: an I/O error mid-session stops the writer and is kept in
+`stopped_reason` for the dashboard to show.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import subprocess
+import threading
+from pathlib import Path
+from typing import IO
+
+from pydantic import ValidationError
+
+from specdash.errors import EnvironmentProblem, UsageError
+from specdash.events import SCHEMA, Event, SessionStart, parse_event
+
+
+def git_revision(directory: Path | None = None) -> str | None:
+    """The checkout's commit (with `-dirty` for uncommitted edits), or None outside git."""
+    cwd = directory or Path(__file__).resolve().parent
+    try:
+        head = subprocess.run(
+            ["git", "rev-parse", "--short=12", "HEAD"],
+            cwd=cwd,
+            capture_output=True,
+            text=True,
+            timeout=5,
+            check=True,
+        ).stdout.strip()
+        dirty = subprocess.run(
+            ["git", "status", "--porcelain", "--untracked-files=no"],
+            cwd=cwd,
+            capture_output=True,
+            text=True,
+            timeout=5,
+            check=True,
+        ).stdout.strip()
+    except (OSError, subprocess.SubprocessError):
+        return None
+    return f"{head}-dirty" if dirty else head
+
+
+class TraceWriter:
+    """Event sink that appends each event to a JSONL trace.
+
+    `target` is a path (opened now; an unwritable path is an `EnvironmentProblem`) or an
+    already open text stream. The first event written must be the `SessionStart` header,
+    either passed as `header` (recording started mid-session) or as the first event sunk.
+    Thread-safe: the engine thread writes, the dashboard may `close()`.
+    """
+
+    def __init__(self, target: Path | str | IO[str], header: SessionStart | None = None) -> None:
+        self._lock = threading.Lock()
+        self._has_header = False
+        self.stopped_reason: str | None = None
+        self.lines_written = 0
+        if isinstance(target, str | Path):
+            self.path: Path | None = Path(target)
+            try:
+                self._file: IO[str] | None = open(self.path, "w", encoding="utf-8")  # noqa: SIM115
+            except OSError as e:
+                raise EnvironmentProblem(
+                    f"cannot write trace {self.path}: {e.strerror or e}"
+                ) from None
+        else:
+            self.path = None
+            self._file = target
+        if header is not None:
+            self(header)
+
+    def __call__(self, event: Event) -> None:
+        with self._lock:
+            if self._file is None:
+                return
+            if not self._has_header:
+                if not isinstance(event, SessionStart):
+                    raise ValueError(f"a trace must start with session_start, got {event.kind}")
+                if event.git_revision is None:
+                    event = event.model_copy(update={"git_revision": git_revision()})
+                self._has_header = True
+            try:
+                self._file.write(event.model_dump_json() + "\n")
+                self._file.flush()
+            except OSError as e:
+                self._stop(f"{e.strerror or e}")
+                return
+            self.lines_written += 1
+
+    @property
+    def recording(self) -> bool:
+        return self._file is not None
+
+    def close(self) -> None:
+        with self._lock:
+            if self._file is not None:
+                try:
+                    self._file.close()
+                except OSError as e:
+                    self.stopped_reason = self.stopped_reason or f"{e.strerror or e}"
+                self._file = None
+
+    def __enter__(self) -> TraceWriter:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+    def _stop(self, reason: str) -> None:
+        self.stopped_reason = reason
+        with contextlib.suppress(OSError):  # the disk is failing; `reason` says why already
+            self._file.close()  # type: ignore[union-attr]
+        self._file = None
+
+
+def _schema_major(schema: str) -> int | None:
+    name, _, version = schema.partition("/v")
+    return int(version) if name == SCHEMA.partition("/v")[0] and version.isdigit() else None
+
+
+def _read_header(first: bytes, path: Path) -> SessionStart:
+    try:
+        obj = json.loads(first)
+    except (json.JSONDecodeError, UnicodeDecodeError):
+        raise UsageError(f"{path} is not a specdash trace (line 1 is not JSON)") from None
+    if not isinstance(obj, dict) or obj.get("kind") != "session_start":
+        raise UsageError(f"{path} is not a specdash trace (no session_start header)")
+    schema = str(obj.get("schema_version", ""))
+    major, ours = _schema_major(schema), _schema_major(SCHEMA)
+    if major is None:
+        raise UsageError(f"{path} is not a specdash trace (schema {schema!r})")
+    if major > ours:  # type: ignore[operator]
+        raise UsageError(
+            f"{path} uses trace schema {schema}, newer than this specdash reads ({SCHEMA}); "
+            "upgrade specdash"
+        )
+    try:
+        return SessionStart.model_validate(obj)
+    except ValidationError as e:
+        raise UsageError(f"{path}: bad session header: {_first_error(e)}") from None
+
+
+def _first_error(e: ValidationError) -> str:
+    err = e.errors()[0]
+    where = ".".join(str(p) for p in err["loc"])
+    return f"{where}: {err['msg']}" if where else err["msg"]
+
+
+def read_trace(path: Path | str) -> tuple[SessionStart, list[Event], list[str]]:
+    """Header, events and warnings of a trace; `UsageError` when it cannot be one.
+
+    A last line without its newline is what a killed writer leaves: it is skipped with a
+    warning if it does not parse. A bad line anywhere else means the file is damaged.
+    """
+    path = Path(path)
+    try:
+        data = path.read_bytes()
+    except FileNotFoundError:
+        raise UsageError(f"trace not found: {path}") from None
+    except IsADirectoryError:
+        raise UsageError(f"{path} is a directory, not a trace") from None
+    except OSError as e:
+        raise UsageError(f"cannot read trace {path}: {e.strerror or e}") from None
+    if not data.strip():
+        raise UsageError(f"{path} is empty, not a trace")
+    lines = data.split(b"\n")
+    torn = lines.pop()  # b"" when the file ends with a newline
+    if not lines:  # a single line without its newline: a whole header, or a torn one
+        try:
+            json.loads(torn)
+        except (json.JSONDecodeError, UnicodeDecodeError):
+            if b'"session_start"' in torn:
+                raise UsageError(f"{path} is truncated: its header line is incomplete") from None
+        lines, torn = [torn], b""
+    header = _read_header(lines[0], path)
+    events: list[Event] = []
+    for number, line in enumerate(lines[1:], start=2):
+        try:
+            events.append(parse_event(line))
+        except ValidationError as e:
+            raise UsageError(f"{path}:{number}: not a specdash event: {_first_error(e)}") from None
+    warnings: list[str] = []
+    if torn:
+        try:
+            events.append(parse_event(torn))
+        except ValidationError:
+            warnings.append(
+                f"{path}:{len(lines) + 1}: skipped a torn last line ({len(torn)} bytes); "
+                "the recording was cut off mid-write"
+            )
+    return header, events, warnings

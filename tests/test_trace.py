@@ -1,0 +1,207 @@
+"""Trace recording and reading: round trip, crash safety and every kind of bad file."""
+
+from __future__ import annotations
+
+import errno
+import io
+import json
+import os
+import re
+
+import pytest
+from synthetic_trace import Plan, header, session
+
+from specdash.errors import EnvironmentProblem, UsageError
+from specdash.events import SCHEMA, PromptStart, SessionStart
+from specdash.trace import TraceWriter, git_revision, read_trace
+
+
+def record(path, events) -> TraceWriter:
+    with TraceWriter(path) as writer:
+        for e in events:
+            writer(e)
+    return writer
+
+
+def test_round_trip_events_equal(tmp_path):
+    events = session(Plan(divergence_at=(1, 5)))
+    writer = record(tmp_path / "t.jsonl", events)
+    head, back, warnings = read_trace(tmp_path / "t.jsonl")
+    assert warnings == []
+    assert head == events[0]
+    assert back == events[1:]
+    assert writer.lines_written == len(events) and writer.stopped_reason is None
+    assert {e.kind for e in back} >= {
+        "prompt_start", "prefill", "draft", "verify_step", "token", "divergence",
+        "prompt_done", "telemetry", "control", "summary",
+    }  # fmt: skip
+
+
+def test_each_event_is_on_disk_before_the_next(tmp_path):
+    """Flushed per event: another reader sees every line while the writer is still open."""
+    path = tmp_path / "t.jsonl"
+    events = session(Plan(prompts=1, new_tokens=4))
+    writer = TraceWriter(path)
+    for n, e in enumerate(events, start=1):
+        writer(e)
+        assert path.read_bytes().count(b"\n") == n
+    writer.close()
+
+
+def test_header_gets_git_revision_when_missing(tmp_path):
+    start = header(Plan()).model_copy(update={"git_revision": None})
+    record(tmp_path / "t.jsonl", [start])
+    head, events, _ = read_trace(tmp_path / "t.jsonl")
+    assert head.git_revision == git_revision()
+    assert events == []
+
+
+def test_git_revision_of_this_checkout():
+    rev = git_revision()
+    assert rev is not None and len(rev.removesuffix("-dirty")) == 12
+
+
+def test_git_revision_outside_git_is_none(tmp_path):
+    assert git_revision(tmp_path) is None
+
+
+def test_header_passed_when_recording_starts_mid_session(tmp_path):
+    events = session(Plan(prompts=1, new_tokens=4))
+    writer = TraceWriter(tmp_path / "t.jsonl", header=events[0])
+    for e in events[5:]:
+        writer(e)
+    writer.close()
+    head, back, _ = read_trace(tmp_path / "t.jsonl")
+    assert head == events[0] and back == events[5:]
+
+
+def test_first_event_must_be_the_header(tmp_path):
+    writer = TraceWriter(tmp_path / "t.jsonl")
+    with pytest.raises(ValueError, match="session_start"):
+        writer(PromptStart(prompt_index=0, prompt_tokens=1, text="x"))
+
+
+def test_torn_last_line_is_skipped_with_a_warning(tmp_path):
+    """What kill -9 mid-write leaves: every whole line reads back, the torn one is reported."""
+    events = session(Plan(prompts=1))
+    path = tmp_path / "t.jsonl"
+    record(path, events)
+    data = path.read_bytes()
+    cut = data[: data.rstrip(b"\n").rfind(b"\n") + 1 + 17]  # 17 bytes into the last line
+    path.write_bytes(cut)
+    head, back, warnings = read_trace(path)
+    assert back == events[1:-1]
+    assert len(warnings) == 1 and "torn last line (17 bytes)" in warnings[0]
+
+
+def test_last_line_without_newline_but_whole_is_kept(tmp_path):
+    events = session(Plan(prompts=1, new_tokens=4))
+    path = tmp_path / "t.jsonl"
+    record(path, events)
+    path.write_bytes(path.read_bytes().rstrip(b"\n"))
+    _, back, warnings = read_trace(path)
+    assert back == events[1:] and warnings == []
+
+
+def test_header_only_without_newline_reads(tmp_path):
+    path = tmp_path / "t.jsonl"
+    path.write_text(header(Plan()).model_dump_json())
+    head, events, warnings = read_trace(path)
+    assert head == header(Plan()) and events == [] and warnings == []
+
+
+@pytest.mark.parametrize(
+    ("content", "message"),
+    [
+        (None, "trace not found"),
+        (b"", "is empty"),
+        (b"\n\n", "is empty"),
+        (b'{"t_ns": 5, "kind": "session_start", "schema_ver', "truncated: its header line"),
+        (b"hello world\n", "not a specdash trace (line 1 is not JSON)"),
+        (b'{"traceEvents": []}\n', "not a specdash trace (no session_start header)"),
+        (b"\x89PNG\r\n\x1a\n\x00\x00", "not a specdash trace"),
+        (b'{"kind": "session_start", "schema_version": "other/v1"}\n', "schema 'other/v1'"),
+        (b'{"kind": "session_start", "schema_version": "specdash/v1"}\n', "bad session header"),
+    ],
+)
+def test_bad_files_are_one_line_usage_errors(tmp_path, content, message):
+    path = tmp_path / "t.jsonl"
+    if content is not None:
+        path.write_bytes(content)
+    with pytest.raises(UsageError, match=re.escape(message)) as err:
+        read_trace(path)
+    assert "\n" not in str(err.value)
+
+
+def test_directory_is_not_a_trace(tmp_path):
+    with pytest.raises(UsageError, match="is a directory"):
+        read_trace(tmp_path)
+
+
+def test_newer_schema_says_upgrade(tmp_path):
+    line = header(Plan()).model_dump() | {"schema_version": "specdash/v2", "new_field": 1}
+    path = tmp_path / "t.jsonl"
+    path.write_text(json.dumps(line) + "\n")
+    with pytest.raises(UsageError, match=r"schema specdash/v2, newer than .*\(specdash/v1\)"):
+        read_trace(path)
+    assert SCHEMA == "specdash/v1"
+
+
+def test_damaged_middle_line_is_an_error_with_its_line_number(tmp_path):
+    path = tmp_path / "t.jsonl"
+    record(path, session(Plan(prompts=1, new_tokens=4)))
+    lines = path.read_text().splitlines(keepends=True)
+    lines[3] = '{"kind": "verify_step", "oops": 1}\n'
+    path.write_text("".join(lines))
+    with pytest.raises(UsageError, match=r"t.jsonl:4: not a specdash event"):
+        read_trace(path)
+
+
+def test_unwritable_path_is_an_environment_problem(tmp_path):
+    with pytest.raises(EnvironmentProblem, match="cannot write trace .*No such file"):
+        TraceWriter(tmp_path / "missing-dir" / "t.jsonl")
+    if os.geteuid() != 0:
+        (tmp_path / "ro").mkdir(mode=0o500)
+        with pytest.raises(EnvironmentProblem, match="Permission denied"):
+            TraceWriter(tmp_path / "ro" / "t.jsonl")
+
+
+class FullDisk(io.StringIO):
+    """A stream that accepts `room` characters, then fails like a full disk."""
+
+    def __init__(self, room: int) -> None:
+        super().__init__()
+        self.room = room
+
+    def write(self, s: str) -> int:
+        if self.tell() + len(s) > self.room:
+            raise OSError(errno.ENOSPC, os.strerror(errno.ENOSPC))
+        return super().write(s)
+
+
+def test_full_disk_stops_recording_and_the_session_goes_on():
+    events = session(Plan(prompts=1))
+    stream = FullDisk(room=4000)
+    writer = TraceWriter(stream)
+    for e in events:
+        writer(e)  # never raises: the engine keeps going
+    assert writer.stopped_reason == "No space left on device"
+    assert not writer.recording
+    assert 1 < writer.lines_written < len(events)
+
+
+def test_full_disk_trace_reads_back_what_was_written(tmp_path):
+    events = session(Plan(prompts=1))
+    stream = FullDisk(room=4000)
+    stream.close = lambda: None  # keep the contents readable after the writer gives up
+    writer = TraceWriter(stream)
+    for e in events:
+        writer(e)
+    path = tmp_path / "t.jsonl"
+    path.write_text(stream.getvalue())
+    head, back, warnings = read_trace(path)
+    assert [head, *back] == events[: writer.lines_written] and warnings == []
+
+
+def test_header_model_is_session_start():
+    assert isinstance(header(Plan()), SessionStart)
