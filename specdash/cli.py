@@ -29,6 +29,25 @@ def _add_session_flags(p: argparse.ArgumentParser) -> None:
     p.add_argument("--trace", metavar="PATH", help="record a JSONL session trace")
 
 
+def _add_trace_commands(sub: argparse._SubParsersAction) -> None:
+    export = sub.add_parser("export", help="a trace as Perfetto (Chrome Trace Event) JSON or CSV")
+    export.add_argument("trace", metavar="TRACE")
+    export.add_argument("--format", choices=["perfetto", "csv"], default="perfetto")
+    export.add_argument("-o", "--output", metavar="OUT", help="default: next to TRACE; - stdout")
+
+    replay = sub.add_parser("replay", help="the dashboard on a recorded trace")
+    replay.add_argument("trace", metavar="TRACE")
+    replay.add_argument("--speed", type=float, default=1.0, help="playback speed (x real time)")
+
+    report = sub.add_parser("report", help="a self-contained HTML report of a trace")
+    report.add_argument("trace", metavar="TRACE")
+    report.add_argument("-o", "--output", metavar="OUT", help="default: TRACE with .html")
+
+    diff = sub.add_parser("diff", help="first differing token per prompt of two traces")
+    diff.add_argument("a", metavar="A")
+    diff.add_argument("b", metavar="B")
+
+
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="specdash", description=__doc__)
     sub = parser.add_subparsers(dest="command")
@@ -44,6 +63,7 @@ def build_parser() -> argparse.ArgumentParser:
     audit.add_argument("--json", action="store_true")
     audit.add_argument("--ks", default="1,3,5,9", help="comma-separated k values")
     audit.add_argument("--num-prompts", type=int, default=8, help="prompts per cell")
+    _add_trace_commands(sub)
     return parser
 
 
@@ -59,6 +79,22 @@ def main(argv: list[str] | None = None) -> int:
             from specdash.audit import run_audit
 
             return run_audit(args)
+        if args.command == "export":
+            from specdash.export import run_export
+
+            return run_export(args)
+        if args.command == "replay":
+            from specdash.replay import run_replay
+
+            return run_replay(args)
+        if args.command == "report":
+            from specdash.report import run_report
+
+            return run_report(args)
+        if args.command == "diff":
+            from specdash.diff import run_diff
+
+            return run_diff(args)
         parser.print_help()
         return 0
     except SpecdashError as e:

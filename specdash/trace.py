@@ -47,6 +47,13 @@ def git_revision(directory: Path | None = None) -> str | None:
     return f"{head}-dirty" if dirty else head
 
 
+def encode_event(event: Event) -> str:
+    """One trace line. Non-finite floats are written as NaN/Infinity (which `parse_event`
+    reads back bit for bit) because pydantic's own JSON would write null and lose them."""
+    line = json.dumps(event.model_dump(mode="json"), ensure_ascii=False, separators=(",", ":"))
+    return line + "\n"
+
+
 class TraceWriter:
     """Event sink that appends each event to a JSONL trace.
 
@@ -86,7 +93,7 @@ class TraceWriter:
                     event = event.model_copy(update={"git_revision": git_revision()})
                 self._has_header = True
             try:
-                self._file.write(event.model_dump_json() + "\n")
+                self._file.write(encode_event(event))
                 self._file.flush()
             except OSError as e:
                 self._stop(f"{e.strerror or e}")

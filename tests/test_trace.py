@@ -7,6 +7,7 @@ import io
 import json
 import os
 import re
+import struct
 
 import pytest
 from synthetic_trace import Plan, header, session
@@ -35,6 +36,18 @@ def test_round_trip_events_equal(tmp_path):
         "prompt_start", "prefill", "draft", "verify_step", "token", "divergence",
         "prompt_done", "telemetry", "control", "summary",
     }  # fmt: skip
+
+
+def test_non_finite_logprobs_round_trip_bit_for_bit(tmp_path):
+    """A broken fast kernel can produce NaN/-inf; the trace must keep exactly that."""
+    events = session(Plan(prompts=1, new_tokens=4))
+    tokens = [i for i, e in enumerate(events) if e.kind == "token"]
+    for i, value in zip(tokens, (float("nan"), float("-inf"), -0.0), strict=False):
+        events[i] = events[i].model_copy(update={"logprob": value})
+    record(tmp_path / "t.jsonl", events)
+    _, back, _ = read_trace(tmp_path / "t.jsonl")
+    bits = [struct.pack("<d", e.logprob) for e in back if e.kind == "token"]
+    assert bits == [struct.pack("<d", e.logprob) for e in events if e.kind == "token"]
 
 
 def test_each_event_is_on_disk_before_the_next(tmp_path):

@@ -1,0 +1,250 @@
+"""`specdash export`: a recorded trace as Chrome Trace Event JSON (Perfetto) or per-step CSV.
+
+The Perfetto layout follows docs in shared/reference/dashboard.md §3: pid 1 "engine" with
+draft / verify / shadow threads of complete (`X`) slices, divergences and control changes as
+instant events, per-step counters; pid 2 the GPU with one counter track per metric.
+Timestamps are µs since the session header.
+"""
+
+from __future__ import annotations
+
+import argparse
+import csv
+import json
+import math
+import sys
+from dataclasses import asdict, dataclass, fields
+from pathlib import Path
+from typing import IO, Any
+
+from specdash.errors import EXIT_OK, EnvironmentProblem
+from specdash.events import (
+    ControlChange,
+    Divergence,
+    Event,
+    Prefill,
+    SessionStart,
+    TelemetrySample,
+    VerifyStep,
+)
+from specdash.trace import read_trace
+
+ENGINE_PID, GPU_PID = 1, 2
+TIDS = {"draft": 1, "verify": 2, "shadow": 3}
+GPU_COUNTERS = ("dram_bw_util_pct", "dram_gbps", "mem_busy_pct", "sm_util_pct", "power_w")
+
+
+@dataclass(frozen=True, slots=True)
+class StepRow:
+    """One verify step with its rates; the unit of the CSV export and the report.
+
+    Rates use the dashboard's definition: the speculative path costs draft + verify +
+    rollback, the shadow (plain greedy decode of the same tokens) costs `shadow_s`.
+    """
+
+    t_s: float
+    prompt_index: int
+    step: int
+    k: int
+    accepted: int
+    emitted: int
+    verify_mode: str
+    gemm_backend: str
+    draft_s: float
+    verify_s: float
+    rollback_s: float
+    shadow_s: float
+    tokens_per_s: float
+    shadow_tokens_per_s: float
+
+
+def step_rows(header: SessionStart, events: list[Event]) -> list[StepRow]:
+    rows: list[StepRow] = []
+    for e in events:
+        if not isinstance(e, VerifyStep):
+            continue
+        emitted = len(e.emitted_tokens)
+        spec_s = e.draft_s + e.verify_s + e.rollback_s
+        rows.append(
+            StepRow(
+                t_s=(e.t_ns - header.t_ns) / 1e9,
+                prompt_index=e.prompt_index,
+                step=e.step,
+                k=e.k,
+                accepted=e.accepted,
+                emitted=emitted,
+                verify_mode=e.verify_mode,
+                gemm_backend=e.gemm_backend,
+                draft_s=e.draft_s,
+                verify_s=e.verify_s,
+                rollback_s=e.rollback_s,
+                shadow_s=e.shadow_s,
+                tokens_per_s=emitted / spec_s if spec_s > 0 else 0.0,
+                shadow_tokens_per_s=emitted / e.shadow_s if e.shadow_s > 0 else 0.0,
+            )
+        )
+    return rows
+
+
+def write_csv(header: SessionStart, events: list[Event], out: IO[str]) -> None:
+    writer = csv.writer(out, lineterminator="\n")
+    writer.writerow([f.name for f in fields(StepRow)])
+    for row in step_rows(header, events):
+        writer.writerow(asdict(row).values())
+
+
+def _us(t_ns: int, t0_ns: int) -> float:
+    return (t_ns - t0_ns) / 1e3
+
+
+def _safe_args(args: dict[str, Any]) -> dict[str, Any]:
+    """Strict JSON for the viewers: a NaN/inf logprob becomes its name as a string."""
+    return {
+        k: str(v) if isinstance(v, float) and not math.isfinite(v) else v for k, v in args.items()
+    }
+
+
+def _slice(name: str, tid: str, start_us: float, seconds: float, args: dict[str, Any]) -> dict:
+    return {
+        "name": name,
+        "cat": tid,
+        "ph": "X",
+        "ts": start_us,
+        "dur": seconds * 1e6,
+        "pid": ENGINE_PID,
+        "tid": TIDS[tid],
+        "args": _safe_args(args),
+    }
+
+
+def _verify_step_events(e: VerifyStep, t0_ns: int) -> list[dict]:
+    """The step's phases laid end to end, ending when the step's event was emitted:
+    draft, verify, rollback (verify track), then the shadow decode of the same tokens."""
+    args = {
+        "prompt": e.prompt_index,
+        "step": e.step,
+        "k": e.k,
+        "accepted": e.accepted,
+        "backend": e.gemm_backend,
+        "verify_mode": e.verify_mode,
+    }
+    t = _us(e.t_ns, t0_ns) - (e.draft_s + e.verify_s + e.rollback_s + e.shadow_s) * 1e6
+    out = []
+    for name, tid, seconds in (
+        ("draft", "draft", e.draft_s),
+        ("verify", "verify", e.verify_s),
+        ("rollback", "verify", e.rollback_s),
+        ("shadow", "shadow", e.shadow_s),
+    ):
+        if seconds > 0:
+            out.append(_slice(name, tid, t, seconds, args))
+        t += seconds * 1e6
+    out.append(_counter(ENGINE_PID, "accepted_per_step", e.accepted, _us(e.t_ns, t0_ns)))
+    return out
+
+
+def _counter(pid: int, name: str, value: float, ts: float) -> dict:
+    return {"name": name, "ph": "C", "ts": ts, "pid": pid, "args": {"value": value}}
+
+
+def _instant(name: str, ts: float, args: dict[str, Any]) -> dict:
+    return {
+        "name": name, "ph": "i", "s": "g", "ts": ts, "pid": ENGINE_PID, "tid": 0,
+        "args": _safe_args(args),
+    }  # fmt: skip
+
+
+def _metadata(header: SessionStart) -> list[dict]:
+    meta = [
+        {"name": "process_name", "ph": "M", "pid": ENGINE_PID, "args": {"name": "engine"}},
+        {"name": "process_name", "ph": "M", "pid": GPU_PID, "args": {"name": header.device}},
+    ]
+    meta += [
+        {"name": "thread_name", "ph": "M", "pid": ENGINE_PID, "tid": tid, "args": {"name": n}}
+        for n, tid in TIDS.items()
+    ]
+    meta += [
+        {"name": "thread_sort_index", "ph": "M", "pid": ENGINE_PID, "tid": tid,
+         "args": {"sort_index": tid}}
+        for tid in TIDS.values()
+    ]  # fmt: skip
+    return meta
+
+
+def perfetto_trace(header: SessionStart, events: list[Event]) -> dict[str, Any]:
+    t0 = header.t_ns
+    out = _metadata(header)
+    rows = iter(step_rows(header, events))  # one per VerifyStep, in event order
+    for e in events:
+        ts = _us(e.t_ns, t0)
+        if isinstance(e, VerifyStep):
+            out += _verify_step_events(e, t0)
+            row = next(rows)
+            out.append(_counter(ENGINE_PID, "tokens_per_s", row.tokens_per_s, ts))
+            out.append(_counter(ENGINE_PID, "shadow_tokens_per_s", row.shadow_tokens_per_s, ts))
+        elif isinstance(e, Prefill):
+            tid = "verify" if e.run == "spec" else e.run
+            args = {"prompt": e.prompt_index, "tokens": e.tokens}
+            out.append(_slice(f"prefill ({e.run})", tid, ts - e.seconds * 1e6, e.seconds, args))
+        elif isinstance(e, Divergence):
+            args = {
+                "prompt": e.prompt_index, "pos": e.position, "step": e.step, "what": e.what,
+                "spec_token": e.spec_token, "shadow_token": e.shadow_token,
+                "spec_logprob": e.spec_logprob, "shadow_logprob": e.shadow_logprob,
+                "verify_mode": e.verify_mode, "backend": e.gemm_backend,
+            }  # fmt: skip
+            out.append(_instant(f"divergence ({e.what})", ts, args))
+        elif isinstance(e, ControlChange):
+            args = {"old": e.old, "new": e.new, "applied_step": e.applied_step}
+            out.append(_instant(f"{e.name}: {e.old} -> {e.new}", ts, args))
+        elif isinstance(e, TelemetrySample):
+            for name in GPU_COUNTERS:
+                value = getattr(e, name)
+                if value is not None and math.isfinite(value):
+                    out.append(_counter(GPU_PID, name, value, ts))
+    return {
+        "traceEvents": out,
+        "displayTimeUnit": "ms",
+        "otherData": {
+            "schema": header.schema_version,
+            "device": header.device,
+            "gemm_backend": header.gemm_backend,
+            "git_revision": header.git_revision or "",
+            "config": json.dumps(header.config, sort_keys=True, default=str),
+        },
+    }
+
+
+def _open_output(path: str | None) -> IO[str]:
+    if path is None or path == "-":
+        return sys.stdout
+    try:
+        return open(path, "w", encoding="utf-8", newline="")  # noqa: SIM115
+    except OSError as e:
+        raise EnvironmentProblem(f"cannot write {path}: {e.strerror or e}") from None
+
+
+def default_output(trace: str, suffix: str) -> str:
+    return str(Path(trace).with_suffix(suffix))
+
+
+def run_export(args: argparse.Namespace) -> int:
+    header, events, warnings = read_trace(args.trace)
+    for w in warnings:
+        print(f"specdash: warning: {w}", file=sys.stderr)
+    suffix = ".perfetto.json" if args.format == "perfetto" else ".csv"
+    path = args.output or default_output(args.trace, suffix)
+    out = _open_output(path)
+    try:
+        if args.format == "perfetto":
+            json.dump(perfetto_trace(header, events), out, allow_nan=False)
+        else:
+            write_csv(header, events, out)
+    except OSError as e:
+        raise EnvironmentProblem(f"cannot write {path}: {e.strerror or e}") from None
+    finally:
+        if out is not sys.stdout:
+            out.close()
+    if out is not sys.stdout:
+        print(f"wrote {path}", file=sys.stderr)
+    return EXIT_OK
