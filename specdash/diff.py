@@ -1,0 +1,127 @@
+"""`specdash diff A B`: where two recordings of the same prompts first disagree.
+
+Two engines, quants or verify modes are only comparable token for token; this finds, per
+prompt, the first generated token whose id or logprob bits differ, so "same output" is
+checked with the same bit-exact rule the shadow decode uses.
+"""
+
+from __future__ import annotations
+
+import argparse
+import struct
+import sys
+from dataclasses import dataclass
+from pathlib import Path
+
+from specdash.errors import EXIT_DIVERGED, EXIT_OK, UsageError
+from specdash.events import Event, PromptStart, SessionStart, Token
+from specdash.trace import read_trace
+
+
+@dataclass(frozen=True, slots=True)
+class PromptDiff:
+    """First difference of one prompt; `index` counts generated tokens from 0.
+
+    `a`/`b` is None where that trace has no token at `index` (it stopped earlier or never
+    ran the prompt); `index` is None when the prompt's tokens are identical.
+    """
+
+    prompt_index: int
+    index: int | None
+    a: Token | None
+    b: Token | None
+    tokens_a: int
+    tokens_b: int
+
+
+def _bits(x: float) -> bytes:
+    return struct.pack("<d", x)
+
+
+def _tokens_by_prompt(events: list[Event]) -> dict[int, list[Token]]:
+    prompts: dict[int, list[Token]] = {}
+    for e in events:
+        if isinstance(e, PromptStart):
+            prompts.setdefault(e.prompt_index, [])
+        elif isinstance(e, Token):
+            prompts.setdefault(e.prompt_index, []).append(e)
+    return {p: sorted(toks, key=lambda t: t.position) for p, toks in prompts.items()}
+
+
+def _prompt_texts(events: list[Event]) -> dict[int, str]:
+    return {e.prompt_index: e.text for e in events if isinstance(e, PromptStart)}
+
+
+def diff_prompts(events_a: list[Event], events_b: list[Event]) -> list[PromptDiff]:
+    """Per prompt index in either trace, the first token where A and B differ."""
+    texts_a, texts_b = _prompt_texts(events_a), _prompt_texts(events_b)
+    for p in texts_a.keys() & texts_b.keys():
+        if texts_a[p] != texts_b[p]:
+            raise UsageError(
+                f"the traces ran different prompts (prompt {p}: {texts_a[p][:40]!r} vs "
+                f"{texts_b[p][:40]!r}); diff compares recordings of the same prompts"
+            )
+    tokens_a, tokens_b = _tokens_by_prompt(events_a), _tokens_by_prompt(events_b)
+    result = []
+    for p in sorted(tokens_a.keys() | tokens_b.keys()):
+        ta, tb = tokens_a.get(p, []), tokens_b.get(p, [])
+        first = next(
+            (
+                i
+                for i, (x, y) in enumerate(zip(ta, tb, strict=False))
+                if x.token_id != y.token_id or _bits(x.logprob) != _bits(y.logprob)
+            ),
+            None,
+        )
+        if first is None and len(ta) != len(tb):
+            first = min(len(ta), len(tb))
+        result.append(
+            PromptDiff(
+                prompt_index=p,
+                index=first,
+                a=ta[first] if first is not None and first < len(ta) else None,
+                b=tb[first] if first is not None and first < len(tb) else None,
+                tokens_a=len(ta),
+                tokens_b=len(tb),
+            )
+        )
+    return result
+
+
+def _side(name: str, t: Token | None, total: int) -> str:
+    if t is None:
+        return f"{name}: (ends after {total} tokens)"
+    return f"{name}: {t.token_id} {t.text!r} logprob {t.logprob!r}"
+
+
+def format_diff(d: PromptDiff) -> str:
+    if d.index is None:
+        return f"prompt {d.prompt_index}: identical ({d.tokens_a} tokens)"
+    what = "logprob bits" if d.a and d.b and d.a.token_id == d.b.token_id else "token"
+    return (
+        f"prompt {d.prompt_index}: first {what} difference at token {d.index}: "
+        f"{_side('A', d.a, d.tokens_a)} | {_side('B', d.b, d.tokens_b)}"
+    )
+
+
+def _label(path: str, header: SessionStart) -> str:
+    c = header.config
+    parts = [str(c.get(key)) for key in ("engine", "verify", "gemm_backend") if c.get(key)]
+    return f"{Path(path).name} ({', '.join([*parts, header.gemm_backend])})"
+
+
+def run_diff(args: argparse.Namespace) -> int:
+    header_a, events_a, warnings_a = read_trace(args.a)
+    header_b, events_b, warnings_b = read_trace(args.b)
+    for w in warnings_a + warnings_b:
+        print(f"specdash: warning: {w}", file=sys.stderr)
+    diffs = diff_prompts(events_a, events_b)
+    for d in diffs:
+        print(format_diff(d))
+    differing = sum(d.index is not None for d in diffs)
+    verdict = "differ" if differing else "are identical"
+    print(
+        f"summary: {differing} of {len(diffs)} prompts differ; A = {_label(args.a, header_a)}, "
+        f"B = {_label(args.b, header_b)}: token ids and logprob bits {verdict}"
+    )
+    return EXIT_DIVERGED if differing else EXIT_OK

@@ -1,0 +1,112 @@
+"""`specdash diff`: a planted difference is found at the right token, with both sides shown."""
+
+from __future__ import annotations
+
+import pytest
+from synthetic_trace import Plan, session
+
+from specdash.cli import main
+from specdash.diff import diff_prompts
+from specdash.errors import EXIT_DIVERGED, EXIT_OK, EXIT_USAGE
+from specdash.events import PromptStart, Token
+from specdash.trace import TraceWriter
+
+
+def write(path, events):
+    with TraceWriter(path) as w:
+        for e in events:
+            w(e)
+    return str(path)
+
+
+def token_at(events, prompt, index) -> Token:
+    return [e for e in events if isinstance(e, Token) and e.prompt_index == prompt][index]
+
+
+def test_identical_traces_exit_zero(tmp_path, capsys):
+    a = write(tmp_path / "a.jsonl", session(Plan()))
+    b = write(tmp_path / "b.jsonl", session(Plan(engine="sglang")))
+    assert main(["diff", a, b]) == EXIT_OK
+    out = capsys.readouterr().out.splitlines()
+    assert out[:3] == [f"prompt {p}: identical (24 tokens)" for p in range(3)]
+    assert out[3].startswith("summary: 0 of 3 prompts differ; A = a.jsonl (native")
+    assert "B = b.jsonl (sglang" in out[3]
+
+
+def test_planted_token_difference_found_at_its_token(tmp_path, capsys):
+    base, changed = session(Plan()), session(Plan(change=(1, 13, "token")))
+    a, b = write(tmp_path / "a.jsonl", base), write(tmp_path / "b.jsonl", changed)
+    assert main(["diff", a, b]) == EXIT_DIVERGED
+    out = capsys.readouterr().out.splitlines()
+    ta, tb = token_at(base, 1, 13), token_at(changed, 1, 13)
+    assert tb.token_id == ta.token_id + 1
+    assert out[1] == (
+        f"prompt 1: first token difference at token 13: "
+        f"A: {ta.token_id} {ta.text!r} logprob {ta.logprob!r} | "
+        f"B: {tb.token_id} {tb.text!r} logprob {tb.logprob!r}"
+    )
+    assert out[0] == "prompt 0: identical (24 tokens)"
+    assert out[2] == "prompt 2: identical (24 tokens)"
+    assert out[3].startswith("summary: 1 of 3 prompts differ")
+
+
+def test_last_bit_logprob_difference_is_a_difference(tmp_path):
+    base, changed = session(Plan()), session(Plan(change=(2, 0, "logprob")))
+    diffs = diff_prompts(base[1:], changed[1:])
+    d = diffs[2]
+    assert d.index == 0 and d.a.token_id == d.b.token_id
+    assert d.a.logprob != d.b.logprob and abs(d.a.logprob - d.b.logprob) < 1e-6
+    assert [x.index for x in diffs[:2]] == [None, None]
+
+
+def test_negative_zero_logprob_differs_from_zero():
+    base = session(Plan(prompts=1, new_tokens=4))
+    i = next(i for i, e in enumerate(base) if isinstance(e, Token))
+    a = [*base[:i], base[i].model_copy(update={"logprob": 0.0}), *base[i + 1 :]]
+    b = [*base[:i], base[i].model_copy(update={"logprob": -0.0}), *base[i + 1 :]]
+    assert diff_prompts(a, b)[0].index == 0
+
+
+def test_shorter_trace_differs_where_it_ends(tmp_path, capsys):
+    base = session(Plan(prompts=2))
+    late = {id(e) for e in base if isinstance(e, Token) and e.prompt_index == 0 and e.position >= 20}
+    cut = [e for e in base if id(e) not in late]
+    a, b = write(tmp_path / "a.jsonl", base), write(tmp_path / "b.jsonl", cut)
+    assert main(["diff", a, b]) == EXIT_DIVERGED
+    out = capsys.readouterr().out.splitlines()
+    assert out[0].startswith("prompt 0: first token difference at token 20: A: ")
+    assert out[0].endswith("| B: (ends after 20 tokens)")
+
+
+def test_prompt_missing_from_one_trace_differs(tmp_path):
+    diffs = diff_prompts(session(Plan(prompts=3))[1:], session(Plan(prompts=2))[1:])
+    assert diffs[2].index == 0 and diffs[2].b is None and diffs[2].tokens_b == 0
+
+
+def test_different_prompt_sets_are_a_usage_error(tmp_path, capsys):
+    base = session(Plan(prompts=1))
+    other = [
+        e.model_copy(update={"text": "something else"}) if isinstance(e, PromptStart) else e
+        for e in base
+    ]
+    a, b = write(tmp_path / "a.jsonl", base), write(tmp_path / "b.jsonl", other)
+    assert main(["diff", a, b]) == EXIT_USAGE
+    assert "ran different prompts" in capsys.readouterr().err
+
+
+def test_torn_trace_still_diffs_with_a_warning(tmp_path, capsys):
+    base = session(Plan(prompts=1))
+    a = write(tmp_path / "a.jsonl", base)
+    b = write(tmp_path / "b.jsonl", base)
+    data = (tmp_path / "b.jsonl").read_bytes()
+    (tmp_path / "b.jsonl").write_bytes(data[:-10])  # the Summary line, torn
+    assert main(["diff", a, b]) == EXIT_OK
+    assert "torn last line" in capsys.readouterr().err
+
+
+@pytest.mark.parametrize("bad", ["missing.jsonl", "empty.jsonl"])
+def test_bad_trace_is_a_usage_error(tmp_path, capsys, bad):
+    (tmp_path / "empty.jsonl").write_text("")
+    a = write(tmp_path / "a.jsonl", session(Plan(prompts=1)))
+    assert main(["diff", a, str(tmp_path / bad)]) == EXIT_USAGE
+    assert capsys.readouterr().err.startswith("specdash: error: ")
