@@ -69,8 +69,11 @@ def test_negative_zero_logprob_differs_from_zero():
 
 def test_shorter_trace_differs_where_it_ends(tmp_path, capsys):
     base = session(Plan(prompts=2))
-    late = {id(e) for e in base if isinstance(e, Token) and e.prompt_index == 0 and e.position >= 20}
-    cut = [e for e in base if id(e) not in late]
+
+    def late(e) -> bool:
+        return isinstance(e, Token) and e.prompt_index == 0 and e.position >= 20
+
+    cut = [e for e in base if not late(e)]
     a, b = write(tmp_path / "a.jsonl", base), write(tmp_path / "b.jsonl", cut)
     assert main(["diff", a, b]) == EXIT_DIVERGED
     out = capsys.readouterr().out.splitlines()
