@@ -1,0 +1,311 @@
+"""The specdash dashboard: one Textual app over any event source (live session or replay).
+
+Threads never touch widgets. Producers (engine, GPU sampler, replay) put events into an
+`EventBuffer`; a 12 Hz timer drains it into the `DashboardModel` and updates the numbers, a
+3 Hz timer redraws the plots, and each only when something changed. Keys write `Controls`,
+which the engine reads at its next step and answers with a `ControlChange` event.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Iterable
+from pathlib import Path
+
+from textual import events, on
+from textual.app import App, ComposeResult, SystemCommand
+from textual.binding import Binding
+from textual.containers import Grid
+from textual.screen import Screen
+from textual.widgets import DataTable, Footer, Input, Static
+
+from specdash.controls import Controls
+from specdash.dashboard_model import DashboardModel
+from specdash.events import ControlChange, EngineError, Event, SessionStart
+from specdash.settings import MAX_K
+from specdash.sources import EventBuffer, EventSource
+from specdash.widgets.acceptance import AcceptancePanel
+from specdash.widgets.divergence import DivergenceDetail, DivergencePanel
+from specdash.widgets.error_panel import ErrorPanel
+from specdash.widgets.gpu import GpuPanel
+from specdash.widgets.help_screen import HelpScreen
+from specdash.widgets.status_bar import StatusBar
+from specdash.widgets.throughput import ThroughputPanel
+from specdash.widgets.token_stream import TokenStream
+
+UI_HZ = 12
+PLOT_HZ = 3
+MIN_SIZE = (100, 30)
+"""Below this the panels cannot show their numbers; the app says so instead of drawing."""
+
+CONTROL_ACTIONS = (
+    ("g", "cycle_gemm", "GEMM backend", "Cycle the GEMM backend (next step)"),
+    ("s", "toggle_speculation", "spec on/off", "Speculation on / off (next step)"),
+    ("plus", "k_up", "k+", "Draft one more token per verify step (next step)"),
+    ("minus", "k_down", "k-", "Draft one token fewer per verify step (next step)"),
+    ("v", "toggle_verify", "verify mode", "Verify mode exact / fast (next step)"),
+    ("space", "toggle_pause", "pause", "Pause / resume the engine"),
+    ("n", "next_prompt", "next prompt", "Skip to the next prompt"),
+    ("e", "export_trace", "export trace", "Export the session to a JSONL trace, keep recording"),
+    ("slash", "type_prompt", "type prompt", "Type a prompt of your own"),
+    ("question_mark", "help", "help", "Keys and a glossary of every metric"),
+    ("q", "quit", "quit", "Quit specdash"),
+)
+
+
+class SpecdashApp(App[int]):
+    """`SpecdashApp(source=...)`: the dashboard over any `specdash.sources.EventSource`."""
+
+    CSS_PATH = "app.tcss"
+    TITLE = "specdash"
+    AUTO_FOCUS = "#divergence-table"
+    ENABLE_COMMAND_PALETTE = True
+    BINDINGS = [Binding(key, action, label) for key, action, label, _ in CONTROL_ACTIONS]
+
+    def __init__(
+        self,
+        source: EventSource,
+        trace_dir: Path | None = None,
+        ui_hz: float = UI_HZ,
+        plot_hz: float = PLOT_HZ,
+    ) -> None:
+        super().__init__()
+        self.source = source
+        self.trace_dir = trace_dir or Path.cwd()
+        self.buffer = EventBuffer()
+        self.model = DashboardModel()
+        self.log_events: list[Event] = []
+        """Every event so far, so `export trace` can write the whole session."""
+        self.trace_writer = None
+        self._ui_hz, self._plot_hz = ui_hz, plot_hz
+        self._shown_revision = -1
+        self._plotted_revision = -1
+        self._recording_note = "no trace recording"
+
+    # -- layout ------------------------------------------------------------------------
+
+    def compose(self) -> ComposeResult:
+        yield StatusBar(id="status")
+        yield ErrorPanel(id="error")
+        with Grid(id="main"):
+            yield ThroughputPanel(id="throughput")
+            yield AcceptancePanel(id="acceptance")
+            yield GpuPanel(id="gpu")
+            yield DivergencePanel(id="divergence")
+            yield TokenStream(id="tokens")
+        yield Static(id="too-small")
+        yield Input(placeholder="/ to type a prompt, Enter queues it, Esc leaves", id="prompt")
+        yield Footer()
+
+    def on_mount(self) -> None:
+        titles = {
+            "#throughput": "throughput",
+            "#acceptance": "acceptance",
+            "#gpu": "GPU",
+            "#divergence": "divergence",
+            "#tokens": "token stream",
+        }
+        for selector, title in titles.items():
+            self.query_one(selector).border_title = title
+        self._fit_to_terminal(self.size.width, self.size.height)
+        self.set_interval(1 / self._ui_hz, self.refresh_numbers)
+        self.set_interval(1 / self._plot_hz, self.refresh_plots)
+        self.source.start(self.buffer.put)
+
+    def on_resize(self, event: events.Resize) -> None:
+        self._fit_to_terminal(event.size.width, event.size.height)
+
+    def _fit_to_terminal(self, width: int, height: int) -> None:
+        too_small = width < MIN_SIZE[0] or height < MIN_SIZE[1]
+        self.query_one("#main").display = not too_small
+        message = self.query_one("#too-small", Static)
+        message.display = too_small
+        if too_small:
+            message.update(
+                f"terminal too small: {width}x{height}, specdash needs at least "
+                f"{MIN_SIZE[0]}x{MIN_SIZE[1]} (q quits)"
+            )
+
+    # -- event flow --------------------------------------------------------------------
+
+    def refresh_numbers(self) -> None:
+        """Drain the buffer into the model and redraw every number that changed (UI_HZ)."""
+        drained = self.buffer.drain()
+        for event in drained:
+            self.model.consume(event)
+            self.log_events.append(event)
+            if self.trace_writer is not None:
+                self.trace_writer(event)
+            if isinstance(event, EngineError):
+                self._close_trace(f"engine error ({event.message})")
+        if self.trace_writer is not None and self.trace_writer.stopped_reason:
+            self.notify(f"recording stopped: {self.trace_writer.stopped_reason}", severity="error")
+            self._close_trace(f"recording stopped: {self.trace_writer.stopped_reason}")
+        if self.model.revision == self._shown_revision:
+            return
+        self._shown_revision = self.model.revision
+        m = self.model
+        with self.batch_update():
+            self.query_one(StatusBar).show(m)
+            self.query_one(ErrorPanel).show(m.errors, self._recording_note)
+            self.query_one(ThroughputPanel).show_numbers(m)
+            self.query_one(AcceptancePanel).show_numbers(m)
+            self.query_one(GpuPanel).show_numbers(m)
+            self.query_one(DivergencePanel).show(m)
+            self.query_one(TokenStream).show(m)
+
+    def refresh_plots(self) -> None:
+        if self.model.revision == self._plotted_revision or not self.query_one("#main").display:
+            return
+        self._plotted_revision = self.model.revision
+        with self.batch_update():
+            self.query_one(ThroughputPanel).show_plot(self.model)
+            self.query_one(AcceptancePanel).show_plot(self.model)
+            self.query_one(GpuPanel).show_plot(self.model)
+
+    # -- controls ----------------------------------------------------------------------
+
+    def _controls(self) -> Controls | None:
+        if self.source.controls is None:
+            self.notify("read-only: this session is a replay", severity="warning")
+        return self.source.controls
+
+    def _change(self, **changes: object) -> None:
+        controls = self._controls()
+        if controls is None:
+            return
+        controls.update(**changes)
+        said = ", ".join(f"{name} → {value}" for name, value in changes.items())
+        self.notify(f"{said} (applies at the next step)")
+
+    def action_cycle_gemm(self) -> None:
+        controls = self._controls()
+        if controls is None:
+            return
+        backends = self.model.gemm_backends
+        current = controls.snapshot().gemm_backend
+        if len(backends) < 2:
+            self.notify(f"only one GEMM backend available: {current}", severity="warning")
+            return
+        index = backends.index(current) if current in backends else -1
+        self._change(gemm_backend=backends[(index + 1) % len(backends)])
+
+    def action_toggle_speculation(self) -> None:
+        if (controls := self._controls()) is not None:
+            self._change(speculation=not controls.snapshot().speculation)
+
+    def action_k_up(self) -> None:
+        self._step_k(+1)
+
+    def action_k_down(self) -> None:
+        self._step_k(-1)
+
+    def _step_k(self, delta: int) -> None:
+        if (controls := self._controls()) is None:
+            return
+        k = controls.snapshot().k + delta
+        if not 1 <= k <= MAX_K:
+            self.notify(f"k stays in 1..{MAX_K}", severity="warning")
+            return
+        self._change(k=k)
+
+    def action_toggle_verify(self) -> None:
+        if (controls := self._controls()) is not None:
+            mode = "fast" if controls.snapshot().verify_mode == "exact" else "exact"
+            self._change(verify_mode=mode)
+
+    def action_toggle_pause(self) -> None:
+        if (controls := self._controls()) is not None:
+            self._change(paused=not controls.snapshot().paused)
+
+    def action_next_prompt(self) -> None:
+        if (controls := self._controls()) is not None:
+            controls.request_next_prompt()
+            self.notify("next prompt requested (applies at the next step)")
+
+    def action_type_prompt(self) -> None:
+        if self._controls() is not None:
+            self.query_one("#prompt", Input).focus()
+
+    @on(Input.Submitted, "#prompt")
+    def queue_prompt(self, event: Input.Submitted) -> None:
+        text = event.value.strip()
+        event.input.clear()
+        self.query_one(DataTable).focus()
+        if text and (controls := self._controls()) is not None:
+            controls.submit_prompt(text)
+            self.notify("prompt queued: decoded after the current prompt")
+
+    def on_key(self, event: events.Key) -> None:
+        prompt = self.query_one("#prompt", Input)
+        if event.key == "escape" and prompt.has_focus:
+            prompt.clear()
+            self.query_one(DataTable).focus()
+            event.stop()
+
+    def action_export_trace(self) -> None:
+        if self.trace_writer is not None:
+            self.notify(f"already recording to {self.trace_writer.path}")
+            return
+        try:
+            from specdash.trace import TraceWriter
+        except ImportError:
+            self.notify("trace export is not available in this build", severity="error")
+            return
+        header = next((e for e in self.log_events if isinstance(e, SessionStart)), None)
+        if header is None:
+            self.notify("nothing to export yet: the session has not started", severity="warning")
+            return
+        path = self.trace_dir / time.strftime("specdash-%Y%m%d-%H%M%S.jsonl")
+        try:
+            writer = TraceWriter(path, header=header)
+        except Exception as e:  # EnvironmentProblem: unwritable directory
+            self.notify(f"cannot export trace: {e}", severity="error")
+            return
+        for event in self.log_events:
+            if event is not header:
+                writer(event)
+        self.trace_writer = writer
+        self._recording_note = f"recording {path}"
+        self.buffer.put(
+            ControlChange(
+                name="trace", old="off", new=str(path), applied_step=self.model.verify_steps
+            )
+        )
+        self.notify(f"trace: {path} (recording continues)")
+
+    def _close_trace(self, why: str) -> None:
+        if self.trace_writer is None:
+            return
+        self.trace_writer.close()
+        self._recording_note = (
+            f"trace closed after {why}: {self.trace_writer.path} "
+            f"({self.trace_writer.lines_written} lines, readable)"
+        )
+        self.trace_writer = None
+
+    def action_help(self) -> None:
+        if not isinstance(self.screen, HelpScreen):
+            self.push_screen(HelpScreen())
+
+    async def action_quit(self) -> None:
+        self.exit(0)
+
+    def on_unmount(self) -> None:
+        self.source.stop()
+        self._close_trace("quit")
+
+    @on(DataTable.RowSelected, "#divergence-table")
+    def show_divergence(self) -> None:
+        divergence = self.query_one(DivergencePanel).selected(self.model)
+        if divergence is not None:
+            self.push_screen(DivergenceDetail(divergence))
+
+    def get_system_commands(self, screen: Screen) -> Iterable[SystemCommand]:
+        """Every key is also a palette entry."""
+        yield from super().get_system_commands(screen)
+        for key, action, label, help_text in CONTROL_ACTIONS:
+            if action != "quit":
+                yield SystemCommand(
+                    f"{label} ({key})", help_text, getattr(self, f"action_{action}")
+                )

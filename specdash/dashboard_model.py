@@ -1,0 +1,273 @@
+"""What the dashboard shows, folded from the event stream: windows, totals and ring buffers.
+
+No Textual here, so a live session, a trace replay and the tests all compute the same
+numbers. Windows are measured in event time (`t_ns`), never the wall clock, so replaying a
+trace shows what the live run showed. Every series is a bounded deque.
+"""
+
+from __future__ import annotations
+
+from collections import Counter, deque
+from dataclasses import dataclass, field
+
+from specdash.events import (
+    ControlChange,
+    Divergence,
+    EngineError,
+    Event,
+    PromptDone,
+    PromptStart,
+    SessionStart,
+    Summary,
+    TelemetrySample,
+    Token,
+    VerifyStep,
+)
+
+WINDOW_NS = 1_000_000_000
+"""Windowed numbers cover the last second of event time (labelled "1 s")."""
+HISTORY = 600
+"""Points kept per plotted series."""
+STREAM_TOKENS = 4000
+"""Tokens of the current prompt kept for the token stream."""
+MAX_DIVERGENCES = 1000
+
+
+@dataclass(slots=True)
+class StepTimes:
+    """Tokens and seconds of the speculative path vs the shadow for one or more steps."""
+
+    tokens: int = 0
+    spec_s: float = 0.0
+    shadow_s: float = 0.0
+
+    def add(self, step: VerifyStep, sign: int = 1) -> None:
+        self.tokens += sign * (step.accepted + 1)
+        self.spec_s += sign * (step.draft_s + step.verify_s + step.rollback_s)
+        self.shadow_s += sign * step.shadow_s
+
+    @property
+    def spec_tps(self) -> float | None:
+        return self.tokens / self.spec_s if self.spec_s > 0 else None
+
+    @property
+    def shadow_tps(self) -> float | None:
+        return self.tokens / self.shadow_s if self.shadow_s > 0 else None
+
+
+@dataclass(slots=True)
+class StreamToken:
+    position: int
+    text: str
+    source: str
+    """"draft" (an accepted draft), "bonus" (the verifier's own token) or "decode"."""
+    diverged: bool = False
+
+
+@dataclass
+class DashboardModel:
+    """Everything the panels read. `consume` each event in order; `revision` moves on change."""
+
+    revision: int = 0
+    t0_ns: int | None = None
+    now_ns: int = 0
+    # status
+    engine: str = "?"
+    model: str = "?"
+    drafter: str = "?"
+    device: str = "?"
+    k: int = 0
+    verify_mode: str = "?"
+    gemm_backend: str = "?"
+    gemm_backends: list[str] = field(default_factory=list)
+    speculation: bool = True
+    paused: bool = False
+    prompt_index: int | None = None
+    prompts_done: int = 0
+    exact_prompts: int = 0
+    finished: bool = False
+    summary: Summary | None = None
+    errors: list[str] = field(default_factory=list)
+    # throughput
+    session_tokens: int = 0
+    session_steps: StepTimes = field(default_factory=StepTimes)
+    window_steps: StepTimes = field(default_factory=StepTimes)
+    tps_series: deque[tuple[float, float, float]] = field(
+        default_factory=lambda: deque(maxlen=HISTORY)
+    )
+    """(seconds since start, spec t/s 1 s, shadow t/s 1 s), one point per verify step."""
+    # acceptance
+    verify_steps: int = 0
+    accepted_drafts: int = 0
+    proposed_drafts: int = 0
+    accepted_series: deque[int] = field(default_factory=lambda: deque(maxlen=HISTORY))
+    histogram: Counter[int] = field(default_factory=Counter)
+    position_tried: Counter[int] = field(default_factory=Counter)
+    position_accepted: Counter[int] = field(default_factory=Counter)
+    max_k: int = 0
+    # gpu
+    telemetry: TelemetrySample | None = None
+    bandwidth_series: deque[tuple[float, float]] = field(
+        default_factory=lambda: deque(maxlen=HISTORY)
+    )
+    """(seconds since start, DRAM GB/s or mem busy %), one point per sample."""
+    # divergence and stream
+    divergences: deque[Divergence] = field(default_factory=lambda: deque(maxlen=MAX_DIVERGENCES))
+    divergence_count: int = 0
+    first_divergence: Divergence | None = None
+    prompt_text: str = ""
+    stream: deque[StreamToken] = field(default_factory=lambda: deque(maxlen=STREAM_TOKENS))
+    _diverged_positions: set[int] = field(default_factory=set)
+    _window: deque[VerifyStep] = field(default_factory=deque)
+    _token_times: deque[int] = field(default_factory=deque)
+
+    def consume(self, event: Event) -> None:
+        if self.t0_ns is None:
+            self.t0_ns = event.t_ns
+        self.now_ns = max(self.now_ns, event.t_ns)
+        handler = getattr(self, f"_on_{event.kind}", None)
+        if handler is not None:
+            handler(event)
+        self._expire_window()
+        self.revision += 1
+
+    # -- derived numbers ---------------------------------------------------------------
+
+    @property
+    def tokens_per_s_window(self) -> float:
+        """Emitted tokens per second of event time over the last 1 s (wall rate, all phases)."""
+        return len(self._token_times) / (WINDOW_NS / 1e9)
+
+    @property
+    def tokens_per_s_session(self) -> float | None:
+        elapsed = self.elapsed_s
+        return self.session_tokens / elapsed if elapsed > 0 else None
+
+    @property
+    def elapsed_s(self) -> float:
+        return 0.0 if self.t0_ns is None else (self.now_ns - self.t0_ns) / 1e9
+
+    @property
+    def acceptance_rate(self) -> float | None:
+        return self.accepted_drafts / self.proposed_drafts if self.proposed_drafts else None
+
+    @property
+    def mean_accepted_length(self) -> float | None:
+        """Tokens per verify step including the bonus: 1 + accepted / steps (session)."""
+        return 1 + self.accepted_drafts / self.verify_steps if self.verify_steps else None
+
+    @property
+    def mean_accepted_length_window(self) -> float | None:
+        steps = len(self._window)
+        return self.window_steps.tokens / steps if steps else None
+
+    def acceptance_by_position(self) -> list[float | None]:
+        """P(draft i accepted) for i in 0..max_k-1, over the session."""
+        return [
+            self.position_accepted[i] / self.position_tried[i] if self.position_tried[i] else None
+            for i in range(self.max_k)
+        ]
+
+    @property
+    def exactness(self) -> str:
+        if self.first_divergence is None:
+            return "EXACT so far"
+        d = self.first_divergence
+        return f"DIVERGED at token {d.position} (prompt {d.prompt_index})"
+
+    # -- event handlers ----------------------------------------------------------------
+
+    def _on_session_start(self, e: SessionStart) -> None:
+        c = e.config
+        self.engine = str(c.get("engine", self.engine))
+        self.model = str(c.get("model") or c.get("preset") or "embedded default")
+        self.drafter = str(c.get("drafter", self.drafter))
+        self.k = int(c.get("k", self.k))
+        self.verify_mode = str(c.get("verify", self.verify_mode))
+        self.speculation = bool(c.get("speculation", True))
+        self.gemm_backend = e.gemm_backend
+        self.gemm_backends = [str(b) for b in c.get("gemm_backends", [e.gemm_backend])]
+        self.device = e.device
+
+    def _on_prompt_start(self, e: PromptStart) -> None:
+        self.prompt_index = e.prompt_index
+        self.prompt_text = e.text
+        self.stream.clear()
+        self._diverged_positions.clear()
+
+    def _on_verify_step(self, e: VerifyStep) -> None:
+        self.verify_steps += 1
+        self.accepted_drafts += e.accepted
+        self.proposed_drafts += e.k
+        self.k, self.verify_mode, self.gemm_backend = e.k, e.verify_mode, e.gemm_backend
+        self.max_k = max(self.max_k, e.k)
+        self.histogram[e.accepted] += 1
+        for i in range(e.k):
+            self.position_tried[i] += 1
+            self.position_accepted[i] += i < e.accepted
+        self.accepted_series.append(e.accepted)
+        self.session_steps.add(e)
+        self.window_steps.add(e)
+        self._window.append(e)
+        self._expire_window()
+        self.tps_series.append(
+            (self.elapsed_s, self.window_steps.spec_tps or 0.0, self.window_steps.shadow_tps or 0.0)
+        )
+
+    def _on_token(self, e: Token) -> None:
+        self.session_tokens += 1
+        self._token_times.append(e.t_ns)
+        if e.prompt_index == self.prompt_index:
+            diverged = e.position in self._diverged_positions
+            self.stream.append(StreamToken(e.position, e.text, e.source, diverged))
+
+    def _on_divergence(self, e: Divergence) -> None:
+        self.divergences.append(e)
+        self.divergence_count += 1
+        if self.first_divergence is None:
+            self.first_divergence = e
+        if e.prompt_index != self.prompt_index:
+            return
+        self._diverged_positions.add(e.position)
+        for token in reversed(self.stream):
+            if token.position == e.position:
+                token.diverged = True
+                break
+
+    def _on_prompt_done(self, e: PromptDone) -> None:
+        self.prompts_done += 1
+        self.exact_prompts += e.exact
+
+    def _on_telemetry(self, e: TelemetrySample) -> None:
+        self.telemetry = e
+        value = e.dram_gbps if e.source == "gpm" else e.mem_busy_pct
+        if value is not None:
+            self.bandwidth_series.append((self.elapsed_s, value))
+
+    def _on_control(self, e: ControlChange) -> None:
+        if e.name == "k":
+            self.k = int(e.new)
+        elif e.name == "verify_mode":
+            self.verify_mode = e.new
+        elif e.name == "gemm_backend":
+            self.gemm_backend = e.new
+        elif e.name == "speculation":
+            self.speculation = e.new.lower() in ("true", "on", "1")
+        elif e.name == "paused":
+            self.paused = e.new.lower() in ("true", "on", "1")
+
+    def _on_error(self, e: EngineError) -> None:
+        self.errors.append(e.message)
+
+    def _on_summary(self, e: Summary) -> None:
+        self.summary = e
+        self.finished = True
+
+    def _expire_window(self) -> None:
+        horizon = self.now_ns - WINDOW_NS
+        while self._window and self._window[0].t_ns <= horizon:
+            self.window_steps.add(self._window.popleft(), sign=-1)
+        if not self._window:
+            self.window_steps = StepTimes()  # drop float residue of add/subtract
+        while self._token_times and self._token_times[0] <= horizon:
+            self._token_times.popleft()

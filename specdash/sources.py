@@ -1,0 +1,122 @@
+"""Where the dashboard's events come from, and the buffer they cross threads through.
+
+An event source is any object with this tiny protocol (`EventSource`):
+
+    controls: Controls | None
+        Live settings the dashboard keys write and the engine reads between steps.
+        None means read-only (a trace replay): control keys say so instead of acting.
+    start(sink) -> None
+        Begin producing. `sink(event)` is thread-safe and never blocks; call it from any
+        thread, or synchronously inside `start` (a replay or a test may push everything at once).
+    stop() -> None
+        Finish promptly and release threads; idempotent.
+
+`LiveSession` runs `specdash.session.run_session` on a worker thread next to the GPU
+sampler. The engine never waits on the UI: its sink is `EventBuffer.put`, a short locked
+append that the dashboard drains on a timer.
+"""
+
+from __future__ import annotations
+
+import threading
+from collections import deque
+from collections.abc import Callable
+from typing import Protocol
+
+from specdash.controls import Controls, ControlState
+from specdash.errors import SpecdashError
+from specdash.events import EngineError, Event
+from specdash.settings import SessionSettings
+from specdash.telemetry import GpuSampler, device_index
+
+Sink = Callable[[Event], None]
+
+
+class EventSource(Protocol):
+    controls: Controls | None
+
+    def start(self, sink: Sink) -> None: ...
+
+    def stop(self) -> None: ...
+
+
+class EventBuffer:
+    """Bounded, thread-safe hand-off from producer threads to the UI timer.
+
+    When the UI falls `capacity` events behind, the oldest are dropped and counted rather
+    than blocking the engine.
+    """
+
+    def __init__(self, capacity: int = 65536) -> None:
+        self._events: deque[Event] = deque(maxlen=capacity)
+        self._lock = threading.Lock()
+        self.dropped = 0
+
+    def put(self, event: Event) -> None:
+        with self._lock:
+            if len(self._events) == self._events.maxlen:
+                self.dropped += 1
+            self._events.append(event)
+
+    def drain(self) -> list[Event]:
+        with self._lock:
+            events = list(self._events)
+            self._events.clear()
+        return events
+
+
+def initial_controls(settings: SessionSettings) -> Controls:
+    return Controls(
+        ControlState(
+            gemm_backend=settings.gemm_backend,
+            speculation=settings.speculation,
+            k=settings.k,
+            verify_mode=settings.verify,
+        )
+    )
+
+
+class LiveSession:
+    """A live session: the engine on a worker thread, the GPU sampler on another.
+
+    An engine exception becomes an `EngineError` event (the dashboard shows it; the session
+    is over) instead of a traceback on a thread nobody watches.
+    """
+
+    def __init__(self, settings: SessionSettings, telemetry: bool = True) -> None:
+        self.settings = settings
+        self.controls: Controls | None = initial_controls(settings)
+        self._telemetry = telemetry
+        self._stop = threading.Event()
+        self._engine: threading.Thread | None = None
+        self._sampler: GpuSampler | None = None
+
+    def start(self, sink: Sink) -> None:
+        self._engine = threading.Thread(
+            target=self._run_engine, args=(sink,), name="specdash-engine", daemon=True
+        )
+        self._engine.start()
+        if self._telemetry:
+            self._sampler = GpuSampler(sink, index=device_index(self.settings.device) or 0)
+            self._sampler.start()
+
+    def _run_engine(self, sink: Sink) -> None:
+        from specdash.session import run_session
+
+        try:
+            run_session(self.settings, sink, self.controls, self._stop)
+        except SpecdashError as e:
+            sink(EngineError(message=str(e)))
+        except Exception as e:  # the dashboard is this thread's only reporter
+            sink(EngineError(message=f"{type(e).__name__}: {e}"))
+
+    @property
+    def running(self) -> bool:
+        return self._engine is not None and self._engine.is_alive()
+
+    def stop(self) -> None:
+        self._stop.set()
+        if self._sampler is not None:
+            self._sampler.stop()
+        if self._engine is not None and self._engine is not threading.current_thread():
+            self._engine.join(timeout=5)

@@ -1,0 +1,98 @@
+"""Divergence panel: every flagged (prompt, position) in a table; Enter opens the detail.
+
+The detail shows both tokens, both logprobs with their exact bits (the guarantee is about
+bits, so the hex form is what settles a logprob divergence), the text around the position
+and the root-cause layer and sub-op when the engine found one.
+"""
+
+from __future__ import annotations
+
+from rich.markup import escape
+from textual.app import ComposeResult
+from textual.binding import Binding
+from textual.containers import Vertical, VerticalScroll
+from textual.screen import ModalScreen
+from textual.widgets import DataTable, Static
+
+from specdash.dashboard_model import DashboardModel
+from specdash.events import Divergence
+
+COLUMNS = ("prompt", "token", "what", "spec", "shadow", "k", "verify", "GEMM", "root cause")
+
+
+def root_cause_label(d: Divergence) -> str:
+    rc = d.root_cause
+    if rc is None:
+        return "–"
+    layer = "?" if rc.layer is None else str(rc.layer)
+    return f"layer {layer} {rc.sub_op}"
+
+
+class DivergencePanel(Vertical):
+    def compose(self) -> ComposeResult:
+        yield Static("divergences (session): none", id="divergence-count")
+        table = DataTable(id="divergence-table", cursor_type="row", zebra_stripes=True)
+        table.add_columns(*COLUMNS)
+        yield table
+
+    def show(self, m: DashboardModel) -> None:
+        table = self.query_one(DataTable)
+        shown = table.row_count
+        for d in list(m.divergences)[shown:]:
+            table.add_row(
+                str(d.prompt_index),
+                str(d.position),
+                d.what,
+                repr(d.spec_text or str(d.spec_token)),
+                repr(d.shadow_text or str(d.shadow_token)),
+                str(d.k),
+                d.verify_mode,
+                d.gemm_backend,
+                root_cause_label(d),
+            )
+        count = m.divergence_count
+        label = "none" if count == 0 else f"{count} (Enter on a row for detail)"
+        self.query_one("#divergence-count", Static).update(f"divergences (session): {label}")
+
+    def selected(self, m: DashboardModel) -> Divergence | None:
+        table = self.query_one(DataTable)
+        if table.row_count == 0:
+            return None
+        return list(m.divergences)[table.cursor_row]
+
+
+class DivergenceDetail(ModalScreen[None]):
+    BINDINGS = [Binding("escape,enter,q", "dismiss", "close")]
+
+    def __init__(self, divergence: Divergence) -> None:
+        super().__init__()
+        self.divergence = divergence
+
+    def compose(self) -> ComposeResult:
+        d = self.divergence
+        rc = d.root_cause
+        cause = (
+            "not analysed"
+            if rc is None
+            else f"layer {rc.layer}, {escape(rc.sub_op)}, max |diff| {rc.max_abs_diff:.3g}"
+            + (f"\n  {escape(rc.detail)}" if rc.detail else "")
+        )
+        lines = [
+            f"[b]Divergence[/b] prompt {d.prompt_index}, token {d.position}, step {d.step} "
+            f"({d.what} differs)",
+            f"k {d.k}   verify {d.verify_mode}   GEMM {escape(d.gemm_backend)}",
+            "",
+            f"[b]spec  [/b] token {d.spec_token:>7} {escape(repr(d.spec_text))}   "
+            f"logprob {d.spec_logprob!r} ({d.spec_logprob.hex()})",
+            f"[b]shadow[/b] token {d.shadow_token:>7} {escape(repr(d.shadow_text))}   "
+            f"logprob {d.shadow_logprob!r} ({d.shadow_logprob.hex()})",
+            "",
+            f"[b]root cause[/b] {cause}",
+            "",
+            "[b]context[/b]",
+            escape(d.context) or "–",
+            "",
+            "[dim]Esc to close[/dim]",
+        ]
+        with VerticalScroll(id="divergence-detail"):
+            yield Static("\n".join(lines))

@@ -1,0 +1,71 @@
+"""Help screen: the keys, and a glossary of every number the dashboard shows."""
+
+from __future__ import annotations
+
+from textual.app import ComposeResult
+from textual.binding import Binding
+from textual.containers import VerticalScroll
+from textual.screen import ModalScreen
+from textual.widgets import Markdown
+
+GLOSSARY = """\
+# specdash help
+
+## Keys (also in the command palette, Ctrl+P)
+| key | action |
+|---|---|
+| `g` | cycle the GEMM backend |
+| `s` | speculation on / off |
+| `+` / `-` | k (draft tokens per verify step) up / down |
+| `v` | verify mode exact / fast |
+| `space` | pause / resume the engine |
+| `n` | skip to the next prompt |
+| `e` | export the session so far to a JSONL trace and keep recording |
+| `/` | type a prompt of your own (Enter queues it, Esc leaves the box) |
+| `enter` | on the divergence table: the detail of that divergence |
+| `?` | this help |
+| `q` | quit |
+
+A control change applies at the engine's next step, never mid-step, and the engine reports
+it as a `control` event.
+
+## Glossary
+Every number names its window: **1 s** = the last second of event time, **session** = since the
+session started, **now** = the latest sample, **N ms** = the GPU sampler's window.
+
+- **EXACT so far / DIVERGED at token n**: whether the speculative output has matched the shadow
+  (plain greedy decode on the same weights) in token id *and* logprob bits at every position so
+  far; the first divergence names its position and prompt.
+- **t/s (wall)**: emitted tokens per second of elapsed time, everything included (drafting,
+  verifying, the shadow run, rollback).
+- **spec t/s**: emitted tokens / (draft + verify + rollback seconds) of those steps: the speed of
+  speculative decoding alone.
+- **shadow t/s**: the same tokens / seconds the shadow decode spent on them: the speed of plain
+  greedy decoding.
+- **speedup**: spec t/s / shadow t/s.
+- **accepted drafts per verify step**: how many of the k drafted tokens the target kept (0..k).
+- **histogram**: verify steps by number of accepted drafts.
+- **by draft position**: P(draft i is accepted) among steps that drafted at least i tokens.
+- **mean accepted length**: tokens per verify step including the bonus token =
+  1 + accepted / steps.
+- **acceptance rate**: accepted drafts / drafted tokens.
+- **bonus token**: the token the target itself produces after the last accepted draft.
+- **DRAM BW % (GPM)**: NVML GPM `DRAM_BW_UTIL`, share of the peak DRAM bandwidth used.
+- **GB/s (derived)**: DRAM BW % x peak, peak = bus width x max memory clock x 2.
+- **mem busy %**: NVML `utilization.memory`, the share of time memory was read or written; shown
+  when GPM is unavailable; it saturates early and is *not* bandwidth.
+- **SM util (GPM)**: share of SMs busy; power: board power draw; mem used: device memory in use.
+- **divergence**: a position where the spec and shadow token ids differ (*token*) or only the
+  fp32 logprob bits differ (*logprob*); **root cause**: the first layer and sub-op whose bits
+  differ when the step is re-run in both paths.
+
+Press Esc to close.
+"""
+
+
+class HelpScreen(ModalScreen[None]):
+    BINDINGS = [Binding("escape,q,question_mark", "dismiss", "close")]
+
+    def compose(self) -> ComposeResult:
+        with VerticalScroll(id="help"):
+            yield Markdown(GLOSSARY)
