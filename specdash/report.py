@@ -1,0 +1,273 @@
+"""`specdash report TRACE`: one self-contained HTML file to share a recorded session.
+
+Plots are matplotlib PNGs embedded as data URIs, so the file opens anywhere with no network
+and no companion files: throughput over time, acceptance (histogram and by draft position),
+DRAM bandwidth, the per-step time breakdown, then the divergences and the session settings.
+"""
+
+from __future__ import annotations
+
+import argparse
+import base64
+import html
+import io
+import sys
+from collections import Counter
+from collections.abc import Callable
+from dataclasses import dataclass
+from datetime import UTC, datetime
+from pathlib import Path
+from typing import TYPE_CHECKING
+
+from specdash.errors import EXIT_OK, EnvironmentProblem
+from specdash.events import Divergence, Event, SessionStart, Summary, TelemetrySample
+from specdash.export import StepRow, default_output, step_rows
+from specdash.trace import read_trace
+
+if TYPE_CHECKING:
+    from matplotlib.axes import Axes
+
+WINDOW_S = 1.0
+"""The throughput line averages over the last second, like the dashboard's "1 s" number."""
+COLORS = {"spec": "tab:blue", "shadow": "tab:gray", "draft": "tab:orange",
+          "verify": "tab:blue", "rollback": "tab:red"}  # fmt: skip
+
+
+def windowed_tokens_per_s(rows: list[StepRow]) -> tuple[list[float], list[float]]:
+    """Spec and shadow t/s over the steps that ended in the last `WINDOW_S` of each step."""
+    spec, shadow = [], []
+    start = 0
+    for i, row in enumerate(rows):
+        while rows[start].t_s <= row.t_s - WINDOW_S:
+            start += 1
+        window = rows[start : i + 1]
+        tokens = sum(r.emitted for r in window)
+        spec_s = sum(r.draft_s + r.verify_s + r.rollback_s for r in window)
+        shadow_s = sum(r.shadow_s for r in window)
+        spec.append(tokens / spec_s if spec_s > 0 else 0.0)
+        shadow.append(tokens / shadow_s if shadow_s > 0 else 0.0)
+    return spec, shadow
+
+
+def _no_data(ax: Axes, what: str) -> None:
+    ax.text(0.5, 0.5, what, ha="center", va="center", transform=ax.transAxes, color="gray")
+    ax.set_xticks([])
+    ax.set_yticks([])
+
+
+@dataclass(frozen=True, slots=True)
+class ReportData:
+    rows: list[StepRow]
+    samples: list[TelemetrySample]
+    t0_ns: int
+
+
+def _plot_throughput(ax: Axes, data: ReportData) -> None:
+    rows = data.rows
+    if not rows:
+        return _no_data(ax, "no verify steps recorded")
+    t = [r.t_s for r in rows]
+    spec, shadow = windowed_tokens_per_s(rows)
+    ax.plot(t, spec, color=COLORS["spec"], label="speculative (1 s window)")
+    if any(shadow):
+        ax.plot(t, shadow, color=COLORS["shadow"], label="shadow greedy (1 s window)")
+    ax.set_xlabel("seconds since session start")
+    ax.set_ylabel("tokens / s")
+    ax.legend(loc="best")
+
+
+def _plot_histogram(ax: Axes, data: ReportData) -> None:
+    rows = data.rows
+    if not rows:
+        return _no_data(ax, "no verify steps recorded")
+    counts = Counter(r.accepted for r in rows)
+    xs = range(max(r.k for r in rows) + 1)
+    ax.bar(xs, [counts[x] for x in xs], color=COLORS["spec"])
+    ax.set_xticks(list(xs))
+    ax.set_xlabel("drafts accepted in a verify step")
+    ax.set_ylabel("verify steps")
+
+
+def acceptance_by_position(rows: list[StepRow]) -> list[float]:
+    """P(draft i accepted | a step drafted at least i+1 tokens), i = 0..max k - 1."""
+    max_k = max((r.k for r in rows), default=0)
+    tried = [sum(r.k > i for r in rows) for i in range(max_k)]
+    kept = [sum(r.accepted > i for r in rows) for i in range(max_k)]
+    return [a / n if n else 0.0 for a, n in zip(kept, tried, strict=True)]
+
+
+def _plot_by_position(ax: Axes, data: ReportData) -> None:
+    rates = acceptance_by_position(data.rows)
+    if not rates:
+        return _no_data(ax, "no verify steps recorded")
+    xs = range(1, len(rates) + 1)
+    ax.bar(xs, rates, color=COLORS["spec"])
+    ax.set_xticks(list(xs))
+    ax.set_ylim(0, 1)
+    ax.set_xlabel("draft position")
+    ax.set_ylabel("P(accepted)")
+
+
+def _plot_bandwidth(ax: Axes, data: ReportData) -> None:
+    """GB/s when GPM measured it; NVML's "memory busy" otherwise, labelled as not bandwidth."""
+    gpm = [(s.t_ns, s.dram_gbps) for s in data.samples if s.dram_gbps is not None]
+    busy = [(s.t_ns, s.mem_busy_pct) for s in data.samples if s.mem_busy_pct is not None]
+    if gpm:
+        points, label = gpm, "DRAM GB/s (derived from GPM DRAM BW %)"
+    elif busy:
+        points, label = busy, "mem busy % (NVML; not bandwidth)"
+    else:
+        note = next((s.note for s in data.samples if s.note), "")
+        return _no_data(ax, f"no GPU bandwidth samples in this trace {note}".strip())
+    seconds = [(t - data.t0_ns) / 1e9 for t, _ in points]
+    ax.plot(seconds, [v for _, v in points], color=COLORS["spec"])
+    ax.set_ylabel(label)
+    ax.set_xlabel("seconds since session start")
+
+
+def _plot_breakdown(ax: Axes, data: ReportData) -> None:
+    rows = data.rows
+    if not rows:
+        return _no_data(ax, "no verify steps recorded")
+    phases = ("draft", "verify", "rollback", "shadow")
+    series = [[getattr(r, f"{p}_s") * 1e3 for r in rows] for p in phases]
+    ax.stackplot(range(len(rows)), series, labels=phases, colors=[COLORS[p] for p in phases])
+    ax.set_xlabel("verify step (session order)")
+    ax.set_ylabel("ms per step")
+    ax.legend(loc="upper right")
+
+
+Plot = Callable[["Axes", ReportData], None]
+PLOTS: dict[str, tuple[str, Plot]] = {
+    "throughput": ("Tokens per second over time", _plot_throughput),
+    "acceptance-histogram": ("Accepted drafts per verify step", _plot_histogram),
+    "acceptance-by-position": ("Acceptance by draft position", _plot_by_position),
+    "dram-bandwidth": ("DRAM bandwidth", _plot_bandwidth),
+    "step-breakdown": ("Step time breakdown", _plot_breakdown),
+}
+
+
+def _png(plot: Plot, data: ReportData) -> str:
+    from matplotlib.figure import Figure  # no pyplot: no global state, no GUI backend
+
+    fig = Figure(figsize=(8, 3.2), dpi=100, layout="constrained")
+    plot(fig.add_subplot(), data)
+    buf = io.BytesIO()
+    fig.savefig(buf, format="png")
+    return base64.b64encode(buf.getvalue()).decode("ascii")
+
+
+def _table(rows: list[tuple[str, object]]) -> str:
+    body = "".join(
+        f"<tr><th>{html.escape(str(k))}</th><td>{html.escape(str(v))}</td></tr>" for k, v in rows
+    )
+    return f"<table class='kv'>{body}</table>"
+
+
+def _divergences(divs: list[Divergence]) -> str:
+    if not divs:
+        return "<p>None: every verified token matched the shadow decode bit for bit.</p>"
+    head = ("prompt", "token", "step", "k", "mode", "backend", "what", "speculative",
+            "shadow", "context", "root cause")  # fmt: skip
+    lines = []
+    for d in divs:
+        cause = d.root_cause
+        cells = (
+            d.prompt_index, d.position, d.step, d.k, d.verify_mode, d.gemm_backend, d.what,
+            f"{d.spec_token} {d.spec_text!r} ({d.spec_logprob!r})",
+            f"{d.shadow_token} {d.shadow_text!r} ({d.shadow_logprob!r})",
+            d.context,
+            "" if cause is None else
+            f"layer {cause.layer} {cause.sub_op}: max |diff| {cause.max_abs_diff:g} {cause.detail}",
+        )  # fmt: skip
+        lines.append("<tr>" + "".join(f"<td>{html.escape(str(c))}</td>" for c in cells) + "</tr>")
+    header = "".join(f"<th>{h}</th>" for h in head)
+    return f"<table class='grid'><tr>{header}</tr>{''.join(lines)}</table>"
+
+
+def _summary(summary: Summary | None, rows: list[StepRow]) -> list[tuple[str, object]]:
+    if summary is None:
+        steps = len(rows)
+        accepted = sum(r.accepted for r in rows)
+        proposed = sum(r.k for r in rows)
+        return [
+            ("status", "no summary: the session did not finish (or the trace was cut)"),
+            ("verify steps", steps),
+            ("acceptance rate", f"{accepted / proposed:.3f}" if proposed else "-"),
+            ("mean accepted length", f"{1 + accepted / steps:.3f}" if steps else "-"),
+        ]
+    s = summary
+    return [
+        ("prompts (exact / all)", f"{s.exact_prompts} / {s.prompts}"),
+        ("new tokens", s.new_tokens),
+        ("seconds", f"{s.seconds:.3f}"),
+        ("tokens / s", f"{s.tokens_per_s:.2f}"),
+        ("mean accepted length", f"{s.mean_accepted_length:.3f}"),
+        ("acceptance rate", f"{s.acceptance_rate:.3f}"),
+        ("verify steps", s.verify_steps),
+        ("divergences", s.divergences),
+    ]
+
+
+def _settings(header: SessionStart) -> list[tuple[str, object]]:
+    started = datetime.fromtimestamp(header.wall_time, tz=UTC).strftime("%Y-%m-%d %H:%M:%S UTC")
+    rows: list[tuple[str, object]] = [
+        ("started", started),
+        ("device", header.device),
+        ("GEMM backend", header.gemm_backend),
+        ("git revision", header.git_revision or "unknown"),
+        ("trace schema", header.schema_version),
+    ]
+    rows += [(f"config.{k}", v) for k, v in sorted(header.config.items())]
+    rows += [(f"version.{k}", v) for k, v in sorted(header.versions.items())]
+    return rows
+
+
+STYLE = """
+body { font-family: system-ui, sans-serif; margin: 2em auto; max-width: 60em; color: #222; }
+figure { margin: 1em 0; } figcaption { font-weight: bold; } img { max-width: 100%; }
+table { border-collapse: collapse; font-size: 90%; margin: 0.5em 0 1.5em; }
+th, td { border: 1px solid #ccc; padding: 0.2em 0.5em; text-align: left; vertical-align: top; }
+.kv th { background: #f4f4f4; } .grid th { background: #f4f4f4; }
+.warning { color: #a60; }
+"""
+
+
+def render_report(
+    header: SessionStart, events: list[Event], warnings: list[str], title: str
+) -> str:
+    rows = step_rows(header, events)
+    samples = [e for e in events if isinstance(e, TelemetrySample)]
+    data = ReportData(rows, samples, header.t_ns)
+    summary = next((e for e in reversed(events) if isinstance(e, Summary)), None)
+    divs = [e for e in events if isinstance(e, Divergence)]
+    figures = "".join(
+        f"<figure id='plot-{key}'><figcaption>{caption}</figcaption>"
+        f"<img alt='{caption}' src='data:image/png;base64,{_png(plot, data)}'></figure>"
+        for key, (caption, plot) in PLOTS.items()
+    )
+    notes = "".join(f"<p class='warning'>{html.escape(w)}</p>" for w in warnings)
+    return (
+        "<!DOCTYPE html><html><head><meta charset='utf-8'>"
+        f"<title>specdash report: {html.escape(title)}</title><style>{STYLE}</style></head><body>"
+        f"<h1>specdash session report</h1><p>{html.escape(title)}</p>{notes}"
+        f"<h2>Summary</h2>{_table(_summary(summary, rows))}"
+        f"<h2>Plots</h2>{figures}"
+        f"<h2 id='divergences'>Divergences ({len(divs)})</h2>{_divergences(divs)}"
+        f"<h2 id='settings'>Session settings</h2>{_table(_settings(header))}"
+        "</body></html>\n"
+    )
+
+
+def run_report(args: argparse.Namespace) -> int:
+    header, events, warnings = read_trace(args.trace)
+    for w in warnings:
+        print(f"specdash: warning: {w}", file=sys.stderr)
+    out = Path(args.output or default_output(args.trace, ".html"))
+    page = render_report(header, events, warnings, title=Path(args.trace).name)
+    try:
+        out.write_text(page, encoding="utf-8")
+    except OSError as e:
+        raise EnvironmentProblem(f"cannot write {out}: {e.strerror or e}") from None
+    print(f"wrote {out}", file=sys.stderr)
+    return EXIT_OK

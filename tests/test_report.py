@@ -1,0 +1,95 @@
+"""`specdash report`: a self-contained HTML page with every plot, divergences and settings."""
+
+from __future__ import annotations
+
+import base64
+import re
+
+import pytest
+from synthetic_trace import Plan, session
+
+from specdash.cli import main
+from specdash.errors import EXIT_ENVIRONMENT, EXIT_OK, EXIT_USAGE
+from specdash.export import StepRow
+from specdash.report import PLOTS, acceptance_by_position, windowed_tokens_per_s
+from specdash.trace import TraceWriter
+
+IMG = re.compile(r"<figure id='plot-([a-z-]+)'>.*?src='data:image/png;base64,([^']+)'")
+
+
+def record(path, plan: Plan) -> str:
+    with TraceWriter(path) as w:
+        for e in session(plan):
+            w(e)
+    return str(path)
+
+
+def report(tmp_path, trace: str) -> str:
+    out = tmp_path / "r.html"
+    assert main(["report", trace, "-o", str(out)]) == EXIT_OK
+    return out.read_text()
+
+
+def test_report_has_every_plot_as_an_embedded_png(tmp_path):
+    page = report(tmp_path, record(tmp_path / "s.jsonl", Plan(divergence_at=(1, 9))))
+    images = dict(IMG.findall(page))
+    assert set(images) == set(PLOTS)
+    pngs = {key: base64.b64decode(data) for key, data in images.items()}
+    assert all(png.startswith(b"\x89PNG\r\n\x1a\n") and len(png) > 5000 for png in pngs.values())
+    assert len(set(pngs.values())) == len(PLOTS)  # five different pictures
+    assert "http" not in page.replace("http-equiv", "")  # nothing fetched from elsewhere
+
+
+def test_report_lists_divergences_with_context_and_the_settings(tmp_path):
+    page = report(tmp_path, record(tmp_path / "s.jsonl", Plan(divergence_at=(1, 9))))
+    divergences = page[page.index("id='divergences'") : page.index("id='settings'")]
+    assert "Divergences (1)" in divergences
+    assert "… the quick brown" in divergences and "<td>9</td>" in divergences
+    settings = page[page.index("id='settings'") :]
+    for expected in ("config.k</th><td>4", "GEMM backend</th><td>triton", "0123456789ab",
+                     "version.torch</th><td>2.13.0+cpu", "specdash/v1"):  # fmt: skip
+        assert expected in settings
+
+
+def test_exact_session_says_no_divergence(tmp_path):
+    page = report(tmp_path, record(tmp_path / "s.jsonl", Plan(telemetry=False)))
+    assert "None: every verified token matched the shadow" in page
+    assert set(dict(IMG.findall(page))) == set(PLOTS)  # the bandwidth plot says "no samples"
+
+
+def test_cut_trace_still_reports_with_its_warning(tmp_path, capsys):
+    path = tmp_path / "s.jsonl"
+    record(path, Plan())
+    data = path.read_bytes()
+    path.write_bytes(data[: len(data) // 2])
+    page = report(tmp_path, str(path))
+    assert "torn last line" in page and "the session did not finish" in page
+    assert "torn last line" in capsys.readouterr().err
+
+
+def test_bad_input_and_unwritable_output(tmp_path):
+    assert main(["report", str(tmp_path / "none.jsonl")]) == EXIT_USAGE
+    trace = record(tmp_path / "s.jsonl", Plan(prompts=1))
+    assert main(["report", trace, "-o", str(tmp_path / "no" / "r.html")]) == EXIT_ENVIRONMENT
+
+
+def row(t_s, k, accepted, draft_s=0.01, verify_s=0.02, shadow_s=0.04) -> StepRow:
+    return StepRow(
+        t_s=t_s, prompt_index=0, step=0, k=k, accepted=accepted, emitted=accepted + 1,
+        verify_mode="exact", gemm_backend="x", draft_s=draft_s, verify_s=verify_s,
+        rollback_s=0.0, shadow_s=shadow_s, tokens_per_s=0.0, shadow_tokens_per_s=0.0,
+    )  # fmt: skip
+
+
+def test_acceptance_by_position_counts_only_steps_that_drafted_there():
+    rows = [row(0, 4, 4), row(1, 4, 1), row(2, 2, 2), row(3, 2, 0)]
+    assert acceptance_by_position(rows) == [3 / 4, 2 / 4, 1 / 2, 1 / 2]
+
+
+def test_windowed_throughput_covers_the_last_second():
+    rows = [row(0.0, 4, 3), row(0.5, 4, 1), row(1.2, 4, 0)]
+    spec, shadow = windowed_tokens_per_s(rows)
+    assert spec[0] == pytest.approx(4 / 0.03)
+    assert spec[1] == pytest.approx(6 / 0.06)
+    assert spec[2] == pytest.approx(3 / 0.06)  # the step at 0.0 s left the window
+    assert shadow[1] == pytest.approx(6 / 0.08)
