@@ -1,0 +1,125 @@
+"""Hugging Face-format checkpoints in and out: config.json, (sharded) safetensors, tokenizer.json.
+
+Every way a checkpoint can be wrong ends in one `CheckpointError` line naming the file
+and the tensor, never a traceback from safetensors or tokenizers.
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import torch
+from safetensors import SafetensorError, safe_open
+from safetensors.torch import save_file
+from tokenizers import Tokenizer
+
+from specdash.errors import CheckpointError
+from specdash.model import hf_tensor_shapes
+from specdash.model_config import ModelConfig, config_from_hf, save_hf_config
+
+INDEX = "model.safetensors.index.json"
+
+
+def _shard_files(path: Path) -> dict[str, Path]:
+    """Tensor name -> shard file, from the index when there is one."""
+    index = path / INDEX
+    if index.exists():
+        try:
+            weight_map = json.loads(index.read_text())["weight_map"]
+        except (json.JSONDecodeError, KeyError, TypeError) as e:
+            raise CheckpointError(f"{index}: unreadable index ({e})") from None
+        return {name: path / f for name, f in weight_map.items()}
+    single = path / "model.safetensors"
+    if not single.exists():
+        raise CheckpointError(f"{path}: no model.safetensors or {INDEX}")
+    try:
+        with safe_open(single, "pt") as f:
+            return {name: single for name in f.keys()}  # noqa: SIM118 (safe_open has no __iter__)
+    except (SafetensorError, OSError) as e:
+        raise CheckpointError(f"{single}: corrupt safetensors file ({e})") from None
+
+
+def load_tensors(
+    path: Path, cfg: ModelConfig, dtype: torch.dtype, device: str
+) -> dict[str, torch.Tensor]:
+    expected = hf_tensor_shapes(cfg)
+    files = _shard_files(path)
+    missing = [n for n in expected if n not in files]
+    if missing:
+        more = f" (and {len(missing) - 1} more)" if len(missing) > 1 else ""
+        raise CheckpointError(f"{path}: missing tensor {missing[0]}{more}")
+    by_file: dict[Path, list[str]] = {}
+    for name in expected:
+        by_file.setdefault(files[name], []).append(name)
+    out = {}
+    for file, names in by_file.items():
+        if not file.exists():
+            raise CheckpointError(f"{file}: shard listed in the index is missing")
+        try:
+            with safe_open(file, "pt", device="cpu") as f:
+                for name in names:
+                    t = f.get_tensor(name)
+                    if tuple(t.shape) != expected[name]:
+                        raise CheckpointError(
+                            f"{file.name}: {name} has shape {tuple(t.shape)}, "
+                            f"config.json implies {expected[name]}"
+                        )
+                    out[name] = t.to(device=device, dtype=dtype)
+        except (SafetensorError, OSError, RuntimeError) as e:
+            raise CheckpointError(f"{file}: corrupt safetensors file ({e})") from None
+    return out
+
+
+def load_tokenizer(path: Path) -> Tokenizer:
+    file = path / "tokenizer.json"
+    if not file.exists():
+        raise CheckpointError(f"{path}: no tokenizer.json")
+    try:
+        return Tokenizer.from_file(str(file))
+    except Exception as e:  # tokenizers raises a bare Exception on malformed files
+        raise CheckpointError(f"{file}: unreadable tokenizer ({str(e).splitlines()[0]})") from None
+
+
+def load_checkpoint(
+    path: Path, dtype: torch.dtype, device: str
+) -> tuple[ModelConfig, dict[str, torch.Tensor], Tokenizer]:
+    if not path.is_dir():
+        raise CheckpointError(f"{path}: checkpoint directory does not exist")
+    cfg = config_from_hf(path)
+    return cfg, load_tensors(path, cfg, dtype, device), load_tokenizer(path)
+
+
+def save_checkpoint(
+    path: Path,
+    cfg: ModelConfig,
+    tensors: dict[str, torch.Tensor],
+    tokenizer: Tokenizer | None = None,
+    max_shard_bytes: int | None = None,
+) -> None:
+    """Write config.json + safetensors (sharded with an index past `max_shard_bytes`)."""
+    save_hf_config(cfg, path)
+    tensors = {n: t.detach().contiguous().cpu() for n, t in tensors.items()}
+    if max_shard_bytes is None:
+        save_file(tensors, str(path / "model.safetensors"), metadata={"format": "pt"})
+    else:
+        shards: list[dict[str, torch.Tensor]] = [{}]
+        size = 0
+        for name, t in tensors.items():
+            nbytes = t.numel() * t.element_size()
+            if shards[-1] and size + nbytes > max_shard_bytes:
+                shards.append({})
+                size = 0
+            shards[-1][name] = t
+            size += nbytes
+        weight_map = {}
+        for i, shard in enumerate(shards):
+            fname = f"model-{i + 1:05d}-of-{len(shards):05d}.safetensors"
+            save_file(shard, str(path / fname), metadata={"format": "pt"})
+            weight_map |= {n: fname for n in shard}
+        total = sum(t.numel() * t.element_size() for t in tensors.values())
+        (path / INDEX).write_text(
+            json.dumps({"metadata": {"total_size": total}, "weight_map": weight_map}, indent=1)
+        )
+    if tokenizer is not None:
+        tokenizer.save(str(path / "tokenizer.json"))

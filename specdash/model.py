@@ -1,0 +1,349 @@
+"""The native decoder: Qwen3 (dense) and Qwen3-Next / Qwen3.5 (Gated DeltaNet + gated attention).
+
+Plain tensors, no nn.Module: weights are kept in the layout the forward wants (q/k/v,
+GDN input and gate/up projections fused into one GEMM each), built from Hugging Face
+tensor names by `Model.from_tensors`, which uses only differentiable ops so the
+training script can reuse it.
+
+`forward` has three modes, one per way rows are computed:
+  * ``prefill``: all prompt rows batched (SDPA, chunked GDN). Shared by the speculative
+    run and the shadow, so it need not match decode.
+  * ``exact``: every row computed as decode computes that position (see `ops`). Decode is
+    `exact` with one row; an exact verify is `exact` with k+1 rows.
+  * ``fast``: one batched verify pass the usual way (batched GEMMs and SDPA).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Literal
+
+import torch
+
+from specdash import ops
+from specdash.errors import UsageError
+from specdash.model_config import ModelConfig
+from specdash.state import GdnSteps, SeqState
+
+Tensor = torch.Tensor
+Mode = Literal["prefill", "exact", "fast"]
+Observer = Callable[[int, str, Tensor], Tensor]
+"""Called as `observer(layer, sub_op, rows)` after each sub-op; returns the rows to use.
+
+Root-cause analysis records with it; fault-injection tests perturb with it. Layer -1 is
+the embedding, `num_layers` the head (final norm, lm_head, log_softmax).
+"""
+
+
+@dataclass(slots=True)
+class AttentionWeights:
+    qkv: Tensor
+    o: Tensor
+    q_norm: Tensor
+    k_norm: Tensor
+
+
+@dataclass(slots=True)
+class GdnWeights:
+    proj: Tensor  # [qkv | z | b | a] rows
+    conv: Tensor  # [C, W]
+    a_log: Tensor
+    dt_bias: Tensor
+    norm: Tensor
+    out: Tensor
+
+
+@dataclass(slots=True)
+class LayerWeights:
+    input_norm: Tensor
+    post_norm: Tensor
+    mixer: AttentionWeights | GdnWeights
+    gate_up: Tensor
+    down: Tensor
+
+
+def hf_tensor_shapes(cfg: ModelConfig) -> dict[str, tuple[int, ...]]:
+    """Every tensor a checkpoint of `cfg` must hold, by Hugging Face name."""
+    p, h = cfg.weight_prefix, cfg.hidden_size
+    shapes: dict[str, tuple[int, ...]] = {f"{p}embed_tokens.weight": (cfg.vocab_size, h)}
+    for i, lt in enumerate(cfg.layer_types):
+        lp = f"{p}layers.{i}."
+        shapes[f"{lp}input_layernorm.weight"] = (h,)
+        shapes[f"{lp}post_attention_layernorm.weight"] = (h,)
+        if lt == "full_attention":
+            d, hq, hkv = cfg.head_dim, cfg.num_attention_heads, cfg.num_key_value_heads
+            q_out = hq * d * (2 if cfg.gated_attention else 1)
+            shapes |= {
+                f"{lp}self_attn.q_proj.weight": (q_out, h),
+                f"{lp}self_attn.k_proj.weight": (hkv * d, h),
+                f"{lp}self_attn.v_proj.weight": (hkv * d, h),
+                f"{lp}self_attn.o_proj.weight": (h, hq * d),
+                f"{lp}self_attn.q_norm.weight": (d,),
+                f"{lp}self_attn.k_norm.weight": (d,),
+            }
+        else:
+            la, hv = f"{lp}linear_attn.", cfg.linear_num_value_heads
+            if cfg.family == "qwen3_next":
+                shapes[f"{la}in_proj_qkvz.weight"] = (cfg.gdn_conv_dim + cfg.gdn_value_dim, h)
+                shapes[f"{la}in_proj_ba.weight"] = (2 * hv, h)
+            else:
+                shapes[f"{la}in_proj_qkv.weight"] = (cfg.gdn_conv_dim, h)
+                shapes[f"{la}in_proj_z.weight"] = (cfg.gdn_value_dim, h)
+                shapes[f"{la}in_proj_b.weight"] = (hv, h)
+                shapes[f"{la}in_proj_a.weight"] = (hv, h)
+            shapes |= {
+                f"{la}conv1d.weight": (cfg.gdn_conv_dim, 1, cfg.linear_conv_kernel_dim),
+                f"{la}dt_bias": (hv,),
+                f"{la}A_log": (hv,),
+                f"{la}norm.weight": (cfg.linear_value_head_dim,),
+                f"{la}out_proj.weight": (h, cfg.gdn_value_dim),
+            }
+        shapes |= {
+            f"{lp}mlp.gate_proj.weight": (cfg.intermediate_size, h),
+            f"{lp}mlp.up_proj.weight": (cfg.intermediate_size, h),
+            f"{lp}mlp.down_proj.weight": (h, cfg.intermediate_size),
+        }
+    shapes[f"{p}norm.weight"] = (h,)
+    if not cfg.tie_word_embeddings:
+        shapes["lm_head.weight"] = (cfg.vocab_size, h)
+    return shapes
+
+
+def random_tensors(
+    cfg: ModelConfig, seed: int, dtype: torch.dtype = torch.float32, device: str = "cpu"
+) -> dict[str, Tensor]:
+    """Random weights of `cfg` by HF name, scaled so activations stay O(1) over many layers."""
+    gen = torch.Generator(device=device).manual_seed(seed)
+    out = {}
+    for name, shape in hf_tensor_shapes(cfg).items():
+        if name.endswith("A_log"):
+            t = torch.empty(shape, device=device).uniform_(0, 4, generator=gen).log()
+        elif name.endswith("dt_bias"):
+            t = torch.ones(shape, device=device)
+        elif len(shape) == 1:
+            # zero-centred norms start at w=0 (scale 1); plain ones otherwise
+            zero = cfg.zero_centred_norm and not name.endswith("linear_attn.norm.weight")
+            t = (torch.zeros if zero else torch.ones)(shape, device=device)
+        elif name.endswith("conv1d.weight"):
+            t = torch.randn(shape, generator=gen, device=device) * 0.5
+        else:
+            t = torch.randn(shape, generator=gen, device=device) * shape[-1] ** -0.5
+            if name.endswith(("o_proj.weight", "down_proj.weight", "out_proj.weight")):
+                t = t / (2 * cfg.num_hidden_layers) ** 0.5
+        out[name] = t.to(dtype)
+    return out
+
+
+class Model:
+    def __init__(
+        self,
+        cfg: ModelConfig,
+        embed: Tensor,
+        layers: list[LayerWeights],
+        final_norm: Tensor,
+        lm_head: Tensor,
+        gemm: ops.GemmBackend,
+    ) -> None:
+        self.cfg, self.embed, self.layers = cfg, embed, layers
+        self.final_norm, self.lm_head, self.gemm = final_norm, lm_head, gemm
+        self.dtype, self.device = embed.dtype, embed.device
+        self._rope_cos = self._rope_sin = embed.new_empty(0)
+
+    @classmethod
+    def from_tensors(
+        cls, cfg: ModelConfig, t: dict[str, Tensor], gemm: ops.GemmBackend | None = None
+    ) -> Model:
+        p = cfg.weight_prefix
+        layers = []
+        for i, lt in enumerate(cfg.layer_types):
+            lp = f"{p}layers.{i}."
+            mixer: AttentionWeights | GdnWeights
+            if lt == "full_attention":
+                a = f"{lp}self_attn."
+                qkv = torch.cat([t[f"{a}{n}_proj.weight"] for n in "qkv"])
+                mixer = AttentionWeights(
+                    qkv, t[f"{a}o_proj.weight"], t[f"{a}q_norm.weight"], t[f"{a}k_norm.weight"]
+                )
+            else:
+                la = f"{lp}linear_attn."
+                mixer = GdnWeights(
+                    proj=torch.cat(_gdn_in_proj(cfg, t, la)),
+                    conv=t[f"{la}conv1d.weight"][:, 0],
+                    a_log=t[f"{la}A_log"],
+                    dt_bias=t[f"{la}dt_bias"],
+                    norm=t[f"{la}norm.weight"],
+                    out=t[f"{la}out_proj.weight"],
+                )
+            layers.append(
+                LayerWeights(
+                    input_norm=t[f"{lp}input_layernorm.weight"],
+                    post_norm=t[f"{lp}post_attention_layernorm.weight"],
+                    mixer=mixer,
+                    gate_up=torch.cat(
+                        [t[f"{lp}mlp.gate_proj.weight"], t[f"{lp}mlp.up_proj.weight"]]
+                    ),
+                    down=t[f"{lp}mlp.down_proj.weight"],
+                )
+            )
+        embed = t[f"{p}embed_tokens.weight"]
+        lm_head = embed if cfg.tie_word_embeddings else t["lm_head.weight"]
+        gemm = gemm or ops.resolve_gemm_backend("auto", embed.device)
+        return cls(cfg, embed, layers, t[f"{p}norm.weight"], lm_head, gemm)
+
+    # ------------------------------------------------------------------ rope
+
+    def _rope(self, start: int, n: int) -> tuple[Tensor, Tensor]:
+        if self._rope_cos.shape[0] < start + n:
+            size = max(start + n, 2 * self._rope_cos.shape[0], 4096)
+            r = self.cfg.rotary_dim
+            inv = 1.0 / (
+                self.cfg.rope_theta
+                ** (torch.arange(0, r, 2, dtype=torch.float32, device=self.device) / r)
+            )
+            freqs = torch.arange(size, dtype=torch.float32, device=self.device)[:, None] * inv
+            emb = torch.cat((freqs, freqs), dim=-1)
+            self._rope_cos, self._rope_sin = emb.cos().to(self.dtype), emb.sin().to(self.dtype)
+        return self._rope_cos[start : start + n], self._rope_sin[start : start + n]
+
+    # ------------------------------------------------------------------ forward
+
+    def forward(
+        self,
+        tokens: Tensor,
+        state: SeqState,
+        mode: Mode,
+        observe: Observer | None = None,
+        all_logits: bool = False,
+    ) -> Tensor:
+        """Run `tokens` [T] at positions state.length.. and return fp32 log-probs.
+
+        Returns [T, V] (for prefill only the last row unless `all_logits`). Prefill
+        updates `state` in place; exact/fast leave the GDN steps pending for
+        `state.commit(rows)`.
+        """
+        t_len, start = tokens.shape[0], state.length
+        if start + t_len > state.capacity:
+            raise UsageError(
+                f"sequence of {start + t_len} tokens exceeds the allocated context of "
+                f"{state.capacity}"
+            )
+        exact = mode == "exact"
+        obs = observe or _identity
+        x = obs(-1, "embed", self.embed[tokens])
+        cos, sin = self._rope(start, t_len)
+        for i, lw in enumerate(self.layers):
+            h = obs(i, "input_norm", self._norm(x, lw.input_norm, exact))
+            if isinstance(lw.mixer, AttentionWeights):
+                a = self._attention(i, lw.mixer, h, state, start, cos, sin, mode, obs)
+            else:
+                a = self._gdn(i, lw.mixer, h, state, mode, obs)
+            x = obs(i, "mixer_residual", x + a)
+            h = obs(i, "post_norm", self._norm(x, lw.post_norm, exact))
+            gu = obs(i, "gate_up_proj", self.gemm(h, lw.gate_up, exact))
+            gate, up = gu.chunk(2, dim=-1)
+            m = obs(i, "down_proj", self.gemm(ops.silu(gate) * up, lw.down, exact))
+            x = obs(i, "output", x + m)
+        if mode == "prefill":
+            state.length += t_len
+            if not all_logits:
+                x = x[-1:]
+        head = len(self.layers)
+        x = obs(head, "final_norm", self._norm(x, self.final_norm, exact))
+        logits = obs(head, "lm_head", self.gemm(x, self.lm_head, exact))
+        return obs(head, "log_softmax", ops.log_softmax(logits, exact))
+
+    def _norm(self, x: Tensor, w: Tensor, exact: bool) -> Tensor:
+        return ops.rms_norm(x, w, self.cfg.rms_norm_eps, self.cfg.zero_centred_norm, exact)
+
+    def _attention(
+        self,
+        i: int,
+        w: AttentionWeights,
+        h: Tensor,
+        state: SeqState,
+        start: int,
+        cos: Tensor,
+        sin: Tensor,
+        mode: Mode,
+        obs: Observer,
+    ) -> Tensor:
+        cfg, t_len, exact = self.cfg, h.shape[0], mode == "exact"
+        d, hq, hkv = cfg.head_dim, cfg.num_attention_heads, cfg.num_key_value_heads
+        qkv = obs(i, "qkv_proj", self.gemm(h, w.qkv, exact))
+        q_width = hq * d * (2 if cfg.gated_attention else 1)
+        q, k, v = qkv.split([q_width, hkv * d, hkv * d], dim=-1)
+        gate = None
+        if cfg.gated_attention:
+            q, gate = q.view(t_len, hq, 2 * d).chunk(2, dim=-1)
+            gate = gate.reshape(t_len, hq * d)
+        q = self._norm(q.reshape(t_len, hq, d), w.q_norm, exact)
+        k = self._norm(k.reshape(t_len, hkv, d), w.k_norm, exact)
+        q, k = ops.apply_rope(q, cos, sin), ops.apply_rope(k, cos, sin)
+        cache = state.kv[i]
+        cache.k[:, start : start + t_len] = k.transpose(0, 1)
+        cache.v[:, start : start + t_len] = v.view(t_len, hkv, d).transpose(0, 1)
+        scale = d**-0.5
+        if mode == "exact":
+            o = torch.stack(
+                [
+                    ops.attention_decode_row(q[r], cache.k, cache.v, start + r + 1, scale)
+                    for r in range(t_len)
+                ]
+            )
+        else:
+            o = ops.attention_batched(q, cache.k, cache.v, start, scale)
+        o = obs(i, "attention", o.reshape(t_len, hq * d))
+        if gate is not None:
+            o = o * ops.sigmoid(gate)
+        return obs(i, "o_proj", self.gemm(o, w.o, exact))
+
+    def _gdn(
+        self, i: int, w: GdnWeights, h: Tensor, state: SeqState, mode: Mode, obs: Observer
+    ) -> Tensor:
+        cfg, t_len, exact = self.cfg, h.shape[0], mode == "exact"
+        nk, nv = cfg.linear_num_key_heads, cfg.linear_num_value_heads
+        dk, dv = cfg.linear_key_head_dim, cfg.linear_value_head_dim
+        proj = obs(i, "in_proj", self.gemm(h, w.proj, exact))
+        qkv, z, b, a = proj.split([cfg.gdn_conv_dim, cfg.gdn_value_dim, nv, nv], dim=-1)
+        st = state.gdn[i]
+        conv_seq = torch.cat((st.conv, qkv), dim=0)
+        mixed = obs(i, "conv", ops.causal_conv_silu(st.conv, qkv, w.conv))
+        q, k, v = mixed.split([cfg.gdn_key_dim, cfg.gdn_key_dim, cfg.gdn_value_dim], dim=-1)
+        q = ops.l2norm(q.reshape(t_len, nk, dk), exact) * dk**-0.5
+        k = ops.l2norm(k.reshape(t_len, nk, dk), exact)
+        if nv != nk:
+            q, k = (x.repeat_interleave(nv // nk, dim=1) for x in (q, k))
+        decay, beta = ops.gdn_gates(a, b, w.a_log, w.dt_bias)
+        v = v.view(t_len, nv, dv).float()
+        if mode == "prefill":
+            o, st.ssm = ops.gdn_chunked(q, k, v, decay, beta, st.ssm)
+            st.conv = conv_seq[t_len:]
+        else:
+            o, steps = ops.gdn_recurrent_steps(q, k, v, decay, beta, st.ssm)
+            state.pending[i] = GdnSteps(conv_seq, steps)
+        o = obs(i, "recurrent", o)
+        o = ops.gated_rms_norm(
+            o.to(h.dtype), z.view(t_len, nv, dv), w.norm, cfg.rms_norm_eps, exact
+        )
+        o = obs(i, "gated_norm", o.reshape(t_len, nv * dv))
+        return obs(i, "out_proj", self.gemm(o, w.out, exact))
+
+
+def _identity(layer: int, name: str, x: Tensor) -> Tensor:
+    return x
+
+
+def _gdn_in_proj(cfg: ModelConfig, t: dict[str, Tensor], la: str) -> list[Tensor]:
+    """[W_qkv, W_z, W_b, W_a] in the Qwen3.5 layout, converting Qwen3-Next's per-head interleave."""
+    if cfg.family != "qwen3_next":
+        return [t[f"{la}in_proj_{n}.weight"] for n in ("qkv", "z", "b", "a")]
+    nk, nv = cfg.linear_num_key_heads, cfg.linear_num_value_heads
+    dk, dv, r = cfg.linear_key_head_dim, cfg.linear_value_head_dim, nv // nk
+    qkvz = t[f"{la}in_proj_qkvz.weight"].view(nk, 2 * dk + 2 * r * dv, -1)
+    q, k, v, z = qkvz.split([dk, dk, r * dv, r * dv], dim=1)
+    ba = t[f"{la}in_proj_ba.weight"].view(nk, 2 * r, -1)
+    b, a = ba.split([r, r], dim=1)
+    hidden = qkvz.shape[-1]
+    qkv = torch.cat([x.reshape(-1, hidden) for x in (q, k, v)])
+    return [qkv, z.reshape(-1, hidden), b.reshape(-1, hidden), a.reshape(-1, hidden)]

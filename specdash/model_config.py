@@ -1,0 +1,293 @@
+"""Model shape: one flat description for the Qwen3 (dense) and Qwen3-Next / Qwen3.5 families.
+
+Read from a Hugging Face `config.json` or built from a named preset. Anything the
+engine cannot run exactly as the checkpoint means (MoE, sliding windows, biases,
+tied MRoPE sections that differ per axis) is refused here with one clear line.
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Literal
+
+from specdash.errors import CheckpointError
+
+Family = Literal["qwen3", "qwen3_next", "qwen3_5"]
+LayerType = Literal["linear_attention", "full_attention"]
+
+_ARCHITECTURES: dict[str, Family] = {
+    "Qwen3ForCausalLM": "qwen3",
+    "Qwen3NextForCausalLM": "qwen3_next",
+    "Qwen3_5ForCausalLM": "qwen3_5",
+    "Qwen3_5ForConditionalGeneration": "qwen3_5",
+}
+
+
+@dataclass(slots=True)
+class ModelConfig:
+    family: Family
+    vocab_size: int
+    hidden_size: int
+    intermediate_size: int
+    num_hidden_layers: int
+    num_attention_heads: int
+    num_key_value_heads: int
+    head_dim: int
+    rms_norm_eps: float = 1e-6
+    rope_theta: float = 1e7
+    partial_rotary_factor: float = 1.0
+    max_position_embeddings: int = 32768
+    tie_word_embeddings: bool = False
+    layer_types: list[LayerType] = field(default_factory=list)
+    linear_num_key_heads: int = 0
+    linear_num_value_heads: int = 0
+    linear_key_head_dim: int = 0
+    linear_value_head_dim: int = 0
+    linear_conv_kernel_dim: int = 4
+    weight_prefix: str = "model."
+    eos_token_ids: list[int] = field(default_factory=list)
+
+    def __post_init__(self) -> None:
+        if not self.layer_types:
+            self.layer_types = ["full_attention"] * self.num_hidden_layers
+        assert len(self.layer_types) == self.num_hidden_layers
+        assert self.num_attention_heads % self.num_key_value_heads == 0
+        if self.has_gdn:
+            assert self.linear_num_value_heads % self.linear_num_key_heads == 0
+
+    @property
+    def has_gdn(self) -> bool:
+        return "linear_attention" in self.layer_types
+
+    @property
+    def gated_attention(self) -> bool:
+        """Qwen3-Next / 3.5 attention: q_proj emits [q | gate], output is attn * sigmoid(gate)."""
+        return self.family != "qwen3"
+
+    @property
+    def zero_centred_norm(self) -> bool:
+        """Qwen3-Next / 3.5 RMSNorm scales by (1 + w); Qwen3 scales by w."""
+        return self.family != "qwen3"
+
+    @property
+    def rotary_dim(self) -> int:
+        return int(self.head_dim * self.partial_rotary_factor)
+
+    @property
+    def gdn_key_dim(self) -> int:
+        return self.linear_num_key_heads * self.linear_key_head_dim
+
+    @property
+    def gdn_value_dim(self) -> int:
+        return self.linear_num_value_heads * self.linear_value_head_dim
+
+    @property
+    def gdn_conv_dim(self) -> int:
+        return 2 * self.gdn_key_dim + self.gdn_value_dim
+
+    def num_params(self) -> int:
+        h = self.hidden_size
+        n = self.vocab_size * h * (1 if self.tie_word_embeddings else 2) + h
+        for lt in self.layer_types:
+            n += 3 * h * self.intermediate_size + 2 * h
+            if lt == "full_attention":
+                q_out = (
+                    self.num_attention_heads * self.head_dim * (2 if self.gated_attention else 1)
+                )
+                kv = self.num_key_value_heads * self.head_dim
+                n += h * q_out + 2 * h * kv + self.num_attention_heads * self.head_dim * h
+                n += 2 * self.head_dim
+            else:
+                n += h * (self.gdn_conv_dim + self.gdn_value_dim + 2 * self.linear_num_value_heads)
+                n += self.gdn_conv_dim * self.linear_conv_kernel_dim
+                n += 2 * self.linear_num_value_heads + self.linear_value_head_dim
+                n += self.gdn_value_dim * h
+        return n
+
+    def to_hf_dict(self) -> dict[str, Any]:
+        """A config.json that Hugging Face transformers loads as the same model."""
+        arch = {
+            "qwen3": ("Qwen3ForCausalLM", "qwen3"),
+            "qwen3_next": ("Qwen3NextForCausalLM", "qwen3_next"),
+            "qwen3_5": ("Qwen3_5ForCausalLM", "qwen3_5_text"),
+        }[self.family]
+        d: dict[str, Any] = {
+            "architectures": [arch[0]],
+            "model_type": arch[1],
+            "vocab_size": self.vocab_size,
+            "hidden_size": self.hidden_size,
+            "intermediate_size": self.intermediate_size,
+            "num_hidden_layers": self.num_hidden_layers,
+            "num_attention_heads": self.num_attention_heads,
+            "num_key_value_heads": self.num_key_value_heads,
+            "head_dim": self.head_dim,
+            "rms_norm_eps": self.rms_norm_eps,
+            "max_position_embeddings": self.max_position_embeddings,
+            "tie_word_embeddings": self.tie_word_embeddings,
+            "hidden_act": "silu",
+            "attention_bias": False,
+            "rope_parameters": {
+                "rope_type": "default",
+                "rope_theta": self.rope_theta,
+                "partial_rotary_factor": self.partial_rotary_factor,
+            },
+            "eos_token_id": self.eos_token_ids[0] if self.eos_token_ids else None,
+            "torch_dtype": "float32",
+        }
+        if self.family != "qwen3":
+            d |= {
+                "layer_types": list(self.layer_types),
+                "linear_num_key_heads": self.linear_num_key_heads,
+                "linear_num_value_heads": self.linear_num_value_heads,
+                "linear_key_head_dim": self.linear_key_head_dim,
+                "linear_value_head_dim": self.linear_value_head_dim,
+                "linear_conv_kernel_dim": self.linear_conv_kernel_dim,
+            }
+        if self.family == "qwen3_next":
+            d |= {"num_experts": 0, "mlp_only_layers": list(range(self.num_hidden_layers))}
+        if self.family == "qwen3_5":
+            d["rope_parameters"] |= {"mrope_section": [11, 11, 10], "mrope_interleaved": True}
+        return d
+
+
+def hybrid_layer_types(num_layers: int, interval: int = 4) -> list[LayerType]:
+    """Qwen3-Next / 3.5 pattern: layer i is full attention iff (i + 1) % interval == 0."""
+    return [
+        "full_attention" if (i + 1) % interval == 0 else "linear_attention"
+        for i in range(num_layers)
+    ]
+
+
+PRESETS: dict[str, ModelConfig] = {
+    "qwen3.5-27b-shape": ModelConfig(
+        family="qwen3_5",
+        vocab_size=248320,
+        hidden_size=5120,
+        intermediate_size=17408,
+        num_hidden_layers=64,
+        num_attention_heads=24,
+        num_key_value_heads=4,
+        head_dim=256,
+        partial_rotary_factor=0.25,
+        max_position_embeddings=262144,
+        layer_types=hybrid_layer_types(64),
+        linear_num_key_heads=16,
+        linear_num_value_heads=48,
+        linear_key_head_dim=128,
+        linear_value_head_dim=128,
+    ),
+    "tiny-hybrid": ModelConfig(
+        family="qwen3_5",
+        vocab_size=512,
+        hidden_size=64,
+        intermediate_size=128,
+        num_hidden_layers=4,
+        num_attention_heads=4,
+        num_key_value_heads=2,
+        head_dim=16,
+        partial_rotary_factor=0.25,
+        max_position_embeddings=4096,
+        layer_types=hybrid_layer_types(4),
+        linear_num_key_heads=2,
+        linear_num_value_heads=4,
+        linear_key_head_dim=16,
+        linear_value_head_dim=16,
+    ),
+}
+
+
+def preset(name: str) -> ModelConfig:
+    if name not in PRESETS:
+        raise CheckpointError(f"unknown preset {name!r}; known: {', '.join(sorted(PRESETS))}")
+    from dataclasses import replace
+
+    return replace(PRESETS[name], layer_types=list(PRESETS[name].layer_types))
+
+
+def _get(cfg: dict[str, Any], key: str, path: Path, default: Any = ...) -> Any:
+    if key in cfg:
+        return cfg[key]
+    if default is ...:
+        raise CheckpointError(f"{path}: config.json lacks {key!r}")
+    return default
+
+
+def config_from_hf(path: Path) -> ModelConfig:
+    """Parse `path/config.json`; refuse what the native engine does not run."""
+    cfg_path = path / "config.json"
+    try:
+        raw = json.loads(cfg_path.read_text())
+    except FileNotFoundError:
+        raise CheckpointError(f"{path}: no config.json (not a Hugging Face checkpoint)") from None
+    except (json.JSONDecodeError, UnicodeDecodeError) as e:
+        raise CheckpointError(f"{cfg_path}: not valid JSON ({e})") from None
+    archs = raw.get("architectures") or []
+    family = next((_ARCHITECTURES[a] for a in archs if a in _ARCHITECTURES), None)
+    if family is None:
+        raise CheckpointError(
+            f"{path}: unsupported architecture {archs or raw.get('model_type')!r}; "
+            f"supported: {', '.join(_ARCHITECTURES)}"
+        )
+    prefix = "model."
+    if "text_config" in raw:
+        raw = raw["text_config"] | {"tie_word_embeddings": raw.get("tie_word_embeddings", False)}
+        prefix = "model.language_model."
+    if raw.get("num_experts", 0) and family == "qwen3_next":
+        n = raw["num_hidden_layers"]
+        if set(raw.get("mlp_only_layers", [])) != set(range(n)):
+            raise CheckpointError(f"{path}: mixture-of-experts layers are not supported yet")
+    if raw.get("attention_bias"):
+        raise CheckpointError(f"{path}: attention_bias=true is not supported")
+    if raw.get("use_sliding_window") or "sliding_attention" in (raw.get("layer_types") or []):
+        raise CheckpointError(f"{path}: sliding-window attention is not supported")
+    rope = raw.get("rope_parameters") or raw.get("rope_scaling") or {}
+    if rope.get("rope_type", rope.get("type", "default")) not in ("default", None):
+        raise CheckpointError(f"{path}: rope type {rope.get('rope_type')!r} is not supported")
+    num_layers = _get(raw, "num_hidden_layers", path)
+    layer_types = raw.get("layer_types")
+    if family != "qwen3" and not layer_types:
+        layer_types = hybrid_layer_types(num_layers, raw.get("full_attention_interval", 4))
+    unknown = set(layer_types or []) - {"linear_attention", "full_attention"}
+    if unknown:
+        raise CheckpointError(f"{path}: unsupported layer types {sorted(unknown)}")
+    heads = _get(raw, "num_attention_heads", path)
+    hidden = _get(raw, "hidden_size", path)
+    eos = raw.get("eos_token_id")
+    default_partial = 1.0 if family == "qwen3" else 0.25
+    try:
+        return ModelConfig(
+            family=family,
+            vocab_size=_get(raw, "vocab_size", path),
+            hidden_size=hidden,
+            intermediate_size=_get(raw, "intermediate_size", path),
+            num_hidden_layers=num_layers,
+            num_attention_heads=heads,
+            num_key_value_heads=_get(raw, "num_key_value_heads", path, heads),
+            head_dim=raw.get("head_dim") or hidden // heads,
+            rms_norm_eps=raw.get("rms_norm_eps", 1e-6),
+            rope_theta=rope.get("rope_theta", raw.get("rope_theta", 1e6)),
+            partial_rotary_factor=rope.get(
+                "partial_rotary_factor", raw.get("partial_rotary_factor", default_partial)
+            ),
+            max_position_embeddings=raw.get("max_position_embeddings", 32768),
+            tie_word_embeddings=bool(raw.get("tie_word_embeddings", False)),
+            layer_types=list(layer_types or []),
+            linear_num_key_heads=raw.get("linear_num_key_heads", 0),
+            linear_num_value_heads=raw.get("linear_num_value_heads", 0),
+            linear_key_head_dim=raw.get("linear_key_head_dim", 0),
+            linear_value_head_dim=raw.get("linear_value_head_dim", 0),
+            linear_conv_kernel_dim=raw.get("linear_conv_kernel_dim", 4),
+            weight_prefix=prefix,
+            eos_token_ids=[eos] if isinstance(eos, int) else list(eos or []),
+        )
+    except (AssertionError, TypeError, ZeroDivisionError) as e:
+        raise CheckpointError(
+            f"{path}: inconsistent config.json ({e or 'shape check failed'})"
+        ) from None
+
+
+def save_hf_config(cfg: ModelConfig, path: Path) -> None:
+    path.mkdir(parents=True, exist_ok=True)
+    (path / "config.json").write_text(json.dumps(cfg.to_hf_dict(), indent=2) + "\n")

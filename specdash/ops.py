@@ -1,0 +1,287 @@
+"""Numeric primitives of the native engine, written so that exactness can be argued op by op.
+
+Two rules make a verify row bit-identical to the decode row at the same position:
+
+* **Row ops** (anything that reduces: GEMM, norms, attention, log_softmax) run in exact
+  mode once per row with the same shapes decode uses, unless the GEMM backend is
+  batch-invariant by construction (the Triton tile on GPU). Same op, same shape, same
+  input bits: same output bits.
+* **Elementwise ops** run batched. They are exact per element only if every element takes
+  the same code path, so sigmoid / SiLU / softplus are composed from `exp` and `log1p`
+  here: torch's own CPU kernels for those switch between a vector and a scalar formula
+  depending on where an element falls in the tensor (measured: sizes 1..33 disagree).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+
+import torch
+import torch.nn.functional as F
+
+from specdash.errors import EnvironmentProblem
+
+Tensor = torch.Tensor
+Gemm = Callable[[Tensor, Tensor], Tensor]
+
+
+# ---------------------------------------------------------------- GEMM backends
+
+
+class GemmBackend:
+    """A named `x[M,K] @ w[N,K].T`. `batch_invariant` means row results do not depend on M."""
+
+    def __init__(self, name: str, fn: Gemm, batch_invariant: bool) -> None:
+        self.name, self.fn, self.batch_invariant = name, fn, batch_invariant
+
+    def __call__(self, x: Tensor, w: Tensor, exact: bool) -> Tensor:
+        if exact and not self.batch_invariant and x.shape[0] > 1:
+            return torch.cat([self.fn(x[i : i + 1], w) for i in range(x.shape[0])])
+        return self.fn(x, w)
+
+
+def _torch_linear(x: Tensor, w: Tensor) -> Tensor:
+    return F.linear(x, w)
+
+
+def gemm_backends(device: torch.device) -> dict[str, GemmBackend | str]:
+    """Backends for `device`: name -> backend, or name -> why it is unavailable."""
+    out: dict[str, GemmBackend | str] = {}
+    if device.type == "cpu":
+        out["torch"] = GemmBackend("torch", _torch_linear, batch_invariant=False)
+        return out
+    out["cublas"] = GemmBackend("cublas", _torch_linear, batch_invariant=False)
+    try:
+        from specdash.kernels import registry
+    except ImportError as e:  # the kernels package is optional at import time
+        out["triton"] = f"specdash.kernels unavailable: {e}"
+        return out
+    for name, reason in registry.available_backends().items():
+        if name == "cublas":
+            continue
+        if reason is None:
+            out[name] = GemmBackend(name, registry.get_backend(name), batch_invariant=True)
+        else:
+            out[name] = reason
+    return out
+
+
+def resolve_gemm_backend(name: str, device: torch.device) -> GemmBackend:
+    backends = gemm_backends(device)
+    if name == "auto":
+        name = "torch" if device.type == "cpu" else "triton"
+        if not isinstance(backends.get(name), GemmBackend):
+            name = next(n for n, b in backends.items() if isinstance(b, GemmBackend))
+    found = backends.get(name)
+    if isinstance(found, GemmBackend):
+        return found
+    if found is None:
+        raise EnvironmentProblem(
+            f"GEMM backend {name!r} does not exist on {device.type}; "
+            f"choose from {', '.join(backends)}"
+        )
+    raise EnvironmentProblem(f"GEMM backend {name!r} is unavailable: {found}")
+
+
+# ---------------------------------------------------------------- elementwise
+
+
+def sigmoid(x: Tensor) -> Tensor:
+    """fp32 `1 / (1 + exp(-x))`, the formula the exact GDN beta needs on both paths."""
+    return 1.0 / (1.0 + torch.exp(-x))
+
+
+def silu(x: Tensor) -> Tensor:
+    return x / (1.0 + torch.exp(-x))
+
+
+def softplus(x: Tensor) -> Tensor:
+    """torch's softplus with beta=1, threshold=20, from exp/log1p."""
+    return torch.where(x > 20.0, x, torch.log1p(torch.exp(x.clamp(max=20.0))))
+
+
+def rotate_half(x: Tensor) -> Tensor:
+    x1, x2 = x.chunk(2, dim=-1)
+    return torch.cat((-x2, x1), dim=-1)
+
+
+def apply_rope(x: Tensor, cos: Tensor, sin: Tensor) -> Tensor:
+    """Partial RoPE: rotate the first `cos.shape[-1]` dims. x: [T, H, D], cos/sin: [T, R]."""
+    r = cos.shape[-1]
+    cos, sin = cos[:, None, :], sin[:, None, :]
+    x_rot = x[..., :r]
+    return torch.cat((x_rot * cos + rotate_half(x_rot) * sin, x[..., r:]), dim=-1)
+
+
+def causal_conv_silu(window: Tensor, x: Tensor, w: Tensor) -> Tensor:
+    """Depthwise causal conv + SiLU over new inputs, in a fixed tap order.
+
+    window: [W-1, C] inputs before x; x: [T, C]; w: [C, W]. Returns [T, C].
+    Elementwise only, so row t's bits do not depend on T: decode (T=1), verify and
+    prefill share one formula.
+    """
+    seq = torch.cat((window, x), dim=0)
+    t = x.shape[0]
+    acc = seq[0:t] * w[:, 0]
+    for j in range(1, w.shape[1]):
+        acc = acc + seq[j : j + t] * w[:, j]
+    return silu(acc)
+
+
+# ---------------------------------------------------------------- row ops
+
+
+def per_row(fn: Callable[[Tensor], Tensor], x: Tensor, exact: bool) -> Tensor:
+    """Apply a reducing op row by row in exact mode, so each call has decode's shape."""
+    if exact and x.shape[0] > 1:
+        return torch.cat([fn(x[i : i + 1]) for i in range(x.shape[0])])
+    return fn(x)
+
+
+def rms_norm(x: Tensor, w: Tensor, eps: float, zero_centred: bool, exact: bool) -> Tensor:
+    """Qwen3 RMSNorm (`w * norm(x)`) or the zero-centred Qwen3-Next one (`norm(x) * (1 + w)`)."""
+
+    def norm(r: Tensor) -> Tensor:
+        rf = r.float()
+        rf = rf * torch.rsqrt(rf.pow(2).mean(-1, keepdim=True) + eps)
+        if zero_centred:
+            return (rf * (1.0 + w.float())).to(r.dtype)
+        return w * rf.to(r.dtype)
+
+    return per_row(norm, x, exact)
+
+
+def gated_rms_norm(x: Tensor, z: Tensor, w: Tensor, eps: float, exact: bool) -> Tensor:
+    """GDN output norm: `w * rmsnorm(x) * silu(z)`, x and z: [T, HV, Dv]."""
+
+    def norm(r: Tensor) -> Tensor:
+        rf = r.float()
+        return (rf * torch.rsqrt(rf.pow(2).mean(-1, keepdim=True) + eps)).to(r.dtype)
+
+    return (w * per_row(norm, x, exact) * silu(z.float())).to(x.dtype)
+
+
+def l2norm(x: Tensor, exact: bool) -> Tensor:
+    """FLA/SGLang form `x / sqrt(sum(x^2) + 1e-6)` over the last dim, in fp32."""
+
+    def norm(r: Tensor) -> Tensor:
+        rf = r.float()
+        return rf / torch.sqrt((rf * rf).sum(-1, keepdim=True) + 1e-6)
+
+    return per_row(norm, x, exact)
+
+
+def log_softmax(logits: Tensor, exact: bool) -> Tensor:
+    return per_row(lambda r: torch.log_softmax(r.float(), dim=-1), logits, exact)
+
+
+def greedy(logprobs: Tensor) -> tuple[Tensor, Tensor]:
+    """Argmax (first index on ties) and its logprob, per row."""
+    ids = logprobs.argmax(dim=-1)
+    return ids, logprobs.gather(-1, ids[:, None])[:, 0]
+
+
+def attention_decode_row(
+    q: Tensor, k_cache: Tensor, v_cache: Tensor, n: int, scale: float
+) -> Tensor:
+    """One query row over the first `n` cached keys. q: [Hq, D]; caches: [Hkv, cap, D].
+
+    Verify calls this once per row with n = L+1 .. L+k+1, exactly as decode would at
+    those positions.
+    """
+    hkv, d = k_cache.shape[0], k_cache.shape[-1]
+    qg = q.view(hkv, -1, d)
+    scores = torch.matmul(qg, k_cache[:, :n].transpose(1, 2)).float() * scale
+    probs = torch.softmax(scores, dim=-1).to(q.dtype)
+    return torch.matmul(probs, v_cache[:, :n]).reshape(-1, d)
+
+
+def attention_batched(
+    q: Tensor, k_cache: Tensor, v_cache: Tensor, start: int, scale: float
+) -> Tensor:
+    """T query rows at positions start..start+T-1 in one SDPA call (prefill and fast verify)."""
+    t = q.shape[0]
+    n = start + t
+    mask = torch.ones(t, n, dtype=torch.bool, device=q.device).tril(diagonal=start)
+    out = F.scaled_dot_product_attention(
+        q.transpose(0, 1)[None],
+        k_cache[None, :, :n],
+        v_cache[None, :, :n],
+        attn_mask=mask,
+        scale=scale,
+        enable_gqa=True,
+    )
+    return out[0].transpose(0, 1)
+
+
+# ---------------------------------------------------------------- gated delta rule
+
+
+def gdn_gates(a: Tensor, b: Tensor, a_log: Tensor, dt_bias: Tensor) -> tuple[Tensor, Tensor]:
+    """decay = exp(-exp(A_log) * softplus(a + dt_bias)) and beta = sigmoid(b), both fp32."""
+    g = -torch.exp(a_log.float()) * softplus(a.float() + dt_bias.float())
+    return torch.exp(g), sigmoid(b.float())
+
+
+def gdn_recurrent_steps(
+    q: Tensor, k: Tensor, v: Tensor, decay: Tensor, beta: Tensor, state: Tensor
+) -> tuple[Tensor, Tensor]:
+    """The decode recurrence, one token at a time. Decode runs T=1; verify runs T=k+1.
+
+    q, k: [T, HV, Dk] (l2-normalised, q scaled); v: [T, HV, Dv]; decay, beta: [T, HV];
+    state: fp32 [HV, Dk, Dv]. Returns o [T, HV, Dv] fp32 and the per-step states
+    [T, HV, Dk, Dv] so a rejected suffix can be rolled back.
+    """
+    steps = []
+    outs = []
+    h = state
+    for t in range(q.shape[0]):
+        h = h * decay[t, :, None, None]
+        kt = k[t, :, :, None]
+        kv_mem = (h * kt).sum(-2)
+        delta = (v[t] - kv_mem) * beta[t, :, None]
+        h = h + kt * delta[:, None, :]
+        outs.append((h * q[t, :, :, None]).sum(-2))
+        steps.append(h)
+    return torch.stack(outs), torch.stack(steps)
+
+
+def gdn_chunked(
+    q: Tensor, k: Tensor, v: Tensor, decay: Tensor, beta: Tensor, state: Tensor, chunk: int = 64
+) -> tuple[Tensor, Tensor]:
+    """Chunked (WY/UT) form of the same recurrence, for prefill only.
+
+    Same math in a different order, so different bits: prefill is shared by the
+    speculative run and the shadow, so it need not match decode.
+    Shapes as `gdn_recurrent_steps`; returns o [T, HV, Dv] and the final state.
+    """
+    t_len = q.shape[0]
+    pad = (-t_len) % chunk
+    g = torch.log(decay)
+    q, k, v = (F.pad(x.transpose(0, 1), (0, 0, 0, pad)) for x in (q, k, v))  # [HV, Tp, D]
+    beta, g = (F.pad(x.transpose(0, 1), (0, pad)) for x in (beta, g))
+    hv, tp = q.shape[0], q.shape[1]
+    n = tp // chunk
+    q, k, v = (x.reshape(hv, n, chunk, -1) for x in (q, k, v))
+    beta, g = beta.reshape(hv, n, chunk), g.reshape(hv, n, chunk)
+    k_beta, v_beta = k * beta[..., None], v * beta[..., None]
+    cum = g.cumsum(-1)
+    upper = torch.ones(chunk, chunk, dtype=torch.bool, device=q.device).triu(1)
+    pair = (cum[..., :, None] - cum[..., None, :]).masked_fill(upper, float("-inf")).exp()
+    system = ((k_beta @ k.transpose(-1, -2)) * pair).tril(-1)  # unit diagonal is implied
+    new_v = torch.linalg.solve_triangular(system, v_beta, upper=False, unitriangular=True)
+    k_cum = torch.linalg.solve_triangular(
+        system, k_beta * cum.exp()[..., None], upper=False, unitriangular=True
+    )
+    intra = (q @ k.transpose(-1, -2)) * pair
+    q_dec = q * cum.exp()[..., None]
+    k_dec = k * (cum[..., -1:] - cum).exp()[..., None]
+    chunk_decay = cum[..., -1].exp()
+    h = state
+    out = torch.empty_like(new_v)
+    for i in range(n):
+        v_new = new_v[:, i] - k_cum[:, i] @ h
+        out[:, i] = q_dec[:, i] @ h + intra[:, i] @ v_new
+        h = h * chunk_decay[:, i, None, None] + k_dec[:, i].transpose(-1, -2) @ v_new
+    out = out.reshape(hv, tp, -1)[:, :t_len].transpose(0, 1)
+    return out, h

@@ -1,0 +1,96 @@
+"""Per-sequence decoding state and how a verify step rolls it back to the accepted prefix.
+
+Attention layers keep a preallocated KV cache: rolling back is only moving `length`,
+because rejected positions are overwritten by the next step. GDN layers keep a conv
+window and an fp32 recurrent state; a multi-token step records the state after every
+token (`GdnSteps`) so accepting j tokens restores exactly the state after token j.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+import torch
+
+from specdash.model_config import ModelConfig
+
+Tensor = torch.Tensor
+
+
+@dataclass(slots=True)
+class KVCache:
+    k: Tensor  # [Hkv, capacity, D]
+    v: Tensor  # [Hkv, capacity, D]
+
+
+@dataclass(slots=True)
+class GdnState:
+    conv: Tensor  # [W-1, C] last conv inputs
+    ssm: Tensor  # fp32 [HV, Dk, Dv]
+
+
+@dataclass(slots=True)
+class GdnSteps:
+    """What one multi-token step left behind in a GDN layer, for `SeqState.commit`."""
+
+    conv_seq: Tensor  # [W-1+T, C] window followed by the T new conv inputs
+    states: Tensor  # fp32 [T, HV, Dk, Dv] state after each token
+
+
+@dataclass(slots=True)
+class SeqState:
+    kv: dict[int, KVCache]
+    gdn: dict[int, GdnState]
+    capacity: int
+    length: int = 0
+    pending: dict[int, GdnSteps] = field(default_factory=dict)
+
+    @classmethod
+    def empty(
+        cls, cfg: ModelConfig, capacity: int, dtype: torch.dtype, device: torch.device
+    ) -> SeqState:
+        kv, gdn = {}, {}
+        for i, lt in enumerate(cfg.layer_types):
+            if lt == "full_attention":
+                shape = (cfg.num_key_value_heads, capacity, cfg.head_dim)
+                kv[i] = KVCache(
+                    torch.zeros(shape, dtype=dtype, device=device),
+                    torch.zeros(shape, dtype=dtype, device=device),
+                )
+            else:
+                gdn[i] = GdnState(
+                    torch.zeros(
+                        cfg.linear_conv_kernel_dim - 1, cfg.gdn_conv_dim, dtype=dtype, device=device
+                    ),
+                    torch.zeros(
+                        cfg.linear_num_value_heads,
+                        cfg.linear_key_head_dim,
+                        cfg.linear_value_head_dim,
+                        dtype=torch.float32,
+                        device=device,
+                    ),
+                )
+        return cls(kv=kv, gdn=gdn, capacity=capacity)
+
+    def commit(self, rows: int) -> None:
+        """Keep the first `rows` tokens of the last step; drop the rest.
+
+        The KV of dropped rows stays in the cache past `length` and is overwritten later.
+        """
+        w = next(iter(self.gdn.values())).conv.shape[0] if self.gdn else 0
+        for i, steps in self.pending.items():
+            st = self.gdn[i]
+            st.conv = steps.conv_seq[rows : rows + w]
+            st.ssm = steps.states[rows - 1]
+        self.length += rows
+        self.pending = {}
+
+    def clone(self) -> SeqState:
+        """A deep copy: the shadow starts from the speculative run's prefill."""
+        assert not self.pending
+        return SeqState(
+            kv={i: KVCache(c.k.clone(), c.v.clone()) for i, c in self.kv.items()},
+            gdn={i: GdnState(g.conv.clone(), g.ssm.clone()) for i, g in self.gdn.items()},
+            capacity=self.capacity,
+            length=self.length,
+        )
