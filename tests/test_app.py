@@ -1,0 +1,246 @@
+"""Pilot tests: every key and palette command, the prompt box, trace export, faults."""
+
+from __future__ import annotations
+
+import sys
+import threading
+import types
+
+import pytest
+from fake_events import ScriptedSource, fake_session
+
+from specdash.app import CONTROL_ACTIONS, SpecdashApp
+from specdash.events import EngineError
+from specdash.settings import MAX_K, SessionSettings
+from specdash.sources import EventBuffer, LiveSession
+from specdash.trace import read_trace
+from specdash.widgets.divergence import DivergenceDetail
+from specdash.widgets.help_screen import HelpScreen
+
+SIZE = (160, 48)
+
+
+def make_app(tmp_path, events=None, read_only=False) -> SpecdashApp:
+    events = fake_session() if events is None else events
+    source = ScriptedSource(events) if read_only else ScriptedSource.live_like(events)
+    app = SpecdashApp(source, trace_dir=tmp_path)
+    app.notes = []
+    app.notify = lambda message, **kw: app.notes.append(message)
+    return app
+
+
+def state(app):
+    return app.source.controls.snapshot()
+
+
+async def settle(pilot):
+    await pilot.pause()
+    pilot.app.refresh_numbers()
+    pilot.app.refresh_plots()
+    await pilot.pause()
+
+
+KEY_EFFECTS = [
+    ("g", lambda app: state(app).gemm_backend == "torch"),
+    ("s", lambda app: state(app).speculation is False),
+    ("plus", lambda app: state(app).k == 5),
+    ("minus", lambda app: state(app).k == 3),
+    ("v", lambda app: state(app).verify_mode == "fast"),
+    ("space", lambda app: state(app).paused is True),
+    ("n", lambda app: app.source.controls.take_next_prompt_request()),
+]
+
+
+@pytest.mark.parametrize(("key", "effect"), KEY_EFFECTS, ids=[k for k, _ in KEY_EFFECTS])
+async def test_control_key(tmp_path, key, effect):
+    app = make_app(tmp_path)
+    async with app.run_test(size=SIZE) as pilot:
+        await settle(pilot)
+        await pilot.press(key)
+        assert effect(app)
+        assert app.notes, "every control change is acknowledged"
+
+
+async def test_keys_toggle_back_and_gemm_cycles(tmp_path):
+    app = make_app(tmp_path)
+    async with app.run_test(size=SIZE) as pilot:
+        await settle(pilot)
+        await pilot.press("g", "g", "s", "s", "v", "v", "space", "space")
+        assert state(app).gemm_backend == "rowwise"
+        assert state(app).speculation and state(app).verify_mode == "exact"
+        assert not state(app).paused
+
+
+async def test_k_stays_in_range(tmp_path):
+    app = make_app(tmp_path)
+    async with app.run_test(size=SIZE) as pilot:
+        await settle(pilot)
+        await pilot.press(*["minus"] * 5)
+        assert state(app).k == 1
+        await pilot.press(*["plus"] * (MAX_K + 3))
+        assert state(app).k == MAX_K
+        assert any("k stays in" in n for n in app.notes)
+
+
+@pytest.mark.parametrize(
+    ("title", "effect"),
+    [
+        ("GEMM backend", lambda app: state(app).gemm_backend == "torch"),
+        ("spec on/off", lambda app: state(app).speculation is False),
+        ("k+", lambda app: state(app).k == 5),
+        ("k-", lambda app: state(app).k == 3),
+        ("verify mode", lambda app: state(app).verify_mode == "fast"),
+        ("pause", lambda app: state(app).paused is True),
+        ("next prompt", lambda app: app.source.controls.take_next_prompt_request()),
+        ("export trace", lambda app: app.trace_writer is not None),
+        ("type prompt", lambda app: app.focused.id == "prompt"),
+        ("help", lambda app: isinstance(app.screen, HelpScreen)),
+    ],
+)
+async def test_palette_command(tmp_path, title, effect):
+    app = make_app(tmp_path)
+    async with app.run_test(size=SIZE) as pilot:
+        await settle(pilot)
+        await pilot.press("ctrl+p")
+        await pilot.press(*title)
+        await pilot.pause(0.3)
+        await pilot.press("enter")
+        await pilot.pause(0.3)
+        assert effect(app)
+
+
+def test_every_key_has_a_palette_entry_and_a_test():
+    palette_tested = {"cycle_gemm", "toggle_speculation", "k_up", "k_down", "toggle_verify"}
+    palette_tested |= {"toggle_pause", "next_prompt", "export_trace", "type_prompt", "help"}
+    actions = {action for _, action, _, _ in CONTROL_ACTIONS}
+    assert actions - {"quit"} == palette_tested  # quit is Textual's own palette entry
+
+
+async def test_help_opens_and_closes(tmp_path):
+    app = make_app(tmp_path)
+    async with app.run_test(size=SIZE) as pilot:
+        await pilot.press("question_mark")
+        assert isinstance(app.screen, HelpScreen)
+        await pilot.press("escape")
+        assert not isinstance(app.screen, HelpScreen)
+
+
+async def test_quit_exits_zero_and_stops_the_source(tmp_path):
+    app = make_app(tmp_path)
+    async with app.run_test(size=SIZE) as pilot:
+        await pilot.press("q")
+        await pilot.pause()
+    assert app.return_code == 0
+    assert app.source.stopped
+
+
+async def test_typed_prompt_is_queued(tmp_path):
+    app = make_app(tmp_path)
+    async with app.run_test(size=SIZE) as pilot:
+        await settle(pilot)
+        await pilot.press("slash")
+        assert app.focused.id == "prompt"
+        await pilot.press(*"why q?", "enter")
+        assert app.source.controls.take_user_prompt() == "why q?"
+        assert app.focused.id == "divergence-table"
+        await pilot.press("slash", "x", "escape")
+        assert app.focused.id == "divergence-table"
+        assert app.source.controls.take_user_prompt() is None
+
+
+async def test_divergence_detail_on_enter(tmp_path):
+    app = make_app(tmp_path)
+    async with app.run_test(size=SIZE) as pilot:
+        await settle(pilot)
+        await pilot.press("enter")
+        await pilot.pause()
+        assert isinstance(app.screen, DivergenceDetail)
+        assert app.screen.divergence.position == 37
+        await pilot.press("escape")
+        assert not isinstance(app.screen, DivergenceDetail)
+
+
+async def test_export_trace_writes_the_whole_session_and_keeps_recording(tmp_path):
+    app = make_app(tmp_path)
+    async with app.run_test(size=SIZE) as pilot:
+        await settle(pilot)
+        await pilot.press("e")
+        await settle(pilot)
+        app.buffer.put(EngineError(message="CUDA error: out of memory"))
+        await settle(pilot)
+        assert app.trace_writer is None, "an engine error closes the trace"
+        error_panel = app.query_one("#error")
+        assert error_panel.display
+        assert "CUDA error: out of memory" in str(error_panel.render())
+        assert "trace closed" in str(error_panel.render())
+    (path,) = tmp_path.glob("specdash-*.jsonl")
+    header, events, warnings = read_trace(path)
+    assert not warnings
+    kinds = [e.kind for e in events]
+    assert kinds.count("verify_step") == 60
+    assert "control" in kinds and kinds[-1] == "error"
+
+
+async def test_replay_source_is_read_only(tmp_path):
+    app = make_app(tmp_path, read_only=True)
+    async with app.run_test(size=SIZE) as pilot:
+        await settle(pilot)
+        await pilot.press("g", "plus", "space", "n", "slash")
+        assert app.notes and all("read-only" in n for n in app.notes)
+        assert app.focused.id != "prompt"
+
+
+async def test_terminal_too_small_shows_a_message(tmp_path):
+    app = make_app(tmp_path)
+    async with app.run_test(size=(60, 20)) as pilot:
+        await settle(pilot)
+        assert app.query_one("#too-small").display
+        assert not app.query_one("#main").display
+        assert "terminal too small: 60x20" in str(app.query_one("#too-small").render())
+        await pilot.resize_terminal(*SIZE)
+        await pilot.pause(0.3)
+        assert app.query_one("#main").display
+
+
+async def test_status_bar_shows_verdict(tmp_path):
+    app = make_app(tmp_path, events=fake_session(divergence_at=None))
+    async with app.run_test(size=SIZE) as pilot:
+        await settle(pilot)
+        assert "EXACT so far" in str(app.query_one("#status").render())
+
+
+@pytest.fixture
+def fake_engine(monkeypatch):
+    """A stand-in `specdash.session` so LiveSession's threading is tested without torch."""
+    module = types.ModuleType("specdash.session")
+    monkeypatch.setitem(sys.modules, "specdash.session", module)
+    return module
+
+
+def test_live_session_reports_an_engine_exception(fake_engine):
+    def run_session(settings, sink, controls, stop):
+        raise RuntimeError("weights on fire")
+
+    fake_engine.run_session = run_session
+    buffer = EventBuffer()
+    session = LiveSession(SessionSettings(), telemetry=False)
+    session.start(buffer.put)
+    session.stop()
+    (event,) = buffer.drain()
+    assert isinstance(event, EngineError) and event.message == "RuntimeError: weights on fire"
+
+
+def test_live_session_stop_ends_the_engine(fake_engine):
+    running = threading.Event()
+
+    def run_session(settings, sink, controls, stop):
+        running.set()
+        stop.wait(10)
+
+    fake_engine.run_session = run_session
+    session = LiveSession(SessionSettings(k=7), telemetry=False)
+    assert session.controls.snapshot().k == 7
+    session.start(lambda e: None)
+    assert running.wait(5) and session.running
+    session.stop()
+    assert not session.running
