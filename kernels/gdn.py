@@ -1,0 +1,232 @@
+"""Gated DeltaNet: one recurrent-step kernel for decode and verify, plus a chunked prefill.
+
+Why one kernel: verify must leave, after each of its T tokens, the same fp32 state and output bits
+that T decode steps would. So verify runs the decode recurrence token by token (never the chunked
+WY form, which is the same math in another order) through the same compiled kernel: decode is the
+T=1 launch of it. beta = sigmoid(b) stays fp32, the state is fp32, and the launch configuration
+(BV, num_warps) is pinned. Every step's state is written out so that accepting j of T tokens
+restores the state after step j. Math (exactness.md section 3), per token and v-head, in fp32:
+q, k <- x / sqrt(sum x^2 + 1e-6); q *= Dk^-1/2; g = -exp(A_log) * softplus(a + dt_bias) (threshold
+20); beta = sigmoid(b); h *= exp(g); v' = beta * (v - sum_K h*k); h += k (x) v'; o = sum_K h*q.
+"""
+
+from __future__ import annotations
+
+import torch
+import torch.nn.functional as F
+import triton
+import triton.language as tl
+
+BLOCK_V = 32  # pinned: the state tile per program, [Dk, BLOCK_V]
+_NUM_WARPS = 4  # pinned
+_EPS = 1e-6
+
+
+@triton.jit(do_not_specialize=["T"])
+def _gdn_steps_kernel(
+    q_ptr,
+    k_ptr,
+    v_ptr,
+    a_ptr,
+    b_ptr,
+    a_log_ptr,
+    dt_bias_ptr,
+    h0_ptr,
+    o_ptr,
+    hs_ptr,
+    T,
+    HV,
+    stride_qb,
+    stride_qt,
+    stride_kb,
+    stride_kt,
+    stride_vb,
+    stride_vt,
+    stride_ab,
+    stride_at,
+    stride_bb,
+    stride_bt,
+    stride_ob,
+    stride_ot,
+    scale,
+    V_PER_K: tl.constexpr,
+    DK: tl.constexpr,
+    DV: tl.constexpr,
+    BV: tl.constexpr,
+):
+    pid_bh = tl.program_id(0)
+    pid_v = tl.program_id(1)
+    b = pid_bh // HV
+    hv = pid_bh % HV
+    hk = hv // V_PER_K
+    offs_k = tl.arange(0, DK)
+    offs_v = pid_v * BV + tl.arange(0, BV)
+    tile = offs_k[:, None] * DV + offs_v[None, :]
+    h = tl.load(h0_ptr + pid_bh.to(tl.int64) * DK * DV + tile)
+    neg_a = -tl.exp(tl.load(a_log_ptr + hv).to(tl.float32))
+    dt_bias = tl.load(dt_bias_ptr + hv).to(tl.float32)
+    hs_step = HV * DK * DV
+    hs_ptrs = hs_ptr + (b.to(tl.int64) * T * HV + hv) * DK * DV + tile
+    for t in range(T):
+        q = tl.load(q_ptr + b * stride_qb + t * stride_qt + hk * DK + offs_k).to(tl.float32)
+        k = tl.load(k_ptr + b * stride_kb + t * stride_kt + hk * DK + offs_k).to(tl.float32)
+        v = tl.load(v_ptr + b * stride_vb + t * stride_vt + hv * DV + offs_v).to(tl.float32)
+        a = tl.load(a_ptr + b * stride_ab + t * stride_at + hv).to(tl.float32) + dt_bias
+        beta_in = tl.load(b_ptr + b * stride_bb + t * stride_bt + hv).to(tl.float32)
+        q = q / tl.sqrt(tl.sum(q * q) + 1e-6) * scale
+        k = k / tl.sqrt(tl.sum(k * k) + 1e-6)
+        softplus = tl.where(a > 20.0, a, tl.log(1.0 + tl.exp(a)))
+        decay = tl.exp(neg_a * softplus)
+        beta = 1.0 / (1.0 + tl.exp(-beta_in))
+        h = h * decay
+        v_new = beta * (v - tl.sum(h * k[:, None], axis=0))
+        h = h + k[:, None] * v_new[None, :]
+        o = tl.sum(h * q[:, None], axis=0)
+        o_ptrs = o_ptr + b * stride_ob + t * stride_ot + hv * DV + offs_v
+        tl.store(o_ptrs, o.to(o_ptr.dtype.element_ty))
+        tl.store(hs_ptrs, h)
+        hs_ptrs += hs_step
+
+
+def gdn_verify_steps(
+    q: torch.Tensor,
+    k: torch.Tensor,
+    v: torch.Tensor,
+    a: torch.Tensor,
+    b: torch.Tensor,
+    A_log: torch.Tensor,
+    dt_bias: torch.Tensor,
+    state: torch.Tensor,
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """T recurrent steps, token by token: q,k [B,T,H,Dk], v [B,T,HV,Dv], a,b [B,T,HV], state fp32
+    [B,HV,Dk,Dv] -> (o [B,T,HV,Dv] in v.dtype, per-step states [B,T,HV,Dk,Dv] fp32).
+
+    states[:, j] is the state after token j, the one to keep when j+1 tokens are accepted.
+    """
+    bsz, t, h, dk = q.shape
+    hv, dv = v.shape[2], v.shape[3]
+    if k.shape != q.shape or v.shape[:2] != (bsz, t) or a.shape != (bsz, t, hv):
+        raise ValueError(f"q {q.shape} k {k.shape} v {v.shape} a {a.shape}: shapes disagree")
+    if b.shape != a.shape or state.shape != (bsz, hv, dk, dv) or state.dtype != torch.float32:
+        raise ValueError(f"b {b.shape}, state {state.shape} {state.dtype}: need fp32 [B,HV,Dk,Dv]")
+    if hv % h or dv % BLOCK_V or dk & (dk - 1):
+        raise ValueError(f"need HV={hv} a multiple of H={h}, Dv={dv} of {BLOCK_V}, Dk={dk} a pow2")
+    q, k, v, a, b = (x.contiguous() for x in (q, k, v, a, b))
+    state = state.contiguous()
+    o = torch.empty((bsz, t, hv, dv), device=v.device, dtype=v.dtype)
+    states = torch.empty((bsz, t, hv, dk, dv), device=v.device, dtype=torch.float32)
+    _gdn_steps_kernel[(bsz * hv, dv // BLOCK_V)](
+        q,
+        k,
+        v,
+        a,
+        b,
+        A_log.contiguous(),
+        dt_bias.contiguous(),
+        state,
+        o,
+        states,
+        t,
+        hv,
+        q.stride(0),
+        q.stride(1),
+        k.stride(0),
+        k.stride(1),
+        v.stride(0),
+        v.stride(1),
+        a.stride(0),
+        a.stride(1),
+        b.stride(0),
+        b.stride(1),
+        o.stride(0),
+        o.stride(1),
+        dk**-0.5,
+        V_PER_K=hv // h,
+        DK=dk,
+        DV=dv,
+        BV=BLOCK_V,
+        num_warps=_NUM_WARPS,
+    )
+    return o, states
+
+
+def gdn_recurrent_step(
+    q: torch.Tensor,
+    k: torch.Tensor,
+    v: torch.Tensor,
+    a: torch.Tensor,
+    b: torch.Tensor,
+    A_log: torch.Tensor,
+    dt_bias: torch.Tensor,
+    state: torch.Tensor,
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """One decode step: q,k [B,H,Dk], v [B,HV,Dv], a,b [B,HV] -> (o [B,HV,Dv], new fp32 state).
+
+    The T=1 launch of the verify kernel, so decode and verify share every instruction.
+    """
+    o, states = gdn_verify_steps(
+        q[:, None], k[:, None], v[:, None], a[:, None], b[:, None], A_log, dt_bias, state
+    )
+    return o[:, 0], states[:, 0]
+
+
+def gdn_chunked_prefill(
+    q: torch.Tensor,
+    k: torch.Tensor,
+    v: torch.Tensor,
+    a: torch.Tensor,
+    b: torch.Tensor,
+    A_log: torch.Tensor,
+    dt_bias: torch.Tensor,
+    state: torch.Tensor | None = None,
+    chunk_size: int = 64,
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """Chunked (WY) prefill in torch, fp32: same shapes as gdn_verify_steps -> (o, final state).
+
+    Prefill is shared by the speculative and the plain run, so it need not match the recurrent
+    bits; this is the same math as the recurrence in chunk-parallel order (HF's torch reference).
+    """
+    bsz, t, h, dk = q.shape
+    hv, dv = v.shape[2], v.shape[3]
+    rep = hv // h
+    qf = q.float().repeat_interleave(rep, dim=2)
+    kf = k.float().repeat_interleave(rep, dim=2)
+    qf = qf / torch.sqrt((qf * qf).sum(-1, keepdim=True) + _EPS) * dk**-0.5
+    kf = kf / torch.sqrt((kf * kf).sum(-1, keepdim=True) + _EPS)
+    g = -A_log.float().exp() * F.softplus(a.float() + dt_bias.float(), threshold=20.0)
+    beta = torch.sigmoid(b.float())
+    # [B, HV, T, *] padded to whole chunks; padded tokens have k = 0 and g = 0: no effect.
+    pad = (-t) % chunk_size
+    qf, kf, vf = (F.pad(x.transpose(1, 2), (0, 0, 0, pad)) for x in (qf, kf, v.float()))
+    g, beta = (F.pad(x.transpose(1, 2), (0, pad)) for x in (g, beta))
+    n = (t + pad) // chunk_size
+    qf, kf, vf = (x.reshape(bsz, hv, n, chunk_size, -1) for x in (qf, kf, vf))
+    g, beta = (x.reshape(bsz, hv, n, chunk_size) for x in (g, beta))
+    k_beta, v_beta = kf * beta[..., None], vf * beta[..., None]
+    g = g.cumsum(-1)
+    ones = torch.ones(chunk_size, chunk_size, dtype=torch.bool, device=q.device)
+    upper_incl = torch.triu(ones)
+    decay = (g[..., :, None] - g[..., None, :]).tril().exp().tril()
+    attn = -(k_beta @ kf.transpose(-1, -2) * decay).masked_fill(upper_incl, 0)
+    for i in range(1, chunk_size):
+        attn[..., i, :i] = attn[..., i, :i] + (attn[..., i, :, None] * attn[..., :, :i]).sum(-2)
+    attn = attn + torch.eye(chunk_size, device=q.device)
+    u = attn @ v_beta
+    w = attn @ (k_beta * g.exp()[..., None])
+    s = (
+        torch.zeros(bsz, hv, dk, dv, device=q.device, dtype=torch.float32)
+        if state is None
+        else state.float().clone()
+    )
+    out = torch.empty_like(vf)
+    upper_strict = torch.triu(ones, diagonal=1)
+    for c in range(n):
+        qc, kc, gc = qf[:, :, c], kf[:, :, c], g[:, :, c]
+        local = (qc @ kc.transpose(-1, -2) * decay[:, :, c]).masked_fill(upper_strict, 0)
+        v_new = u[:, :, c] - w[:, :, c] @ s
+        out[:, :, c] = (qc * gc.exp()[..., None]) @ s + local @ v_new
+        g_last = gc[..., -1, None]
+        k_decayed = kc * (g_last - gc).exp()[..., None]
+        s = s * g_last[..., None].exp() + k_decayed.transpose(-1, -2) @ v_new
+    o = out.reshape(bsz, hv, -1, dv)[:, :, :t].transpose(1, 2).to(v.dtype)
+    return o, s
