@@ -1,0 +1,48 @@
+"""SVG snapshots of the dashboard over the seeded fake event stream (no engine, no clock,
+explicit plot colours). Update with `pytest tests/test_snapshots.py --snapshot-update`."""
+
+from __future__ import annotations
+
+import pytest
+from fake_events import ScriptedSource, fake_session
+
+from specdash.app import SpecdashApp
+from specdash.events import EngineError
+
+SIZE = (160, 48)
+
+
+def dashboard(telemetry: str = "gpm", extra=()) -> SpecdashApp:
+    events = fake_session(seed=7, telemetry=telemetry) + list(extra)
+    return SpecdashApp(ScriptedSource.live_like(events))
+
+
+async def settle(pilot) -> None:
+    await pilot.pause()
+    pilot.app.refresh_numbers()
+    pilot.app.refresh_plots()
+    await pilot.pause()
+
+
+@pytest.mark.parametrize("telemetry", ["gpm", "mem_busy", "none"])
+def test_dashboard(snap_compare, telemetry):
+    assert snap_compare(dashboard(telemetry), terminal_size=SIZE, run_before=settle)
+
+
+def test_help_screen(snap_compare):
+    assert snap_compare(dashboard(), press=["question_mark"], terminal_size=SIZE, run_before=settle)
+
+
+def test_divergence_detail(snap_compare):
+    assert snap_compare(dashboard(), press=["enter"], terminal_size=SIZE, run_before=settle)
+
+
+def test_engine_error_panel(snap_compare):
+    app = dashboard(
+        extra=[EngineError(t_ns=3_000_000_000, message="RuntimeError: weights on fire")]
+    )
+    assert snap_compare(app, terminal_size=SIZE, run_before=settle)
+
+
+def test_terminal_too_small(snap_compare):
+    assert snap_compare(dashboard(), terminal_size=(70, 20), run_before=settle)
