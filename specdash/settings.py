@@ -2,12 +2,19 @@
 
 from __future__ import annotations
 
+import argparse
 from pathlib import Path
 from typing import Literal
 
-from pydantic import BaseModel, ConfigDict, Field, field_validator
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
+
+from specdash.errors import UsageError
 
 MAX_K = 16
+
+
+def _path(value: str | None) -> Path | None:
+    return None if value is None else Path(value)
 
 
 class SessionSettings(BaseModel):
@@ -42,3 +49,30 @@ class SessionSettings(BaseModel):
         if not 1 <= k <= MAX_K:
             raise ValueError(f"k must be in 1..{MAX_K}")
         return k
+
+    @classmethod
+    def from_args(cls, args: argparse.Namespace) -> SessionSettings:
+        """Settings from the CLI's session flags; a bad value is a one-line `UsageError`."""
+        try:
+            return cls(
+                engine=args.engine,
+                model=_path(args.model),
+                draft=_path(args.draft),
+                preset=args.preset,
+                drafter=args.drafter,
+                k=args.k,
+                speculation=not args.no_spec,
+                verify=args.verify,
+                gemm_backend=args.gemm_backend,
+                batch=args.batch,
+                prompts=_path(args.prompts),
+                max_new_tokens=args.max_new_tokens,
+                device=args.device,
+                dtype=args.dtype,
+                shadow=not args.no_shadow,
+                trace=_path(args.trace),
+            )
+        except ValidationError as e:
+            err = e.errors()[0]
+            where = ".".join(str(p) for p in err["loc"])
+            raise UsageError(f"{where}: {err['msg']}") from None
