@@ -8,6 +8,7 @@ which the engine reads at its next step and answers with a `ControlChange` event
 
 from __future__ import annotations
 
+import argparse
 import time
 from collections.abc import Iterable
 from pathlib import Path
@@ -22,8 +23,8 @@ from textual.widgets import DataTable, Footer, Input, Static
 from specdash.controls import Controls
 from specdash.dashboard_model import DashboardModel
 from specdash.events import ControlChange, EngineError, Event, SessionStart
-from specdash.settings import MAX_K
-from specdash.sources import EventBuffer, EventSource
+from specdash.settings import MAX_K, SessionSettings
+from specdash.sources import EventBuffer, EventSource, LiveSession
 from specdash.widgets.acceptance import AcceptancePanel
 from specdash.widgets.divergence import DivergenceDetail, DivergencePanel
 from specdash.widgets.error_panel import ErrorPanel
@@ -309,3 +310,10 @@ class SpecdashApp(App[int]):
                 yield SystemCommand(
                     f"{label} ({key})", help_text, getattr(self, f"action_{action}")
                 )
+
+
+def run_dashboard(args: argparse.Namespace) -> int:
+    """`specdash [flags]` / `specdash run [flags]`: the dashboard over a live session."""
+    settings = SessionSettings.from_args(args)
+    trace_dir = settings.trace.parent if settings.trace else None
+    return SpecdashApp(LiveSession(settings), trace_dir=trace_dir).run() or 0

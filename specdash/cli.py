@@ -50,6 +50,7 @@ def _add_trace_commands(sub: argparse._SubParsersAction) -> None:
 
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="specdash", description=__doc__)
+    _add_session_flags(parser)  # `specdash [flags]` with no subcommand opens the dashboard
     sub = parser.add_subparsers(dest="command")
 
     run = sub.add_parser("run", help="decode a prompt set (use --headless for no dashboard)")
@@ -75,6 +76,10 @@ def main(argv: list[str] | None = None) -> int:
             from specdash.headless import run_headless
 
             return run_headless(args)
+        if args.command is None or args.command == "run":
+            from specdash.app import run_dashboard
+
+            return run_dashboard(args)
         if args.command == "audit":
             from specdash.audit import run_audit
 
