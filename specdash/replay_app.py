@@ -1,0 +1,111 @@
+"""`specdash replay`: the live dashboard, unchanged, over a `TraceReplay`.
+
+Only playback is added: engine control keys stay and say "read-only". Space plays and
+pauses, `.` steps one verify step, `,` steps back, `[` / `]` seek 10 s, `<` / `>` halve or
+double the speed, `0` restarts, `n` jumps to the next prompt.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+from textual.app import ComposeResult
+from textual.binding import Binding
+from textual.widgets import Static
+
+from specdash.app import SpecdashApp
+from specdash.dashboard_model import DashboardModel
+from specdash.events import Event
+from specdash.replay import TraceReplay
+
+TICK_HZ = 30
+SEEK_S = 10.0
+
+
+class ReplayApp(SpecdashApp):
+    CSS = "#replay-bar { height: 1; padding: 0 1; background: $boost; }"
+    BINDINGS = [
+        Binding("space", "toggle_pause", "play/pause"),
+        Binding("full_stop", "step", "step"),
+        Binding("comma", "step_back", "step back"),
+        Binding("left_square_bracket", f"seek({-SEEK_S})", f"-{SEEK_S:g} s"),
+        Binding("right_square_bracket", f"seek({SEEK_S})", f"+{SEEK_S:g} s"),
+        Binding("less_than_sign", "speed(0.5)", "slower"),
+        Binding("greater_than_sign", "speed(2)", "faster"),
+        Binding("0", "restart", "restart"),
+    ]
+
+    def __init__(self, replay: TraceReplay, name: str, warnings: Sequence[str] = ()) -> None:
+        super().__init__(source=replay)
+        self.replay = replay
+        self.trace_name = name
+        self._warnings = list(warnings)
+        self._bar_text = ""
+
+    def compose(self) -> ComposeResult:
+        yield from super().compose()
+        yield Static(id="replay-bar")
+
+    def on_mount(self) -> None:
+        self.set_interval(1 / TICK_HZ, self.tick)
+        for warning in self._warnings:
+            self.notify(warning, severity="warning", timeout=10)
+
+    def tick(self) -> None:
+        self.replay.tick()
+        self._show_position()
+
+    def _show_position(self) -> None:
+        r = self.replay
+        state = "▶" if r.playing else ("■ end" if r.finished else "❚❚")
+        share = r.position_s / r.duration_s if r.duration_s else 1.0
+        text = (
+            f"REPLAY {self.trace_name}  {state}  {r.position_s:7.2f} s / {r.duration_s:.2f} s "
+            f"({share:4.0%})  {r.speed:g}x  event {r.cursor}/{len(r.events)}  "
+            "space play/pause · . step · , back · [ ] seek · < > speed · 0 restart"
+        )
+        if text != self._bar_text:
+            self._bar_text = text
+            self.query_one("#replay-bar", Static).update(text)
+
+    def show_history(self, history: list[Event]) -> None:
+        """Rebuild every panel from the session's start up to the new position."""
+        self.buffer.drain()  # already inside `history`
+        self.model = DashboardModel(revision=self.model.revision + 1)
+        self.log_events = []
+        for event in history:
+            self.model.consume(event)
+            self.log_events.append(event)
+        self.refresh_numbers()
+        self.refresh_plots()
+        self._show_position()
+
+    # -- playback keys (the live app's pause and next-prompt keys drive the replay) ----
+
+    def action_toggle_pause(self) -> None:
+        if self.replay.finished:
+            self.action_restart()
+        else:
+            self.replay.toggle()
+        self._show_position()
+
+    def action_step(self) -> None:
+        self.replay.step()
+        self._show_position()
+
+    def action_step_back(self) -> None:
+        self.show_history(self.replay.step_back())
+
+    def action_seek(self, seconds: float) -> None:
+        self.show_history(self.replay.seek(self.replay.position_s + seconds))
+
+    def action_restart(self) -> None:
+        self.show_history(self.replay.seek(0.0))
+        self.replay.play()
+
+    def action_next_prompt(self) -> None:
+        self.show_history(self.replay.seek(self.replay.next_prompt_s()))
+
+    def action_speed(self, factor: float) -> None:
+        self.replay.set_speed(min(64.0, max(1 / 64, self.replay.speed * factor)))
+        self._show_position()

@@ -1,0 +1,226 @@
+"""`specdash replay`: playback control of a recorded session, and the live dashboard's own
+widgets showing the replayed session exactly as they showed it live."""
+
+from __future__ import annotations
+
+import pytest
+from fake_events import ScriptedSource
+from synthetic_trace import Plan, session
+from textual.widgets import DataTable, Static
+from textual_plotext import PlotextPlot
+
+from specdash.app import SpecdashApp
+from specdash.cli import main
+from specdash.errors import EXIT_OK, EXIT_USAGE, UsageError
+from specdash.events import PromptStart, VerifyStep
+from specdash.replay import TraceReplay
+from specdash.replay_app import ReplayApp
+from specdash.trace import TraceWriter, read_trace
+
+SIZE = (160, 48)
+PANELS = ("#status", "#throughput", "#acceptance", "#gpu", "#divergence", "#tokens")
+
+
+class FakeClock:
+    def __init__(self) -> None:
+        self.t = 100.0
+
+    def __call__(self) -> float:
+        return self.t
+
+
+def replay_of(speed: float = 1.0):
+    events = session(Plan())
+    clock = FakeClock()
+    return TraceReplay(events[0], events[1:], speed=speed, clock=clock), clock, events
+
+
+def test_plays_at_recorded_pace_and_speed():
+    replay, clock, events = replay_of(speed=2.0)
+    got = []
+    replay.start(got.append)
+    assert got == [events[0]]  # the header at t=0
+    clock.t += 0.05  # 0.1 s of trace time at 2x
+    replay.tick()
+    due = [e for e in events if e.t_ns - events[0].t_ns <= 0.1e9]
+    assert got == due and len(due) > 5
+    clock.t += 1e6
+    replay.tick()
+    assert got == events and replay.finished and not replay.playing
+
+
+def test_pause_holds_position_and_step_sends_one_verify_step():
+    replay, clock, events = replay_of()
+    got = []
+    replay.start(got.append)
+    replay.pause()
+    clock.t += 10
+    assert replay.tick() == 0
+    replay.step()
+    assert isinstance(got[-1], VerifyStep) and got[-1].step == 0
+    assert sum(isinstance(e, VerifyStep) for e in got) == 1
+    replay.step()
+    assert got[-1].step == 1 and got == events[: len(got)]
+    assert not replay.playing
+
+
+def test_seek_returns_the_history_and_continues_from_there():
+    replay, clock, events = replay_of()
+    got = []
+    replay.start(got.append)
+    history = replay.seek(0.5)
+    assert history == [e for e in events if e.t_ns - events[0].t_ns <= 0.5e9]
+    clock.t += 0.1
+    replay.tick()
+    assert got[-1] is not events[0]
+    assert history + got[1:] == events[: len(history) + len(got) - 1]
+    back = replay.seek(-3)
+    assert back == [events[0]] and replay.position_s == 0.0
+    assert replay.seek(1e9) == events and replay.position_s == replay.duration_s
+
+
+def test_step_back_and_next_prompt():
+    replay, _, events = replay_of()
+    replay.start(lambda e: None)
+    replay.pause()
+    for _ in range(3):
+        replay.step()
+    history = replay.step_back()
+    assert [e.step for e in history if isinstance(e, VerifyStep)] == [0, 1]
+    t = replay.next_prompt_s()
+    history = replay.seek(t)
+    assert isinstance(history[-1], PromptStart) or any(
+        isinstance(e, PromptStart) and e.prompt_index == 1 for e in history
+    )
+
+
+def test_speed_must_be_positive():
+    events = session(Plan(prompts=1))
+    with pytest.raises(UsageError, match="speed must be above 0"):
+        TraceReplay(events[0], events[1:], speed=0)
+
+
+def panel_text(app) -> dict[str, list[str]]:
+    """What each panel shows: its text widgets, plots and table rows."""
+    shown = {}
+    for selector in PANELS:
+        panel = app.query_one(selector)
+        widgets = [panel, *panel.query("*")]
+        texts = [str(w.render()) for w in widgets if isinstance(w, Static | PlotextPlot)]
+        rows = [
+            [str(c) for c in t.get_row_at(i)]
+            for t in widgets if isinstance(t, DataTable) for i in range(t.row_count)
+        ]  # fmt: skip
+        shown[selector] = texts + [" | ".join(r) for r in rows]
+    return shown
+
+
+async def settle(pilot):
+    await pilot.pause()
+    pilot.app.refresh_numbers()
+    pilot.app.refresh_plots()
+    await pilot.pause()
+
+
+async def shown_live(events) -> dict[str, list[str]]:
+    app = SpecdashApp(ScriptedSource.live_like(events))
+    async with app.run_test(size=SIZE) as pilot:
+        await settle(pilot)
+        return panel_text(app)
+
+
+async def test_replay_shows_what_the_live_dashboard_showed(tmp_path):
+    events = session(Plan(divergence_at=(1, 9)))
+    path = tmp_path / "s.jsonl"
+    with TraceWriter(path) as w:
+        for e in events:
+            w(e)
+    header, back, _ = read_trace(path)
+    clock = FakeClock()
+    app = ReplayApp(TraceReplay(header, back, clock=clock), name="s.jsonl")
+    async with app.run_test(size=(SIZE[0], SIZE[1] + 1)) as pilot:  # +1: the replay bar
+        clock.t += 1e6
+        app.tick()
+        await settle(pilot)
+        replayed = panel_text(app)
+        assert "■ end" in str(app.query_one("#replay-bar", Static).render())
+    live = await shown_live(events)
+    assert replayed == live
+    assert any("DIVERGED" in t for t in live["#status"])
+
+
+async def test_seeking_back_rebuilds_the_panels(tmp_path):
+    events = session(Plan())
+    clock = FakeClock()
+    app = ReplayApp(TraceReplay(events[0], events[1:], clock=clock), name="x")
+    async with app.run_test(size=(SIZE[0], SIZE[1] + 1)) as pilot:
+        await pilot.press("space")  # pause at the start
+        for _ in range(5):
+            await pilot.press("full_stop")
+        await settle(pilot)
+        assert app.model.verify_steps == 5
+        await pilot.press("comma")
+        await settle(pilot)
+        assert app.model.verify_steps == 4
+        early = panel_text(app)
+        await pilot.press("right_square_bracket")  # +10 s: past the end
+        await settle(pilot)
+        assert app.model.finished and app.replay.finished
+        await pilot.press("0")
+        assert app.model.verify_steps == 0 and app.replay.playing
+        app.replay.pause()
+        for _ in range(4):
+            await pilot.press("full_stop")
+        await settle(pilot)
+        assert panel_text(app) == early
+
+
+async def test_engine_controls_are_read_only_in_a_replay():
+    events = session(Plan(prompts=1))
+    app = ReplayApp(TraceReplay(events[0], events[1:], clock=FakeClock()), name="x")
+    notes = []
+    app.notify = lambda message, **kw: notes.append(message)
+    async with app.run_test(size=SIZE) as pilot:
+        for key in ("g", "v", "plus"):
+            await pilot.press(key)
+    assert notes == ["read-only: this session is a replay"] * 3
+
+
+async def test_torn_trace_replays_with_a_warning(tmp_path):
+    path = tmp_path / "s.jsonl"
+    with TraceWriter(path) as w:
+        for e in session(Plan(prompts=1)):
+            w(e)
+    path.write_bytes(path.read_bytes()[:-30])
+    header, events, warnings = read_trace(path)
+    app = ReplayApp(TraceReplay(header, events, speed=1000), name="s", warnings=warnings)
+    notes = []
+    app.notify = lambda message, **kw: notes.append(message)
+    async with app.run_test(size=SIZE) as pilot:
+        await pilot.pause(0.3)
+        await settle(pilot)
+        assert app.replay.finished and app.model.verify_steps > 0
+    assert any("torn last line" in n for n in notes)
+
+
+def test_cli_replay_opens_the_app_on_the_trace(tmp_path, monkeypatch):
+    path = tmp_path / "s.jsonl"
+    with TraceWriter(path) as w:
+        for e in session(Plan(prompts=1)):
+            w(e)
+    opened = []
+    monkeypatch.setattr(ReplayApp, "run", lambda self: opened.append(self))
+    assert main(["replay", str(path), "--speed", "4"]) == EXIT_OK
+    assert opened[0].trace_name == "s.jsonl" and opened[0].replay.speed == 4
+    assert len(opened[0].replay.events) == len(session(Plan(prompts=1)))
+
+
+def test_cli_replay_bad_input(tmp_path, capsys):
+    assert main(["replay", str(tmp_path / "none.jsonl")]) == EXIT_USAGE
+    (tmp_path / "t.jsonl").write_text(session(Plan())[0].model_dump_json() + "\n")
+    assert main(["replay", str(tmp_path / "t.jsonl"), "--speed", "-1"]) == EXIT_USAGE
+    err = capsys.readouterr().err.splitlines()
+    assert err == [
+        f"specdash: error: trace not found: {tmp_path / 'none.jsonl'}",
+        "specdash: error: replay speed must be above 0, got -1.0",
+    ]
