@@ -7,7 +7,11 @@ import io
 import json
 import os
 import re
+import signal
 import struct
+import subprocess
+import sys
+import time
 
 import pytest
 from synthetic_trace import Plan, header, session
@@ -218,3 +222,46 @@ def test_full_disk_trace_reads_back_what_was_written(tmp_path):
 
 def test_header_model_is_session_start():
     assert isinstance(header(Plan()), SessionStart)
+
+
+CHILD = """
+import sys, time
+from synthetic_trace import Plan, session
+from specdash.trace import TraceWriter
+writer = TraceWriter(sys.argv[1])
+for event in session(Plan(prompts=40)):
+    writer(event)
+    time.sleep(0.0005)
+"""
+
+
+def test_kill_9_mid_session_keeps_every_flushed_line(tmp_path):
+    """A real SIGKILL: whatever was on disk before the kill reads back, in order."""
+    path = tmp_path / "t.jsonl"
+    env = os.environ | {"PYTHONPATH": os.path.dirname(__file__)}
+    child = subprocess.Popen([sys.executable, "-c", CHILD, str(path)], env=env)
+    try:
+        deadline = time.monotonic() + 60
+        while not (path.exists() and path.read_bytes().count(b"\n") >= 200):
+            assert child.poll() is None and time.monotonic() < deadline
+            time.sleep(0.01)
+        seen = path.read_bytes().count(b"\n")
+    finally:
+        os.kill(child.pid, signal.SIGKILL)
+        child.wait()
+    assert child.returncode == -signal.SIGKILL
+    head, events, warnings = read_trace(path)
+    expected = session(Plan(prompts=40))
+    assert 1 + len(events) >= seen
+    assert [head, *events] == expected[: 1 + len(events)] and len(events) < len(expected) - 1
+    assert len(warnings) <= 1
+
+
+def test_trace_tools_never_import_textual():
+    """The core stays headless: only the replay UI (specdash.replay_app) may import Textual."""
+    code = (
+        "import sys, specdash.trace, specdash.export, specdash.diff, specdash.report, "
+        "specdash.replay; print(sorted(m for m in ('textual', 'torch') if m in sys.modules))"
+    )
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
+    assert out.stdout.strip() == "[]"
