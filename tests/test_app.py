@@ -244,3 +244,19 @@ def test_live_session_stop_ends_the_engine(fake_engine):
     assert running.wait(5) and session.running
     session.stop()
     assert not session.running
+
+
+async def test_divergence_table_follows_a_model_reset(tmp_path):
+    """A replay seek rebuilds the model; the table must not keep stale rows."""
+    from specdash.dashboard_model import DashboardModel
+
+    app = make_app(tmp_path)
+    async with app.run_test(size=SIZE) as pilot:
+        await settle(pilot)
+        table = app.query_one("#divergence-table")
+        assert table.row_count == 1
+        app.model = DashboardModel()
+        for event in fake_session(divergence_at=None):
+            app.buffer.put(event)
+        await settle(pilot)
+        assert table.row_count == 0

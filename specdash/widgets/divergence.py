@@ -29,6 +29,9 @@ def root_cause_label(d: Divergence) -> str:
 
 
 class DivergencePanel(Vertical):
+    _shown = 0
+    """Divergences ever added to the table (its row keys are 0.._shown-1)."""
+
     def compose(self) -> ComposeResult:
         yield Static("divergences (session): none", id="divergence-count")
         table = DataTable(id="divergence-table", cursor_type="row", zebra_stripes=True)
@@ -36,9 +39,16 @@ class DivergencePanel(Vertical):
         yield table
 
     def show(self, m: DashboardModel) -> None:
+        """Append rows for new divergences; start over when the model did (a replay seek).
+
+        Row i is always `m.divergences[i]`: rows the model evicted are removed too.
+        """
         table = self.query_one(DataTable)
-        shown = table.row_count
-        for d in list(m.divergences)[shown:]:
+        if m.divergence_count < self._shown:
+            table.clear()
+            self._shown = 0
+        new = m.divergence_count - self._shown
+        for d in list(m.divergences)[-new:] if new else []:
             table.add_row(
                 str(d.prompt_index),
                 str(d.position),
@@ -49,7 +59,11 @@ class DivergencePanel(Vertical):
                 d.verify_mode,
                 d.gemm_backend,
                 root_cause_label(d),
+                key=str(self._shown),
             )
+            self._shown += 1
+        while table.row_count > len(m.divergences):
+            table.remove_row(str(self._shown - table.row_count))
         count = m.divergence_count
         label = "none" if count == 0 else f"{count} (Enter on a row for detail)"
         self.query_one("#divergence-count", Static).update(f"divergences (session): {label}")
