@@ -1,0 +1,136 @@
+"""Batch-invariant GEMM: fp64 reference, rows bit-identical across M and batch composition.
+
+On CPU the kernels run in Triton's interpreter (specdash.kernels selects it); the GPU tests run the
+same checks on Qwen3.5-27B shapes.
+"""
+
+from __future__ import annotations
+
+import warnings
+
+import pytest
+import torch
+import torch.nn.functional as F
+from specdash.kernels import gemm, registry
+from specdash.kernels.gemm import GemmConfig, gemm_config, matmul_batch_invariant
+
+from specdash.errors import EnvironmentProblem
+
+DEVICE = "cuda" if torch.cuda.is_available() else "cpu"
+CPU_CONFIGS = [None, GemmConfig(32, 64, 2), GemmConfig(16, 32, 4, num_stages=2)]
+
+
+def _rel_err(out: torch.Tensor, x: torch.Tensor, w: torch.Tensor) -> float:
+    ref = x.double() @ w.double().T
+    return ((out.double() - ref).norm() / ref.norm()).item()
+
+
+def assert_rows_invariant(fn, x: torch.Tensor, w: torch.Tensor) -> None:
+    """Every row of the 16-row launch equals: each prefix M, the row alone, any row order."""
+    full = fn(x, w)
+    for m in range(1, x.shape[0] + 1):
+        assert torch.equal(fn(x[:m], w), full[:m]), f"M={m}"
+    for i in range(x.shape[0]):
+        assert torch.equal(fn(x[i : i + 1], w), full[i : i + 1]), f"row {i} alone"
+    perm = torch.randperm(x.shape[0], generator=torch.Generator().manual_seed(1)).to(x.device)
+    assert torch.equal(fn(x[perm], w), full[perm])
+    assert torch.equal(fn(x[3:11], w), full[3:11])
+
+
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float32])
+@pytest.mark.parametrize("config", CPU_CONFIGS)
+def test_matches_fp64_and_rows_are_batch_invariant(dtype, config):
+    g = torch.Generator().manual_seed(0)
+    w = torch.randn(48, 256, generator=g).to(dtype)
+    x = torch.randn(16, 256, generator=g).to(dtype)
+    fn = lambda a, b: matmul_batch_invariant(a, b, config=config)  # noqa: E731
+    out = fn(x, w)
+    assert out.dtype == dtype and out.shape == (16, 48)
+    assert _rel_err(out, x, w) < (5e-3 if dtype == torch.bfloat16 else 1e-6)
+    assert_rows_invariant(fn, x, w)
+
+
+def test_split_k_changes_bits_only_with_the_config_not_with_m():
+    """The split is part of the (N, K) config: two splits may differ, but each is M-invariant."""
+    g = torch.Generator().manual_seed(2)
+    w = torch.randn(32, 512, generator=g)
+    x = torch.randn(5, 512, generator=g)
+    for split in (1, 2, 4):
+        cfg = GemmConfig(32, 64, split)
+        full = matmul_batch_invariant(x, w, config=cfg)
+        assert torch.equal(matmul_batch_invariant(x[2:3], w, config=cfg), full[2:3])
+
+
+def test_config_depends_on_weight_shape_only():
+    assert gemm_config(5120, 17408, torch.bfloat16) == gemm_config(5120, 17408, torch.bfloat16)
+    cfg = gemm_config(5120, 17408, torch.bfloat16)
+    assert 17408 % (cfg.split_k * cfg.block_k) == 0
+
+
+def test_leading_dims_like_f_linear():
+    x = torch.randn(2, 3, 64)
+    w = torch.randn(16, 64)
+    out = matmul_batch_invariant(x, w)
+    assert out.shape == (2, 3, 16)
+    assert torch.equal(out[1, 2], matmul_batch_invariant(x[1, 2:3], w)[0])
+
+
+def test_unsupported_dtype_falls_back_with_one_warning(monkeypatch):
+    monkeypatch.setattr(gemm, "_warned", set())
+    x = torch.randn(2, 32, dtype=torch.float64)
+    w = torch.randn(8, 32, dtype=torch.float64)
+    with pytest.warns(RuntimeWarning, match="float64 not supported"):
+        out = matmul_batch_invariant(x, w)
+    assert torch.equal(out, F.linear(x, w))
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        matmul_batch_invariant(x, w)  # second time: no warning
+
+
+def test_mixed_dtypes_raise_like_f_linear():
+    with pytest.raises(RuntimeError, match="dtype"):
+        matmul_batch_invariant(torch.randn(2, 32), torch.randn(8, 32, dtype=torch.bfloat16))
+
+
+def test_registry_lists_reasons_and_refuses_unavailable(monkeypatch):
+    monkeypatch.setattr(registry, "_backends", {})
+    monkeypatch.setattr(registry, "_builtins_registered", False)
+    backends = registry.available_backends()
+    assert backends["triton"] is None
+    assert registry.get_backend("triton") is matmul_batch_invariant
+    assert set(backends) >= {"triton", "cublas", "deepgemm"}
+    registry.register_backend("rowwise", lambda x, w: x @ w.T)
+    assert registry.available_backends()["rowwise"] is None
+    registry.register_backend("broken", None, "needs a thing")
+    with pytest.raises(EnvironmentProblem, match="needs a thing"):
+        registry.get_backend("broken")
+    with pytest.raises(EnvironmentProblem, match="unknown GEMM backend"):
+        registry.get_backend("nope")
+    if not torch.cuda.is_available():
+        assert "CUDA" in backends["cublas"]
+        with pytest.raises(EnvironmentProblem, match="cublas"):
+            registry.get_backend("cublas")
+
+
+QWEN35_27B_SHAPES = [
+    (12288, 5120),
+    (1024, 5120),
+    (5120, 6144),
+    (10240, 5120),
+    (6144, 5120),
+    (48, 5120),
+    (17408, 5120),
+    (5120, 17408),
+    (248320, 5120),
+]
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")
+@pytest.mark.parametrize("n,k", QWEN35_27B_SHAPES)
+def test_gpu_27b_shapes_rows_invariant(n, k):
+    w = torch.randn(n, k, device="cuda", dtype=torch.bfloat16)
+    x = torch.randn(16, k, device="cuda", dtype=torch.bfloat16)
+    out = matmul_batch_invariant(x, w)
+    assert _rel_err(out, x, w) < 5e-3
+    assert_rows_invariant(matmul_batch_invariant, x, w)
