@@ -1,0 +1,108 @@
+"""Drafters propose up to k tokens; the target's verify decides. Both are rolled back to the
+accepted prefix after every step, so a drafter never has to guess what was kept."""
+
+from __future__ import annotations
+
+from typing import Protocol
+
+import torch
+
+from specdash.model import Model
+from specdash.state import SeqState
+
+Tensor = torch.Tensor
+
+
+class Drafter(Protocol):
+    name: str
+
+    def start(self, prompt: list[int], capacity: int) -> None:
+        """A new sequence: `prompt` is everything before the first generated token."""
+
+    def propose(self, context: list[int], k: int) -> list[int]:
+        """Up to k tokens to follow `context` (prompt + generated, last one not yet verified)."""
+
+    def accept(self, context: list[int], accepted: int) -> None:
+        """The target kept `accepted` of the last proposal; `context` now ends in the new token."""
+
+
+class NgramDrafter:
+    """Prompt lookup: continue the most recent earlier occurrence of the longest suffix n-gram."""
+
+    name = "ngram"
+
+    def __init__(self, max_n: int = 3) -> None:
+        self.max_n = max_n
+
+    def start(self, prompt: list[int], capacity: int) -> None:
+        pass
+
+    def propose(self, context: list[int], k: int) -> list[int]:
+        for n in range(min(self.max_n, len(context) - 1), 0, -1):
+            suffix = context[-n:]
+            for s in range(len(context) - n - 1, -1, -1):
+                if context[s : s + n] == suffix:
+                    return context[s + n : s + n + k]
+        return []
+
+    def accept(self, context: list[int], accepted: int) -> None:
+        pass
+
+
+class ModelDrafter:
+    """A small causal LM with the target's tokenizer, decoding greedily in exact mode.
+
+    `propose` runs k single-token steps and remembers the state after each; GDN state
+    tensors are replaced, never written in place, so a snapshot is a few references.
+    """
+
+    name = "model"
+
+    def __init__(self, model: Model) -> None:
+        self.model = model
+        self.state: SeqState | None = None
+        self._snapshots: list[tuple[int, dict[int, tuple[Tensor, Tensor]]]] = []
+        self._proposal: list[int] = []
+
+    def _snapshot(self) -> tuple[int, dict[int, tuple[Tensor, Tensor]]]:
+        assert self.state is not None
+        return self.state.length, {i: (g.conv, g.ssm) for i, g in self.state.gdn.items()}
+
+    def _restore(self, snap: tuple[int, dict[int, tuple[Tensor, Tensor]]]) -> None:
+        assert self.state is not None
+        self.state.length = snap[0]
+        for i, (conv, ssm) in snap[1].items():
+            self.state.gdn[i].conv, self.state.gdn[i].ssm = conv, ssm
+
+    def _step(self, token: int) -> int:
+        assert self.state is not None
+        lp = self.model.forward(
+            torch.tensor([token], device=self.model.device), self.state, "exact"
+        )
+        self.state.commit(1)
+        return int(lp[0].argmax())
+
+    def start(self, prompt: list[int], capacity: int) -> None:
+        m = self.model
+        self.state = SeqState.empty(m.cfg, capacity, m.dtype, m.device)
+        m.forward(torch.tensor(prompt, device=m.device), self.state, "prefill")
+
+    def propose(self, context: list[int], k: int) -> list[int]:
+        assert self.state is not None and self.state.length == len(context) - 1
+        self._snapshots, self._proposal = [], []
+        token = context[-1]
+        for _ in range(k):
+            token = self._step(token)
+            self._snapshots.append(self._snapshot())
+            self._proposal.append(token)
+        return list(self._proposal)
+
+    def accept(self, context: list[int], accepted: int) -> None:
+        """Keep the state after the accepted drafts; feed the last draft if all were kept."""
+        if not self._proposal:  # speculation was off or k drafts were not needed
+            self._step(context[-2])
+            return
+        if accepted < len(self._proposal):
+            self._restore(self._snapshots[accepted])
+        else:
+            self._step(self._proposal[-1])

@@ -1,0 +1,174 @@
+"""Speculative decoding with a shadow: the mechanics of one sequence, no events, no I/O.
+
+Greedy acceptance (gpt-fast's `speculative_decode`, greedy case):
+  rows = [last token, d1..dk] go through the target in one verify step; row i predicts
+  t_{i+1}. Keep the longest prefix with d_i == t_i (a drafts), emit t_1..t_{a+1}: the a
+  accepted drafts plus one bonus token from row a. The state keeps rows 0..a.
+
+The shadow is a plain greedy decode of the same prompt on the same weights, started
+from the same prefill and advanced to the same position after every step, so each
+emitted token is compared (id and fp32 logprob bits) the moment both exist.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable
+from dataclasses import dataclass, field
+
+import torch
+
+from specdash import ops
+from specdash.drafters import Drafter
+from specdash.model import Mode, Model, Observer
+from specdash.ops import GemmBackend
+from specdash.state import SeqState
+
+Tensor = torch.Tensor
+
+
+@dataclass(slots=True)
+class StepRecord:
+    """What a verify step did, enough to replay it bit for bit."""
+
+    rows: list[int]
+    mode: Mode
+    gemm: GemmBackend
+    accepted: int
+
+
+@dataclass(slots=True)
+class Sequence:
+    index: int
+    prompt: list[int]
+    capacity: int
+    state: SeqState
+    shadow: SeqState | None
+    drafter: Drafter
+    context: list[int] = field(default_factory=list)  # prompt + emitted; last not yet in state
+    ids: list[int] = field(default_factory=list)
+    logprobs: list[float] = field(default_factory=list)
+    shadow_ids: list[int] = field(default_factory=list)
+    shadow_logprobs: list[float] = field(default_factory=list)
+    steps: list[StepRecord] = field(default_factory=list)
+    diverged_at: int | None = None  # index into ids
+    done: bool = False
+
+    @property
+    def compared(self) -> int:
+        return min(len(self.ids), len(self.shadow_ids))
+
+
+@dataclass(slots=True)
+class StepResult:
+    drafts: list[int]
+    emitted: list[int]
+    logprobs: list[float]
+    accepted: int
+    draft_s: float
+    verify_s: float
+    shadow_s: float
+    rollback_s: float
+
+
+def fp32_bits_equal(a: float, b: float) -> bool:
+    """Compare two logprobs as the fp32 values they came from, sign of zero and NaN included."""
+    return torch.equal(
+        torch.tensor([a], dtype=torch.float32).view(torch.int32),
+        torch.tensor([b], dtype=torch.float32).view(torch.int32),
+    )
+
+
+class Engine:
+    def __init__(
+        self, target: Model, make_drafter: Callable[[], Drafter], eos_ids: list[int]
+    ) -> None:
+        self.target, self.make_drafter, self.eos_ids = target, make_drafter, set(eos_ids)
+        self.fault: Callable[[int], Observer | None] | None = None
+        """Verify-step index -> observer for the speculative run (fault-injection tests)."""
+
+    def _tensor(self, tokens: list[int]) -> Tensor:
+        return torch.tensor(tokens, device=self.target.device)
+
+    def start(
+        self, index: int, prompt: list[int], max_new_tokens: int, k_max: int, shadow: bool
+    ) -> tuple[Sequence, float]:
+        """Prefill the prompt once; the shadow starts from a copy of the same state."""
+        t0 = time.perf_counter()
+        m = self.target
+        capacity = len(prompt) + max_new_tokens + k_max + 1
+        state = SeqState.empty(m.cfg, capacity, m.dtype, m.device)
+        lp = m.forward(self._tensor(prompt), state, "prefill")
+        ids, lps = ops.greedy(lp)
+        drafter = self.make_drafter()
+        seq = Sequence(index, prompt, capacity, state, state.clone() if shadow else None, drafter)
+        first, first_lp = int(ids[0]), float(lps[0])
+        seq.context = [*prompt, first]
+        seq.ids, seq.logprobs = [first], [first_lp]
+        if shadow:
+            seq.shadow_ids, seq.shadow_logprobs = [first], [first_lp]
+        seq.done = first in self.eos_ids or max_new_tokens <= 1
+        drafter.start(prompt, capacity)
+        return seq, time.perf_counter() - t0
+
+    def spec_step(self, seq: Sequence, k: int, mode: Mode, max_new_tokens: int) -> StepResult:
+        room = max_new_tokens - len(seq.ids)
+        t0 = time.perf_counter()
+        drafts = seq.drafter.propose(seq.context, min(k, room - 1)) if k > 0 and room > 1 else []
+        t1 = time.perf_counter()
+        rows = [seq.context[-1], *drafts]
+        observer = self.fault(len(seq.steps)) if self.fault else None
+        lp = self.target.forward(self._tensor(rows), seq.state, mode, observer)
+        ids, lps = ops.greedy(lp)
+        ids_l, lps_l = ids.tolist(), lps.tolist()
+        accepted = 0
+        while accepted < len(drafts) and drafts[accepted] == ids_l[accepted]:
+            accepted += 1
+        t2 = time.perf_counter()
+        seq.state.commit(accepted + 1)
+        emitted, emitted_lp = ids_l[: accepted + 1], lps_l[: accepted + 1]
+        for j, tok in enumerate(emitted):  # stop at end of sequence
+            if tok in self.eos_ids:
+                emitted, emitted_lp = emitted[: j + 1], emitted_lp[: j + 1]
+                seq.done = True
+                break
+        seq.steps.append(StepRecord(rows, mode, self.target.gemm, accepted))
+        seq.context.extend(emitted)
+        seq.ids.extend(emitted)
+        seq.logprobs.extend(emitted_lp)
+        seq.drafter.accept(seq.context, accepted)
+        t3 = time.perf_counter()
+        shadow_s = self.shadow_catch_up(seq)
+        seq.done = seq.done or len(seq.ids) >= max_new_tokens
+        return StepResult(
+            drafts, emitted, emitted_lp, accepted, t1 - t0, t2 - t1, shadow_s, t3 - t2
+        )
+
+    def shadow_catch_up(self, seq: Sequence) -> float:
+        """Decode the shadow up to the speculative run's length, comparing as it goes."""
+        if seq.shadow is None or seq.diverged_at is not None:
+            return 0.0
+        t0 = time.perf_counter()
+        while len(seq.shadow_ids) < len(seq.ids):
+            lp = self.target.forward(self._tensor(seq.shadow_ids[-1:]), seq.shadow, "exact")
+            seq.shadow.commit(1)
+            tok, tok_lp = ops.greedy(lp)
+            seq.shadow_ids.append(int(tok[0]))
+            seq.shadow_logprobs.append(float(tok_lp[0]))
+            j = len(seq.shadow_ids) - 1
+            if seq.shadow_ids[j] != seq.ids[j] or not fp32_bits_equal(
+                seq.shadow_logprobs[j], seq.logprobs[j]
+            ):
+                seq.diverged_at = j
+                break
+        return time.perf_counter() - t0
+
+    def step_of(self, seq: Sequence, position: int) -> tuple[int, int]:
+        """(verify step index, row within it) that emitted generated token `position`."""
+        emitted = 1  # the prefill token
+        for s, rec in enumerate(seq.steps):
+            n = rec.accepted + 1
+            if position < emitted + n:
+                return s, position - emitted
+            emitted += n
+        raise ValueError(f"position {position} was not emitted by a verify step")

@@ -1,0 +1,73 @@
+"""`specdash run --headless`: decode the prompt set, print a summary table or one JSON object."""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+from collections.abc import Callable
+from contextlib import ExitStack
+
+from specdash.errors import EXIT_DIVERGED, EXIT_OK
+from specdash.events import Divergence, Event, Summary
+from specdash.settings import SessionSettings
+
+
+def format_summary(summary: Summary, divergences: list[Divergence]) -> str:
+    rows = [
+        ("prompts", f"{summary.prompts}"),
+        ("exact prompts", f"{summary.exact_prompts}/{summary.prompts}"),
+        ("new tokens", f"{summary.new_tokens}"),
+        ("tokens/s (session, decode)", f"{summary.tokens_per_s:.1f}"),
+        ("mean accepted length", f"{summary.mean_accepted_length:.2f} tokens/step"),
+        ("acceptance rate", f"{100 * summary.acceptance_rate:.1f} %"),
+        ("verify steps", f"{summary.verify_steps}"),
+        ("divergences", f"{summary.divergences}"),
+    ]
+    width = max(len(r[0]) for r in rows)
+    lines = [f"{name:<{width}}  {value}" for name, value in rows]
+    for d in divergences:
+        cause = f"; root cause: {d.root_cause.detail}" if d.root_cause else ""
+        lines.append(
+            f"DIVERGED prompt {d.prompt_index} at token {d.position} ({d.what}): "
+            f"spec {d.spec_token} ({d.spec_logprob!r}) vs shadow {d.shadow_token} "
+            f"({d.shadow_logprob!r}){cause}"
+        )
+    return "\n".join(lines)
+
+
+def run_headless(args: argparse.Namespace) -> int:
+    settings = SessionSettings.from_args(args)
+    divergences: list[Divergence] = []
+    with ExitStack() as stack:
+        sinks = []
+        if settings.trace is not None:
+            from specdash.trace import TraceWriter
+
+            sinks.append(stack.enter_context(TraceWriter(settings.trace)))
+
+        def sink(event: Event) -> None:
+            if isinstance(event, Divergence):
+                divergences.append(event)
+            for s in sinks:
+                s(event)
+
+        summary = _run(settings, sink)
+    if args.json:
+        print(json.dumps(summary.model_dump(exclude={"kind", "t_ns"})))
+    else:
+        print(format_summary(summary, divergences))
+    if args.fail_on_divergence and divergences:
+        print(f"specdash: {len(divergences)} divergence(s)", file=sys.stderr)
+        return EXIT_DIVERGED
+    return EXIT_OK
+
+
+def _run(settings: SessionSettings, sink: Callable[[Event], None]) -> Summary:
+    if settings.engine == "sglang":
+        from specdash.sglang_engine import run_sglang_session
+
+        return run_sglang_session(settings, sink, None, None)
+    from specdash.session import run_session
+
+    return run_session(settings, sink)

@@ -1,0 +1,362 @@
+"""A session: load weights, decode a prompt set with speculation and a shadow, emit events.
+
+`run_session` is the native engine's whole public surface for the CLI, the dashboard and
+benchmarks: it blocks, calls `sink(event)` from the calling thread, reads `controls` once
+per step (so a change lands between steps) and returns the `Summary` it also emitted.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import platform
+import threading
+from collections.abc import Callable
+from dataclasses import dataclass
+from importlib import metadata, resources
+from pathlib import Path
+
+import torch
+
+from specdash import ops
+from specdash.checkpoint import load_checkpoint
+from specdash.controls import Controls, ControlState
+from specdash.drafters import Drafter, ModelDrafter, NgramDrafter
+from specdash.engine import Engine, Sequence
+from specdash.errors import CheckpointError, EnvironmentProblem, UsageError
+from specdash.events import (
+    ControlChange,
+    Divergence,
+    Draft,
+    Event,
+    Prefill,
+    PromptDone,
+    PromptStart,
+    SessionStart,
+    Summary,
+    Token,
+    VerifyStep,
+)
+from specdash.model import Model, random_tensors
+from specdash.model_config import ModelConfig, preset
+from specdash.prompts import load_prompts
+from specdash.root_cause import find_root_cause
+from specdash.settings import SessionSettings
+from specdash.stats import SessionStats
+from specdash.tokenizer import ByteTokenizer, TextTokenizer
+
+Sink = Callable[[Event], None]
+SMALL_MODEL_PARAMS = 50_000_000
+
+
+def default_checkpoint(name: str) -> Path:
+    """The embedded tiny pair shipped inside the package (`target`, `draft`)."""
+    return Path(str(resources.files("specdash") / "data" / name))
+
+
+@dataclass(slots=True)
+class Loaded:
+    target: Model
+    draft: Model | None
+    tokenizer: TextTokenizer
+    eos_ids: list[int]
+    description: dict[str, str]
+
+
+def _device(settings: SessionSettings) -> torch.device:
+    dev = torch.device(settings.device)
+    if dev.type == "cuda" and not torch.cuda.is_available():
+        raise EnvironmentProblem(f"--device {settings.device}: no CUDA device is available")
+    return dev
+
+
+def _dtype(settings: SessionSettings, device: torch.device) -> torch.dtype:
+    name = settings.dtype or ("bfloat16" if device.type == "cuda" else "float32")
+    return getattr(torch, name)
+
+
+def _load_one(
+    path: Path | None,
+    preset_name: str | None,
+    dtype: torch.dtype,
+    device: torch.device,
+    gemm: ops.GemmBackend,
+    seed: int,
+) -> tuple[Model, TextTokenizer, list[int]]:
+    cfg: ModelConfig
+    if preset_name is not None:
+        cfg = preset(preset_name)
+        tensors = random_tensors(cfg, seed, dtype, str(device))
+        tok: TextTokenizer = ByteTokenizer(cfg.vocab_size)
+        eos: list[int] = []
+    else:
+        assert path is not None
+        cfg, tensors, hf_tok = load_checkpoint(path, dtype, str(device))
+        tok = TextTokenizer.from_hf(hf_tok)
+        eos = cfg.eos_token_ids
+        if tok.vocab_size > cfg.vocab_size:
+            raise CheckpointError(
+                f"{path}: tokenizer has {tok.vocab_size} tokens but the model only {cfg.vocab_size}"
+            )
+    return Model.from_tensors(cfg, tensors, gemm), tok, eos
+
+
+def load_models(settings: SessionSettings) -> Loaded:
+    device = _device(settings)
+    dtype = _dtype(settings, device)
+    gemm = ops.resolve_gemm_backend(settings.gemm_backend, device)
+    target_path = settings.model
+    if target_path is None and settings.preset is None:
+        target_path = default_checkpoint("target")
+        if not (target_path / "config.json").exists():
+            raise CheckpointError(f"embedded default model missing at {target_path}; pass --model")
+    target, tok, eos = _load_one(target_path, settings.preset, dtype, device, gemm, settings.seed)
+    if device.type == "cpu" and target.cfg.num_params() < SMALL_MODEL_PARAMS:
+        # Small ops gain nothing from intra-op threads and lose a lot when cores are
+        # shared (OpenMP barriers): measured 3.0 ms vs 22 ms per decode step under load.
+        torch.set_num_threads(1)
+    draft = None
+    desc = {"model": str(target_path or settings.preset), "drafter": settings.drafter}
+    if settings.drafter == "model" and settings.speculation:
+        draft_path = settings.draft
+        if draft_path is None:
+            if settings.model is not None or settings.preset is not None:
+                raise UsageError("--drafter model needs --draft DIR (or use --drafter ngram)")
+            draft_path = default_checkpoint("draft")
+        draft, draft_tok, _ = _load_one(draft_path, None, dtype, device, gemm, settings.seed)
+        if draft_tok != tok:
+            raise CheckpointError(
+                f"{draft_path}: draft tokenizer differs from the target's ({target_path})"
+            )
+        desc["draft"] = str(draft_path)
+    return Loaded(target, draft, tok, eos, desc)
+
+
+def versions() -> dict[str, str]:
+    out = {"python": platform.python_version(), "torch": torch.__version__}
+    for pkg in ("specdash", "triton", "textual", "pydantic"):
+        with contextlib.suppress(metadata.PackageNotFoundError):
+            out[pkg] = metadata.version(pkg)
+    return out
+
+
+def device_name(device: torch.device) -> str:
+    if device.type == "cuda":
+        return f"cuda:{torch.cuda.current_device()} {torch.cuda.get_device_name()}"
+    return f"cpu ({platform.processor() or platform.machine()}, {torch.get_num_threads()} threads)"
+
+
+class SessionRunner:
+    """One session's loop. Separate from `run_session` so tests can reach the engine."""
+
+    def __init__(
+        self,
+        settings: SessionSettings,
+        sink: Sink,
+        controls: Controls | None = None,
+        stop: threading.Event | None = None,
+        loaded: Loaded | None = None,
+    ) -> None:
+        self.settings = settings
+        self.loaded = loaded or load_models(settings)
+        self.stats = SessionStats()
+        self._sink = sink
+        self.controls = controls or Controls(
+            ControlState(
+                gemm_backend=self.loaded.target.gemm.name,
+                speculation=settings.speculation,
+                k=settings.k,
+                verify_mode=settings.verify,
+            )
+        )
+        self.stop = stop or threading.Event()
+        self.applied = self.controls.snapshot()
+        self.step_no = 0
+        self.engine = Engine(self.loaded.target, self._make_drafter, self.loaded.eos_ids)
+
+    def emit(self, event: Event) -> None:
+        self.stats.consume(event)
+        self._sink(event)
+
+    def _make_drafter(self) -> Drafter:
+        if self.settings.drafter == "ngram" or self.loaded.draft is None:
+            return NgramDrafter()
+        return ModelDrafter(self.loaded.draft)
+
+    def _apply_controls(self) -> None:
+        """Pick up control changes between steps; each change is itself an event."""
+        self.controls.wait_while_paused(self.stop)
+        new = self.controls.snapshot()
+        if new == self.applied:
+            return
+        if new.gemm_backend != self.applied.gemm_backend:
+            backend = ops.resolve_gemm_backend(new.gemm_backend, self.loaded.target.device)
+            self.loaded.target.gemm = backend
+            if self.loaded.draft is not None:
+                self.loaded.draft.gemm = backend
+        for name in ("gemm_backend", "speculation", "k", "verify_mode", "paused"):
+            old_v, new_v = getattr(self.applied, name), getattr(new, name)
+            if old_v != new_v:
+                self.emit(
+                    ControlChange(
+                        name=name, old=str(old_v), new=str(new_v), applied_step=self.step_no
+                    )
+                )
+        self.applied = new
+
+    def run(self) -> Summary:
+        s, tok = self.settings, self.loaded.tokenizer
+        prompts = load_prompts(s.prompts)
+        encoded = [tok.encode(p.text) for p in prompts]
+        limit = self.loaded.target.cfg.max_position_embeddings
+        for p, ids in zip(prompts, encoded, strict=True):
+            if not ids:
+                raise UsageError(f"prompt {p.name!r} is empty after tokenization")
+            need = len(ids) + s.max_new_tokens + s.k + 1
+            if need > limit:
+                raise UsageError(
+                    f"prompt {p.name!r} is {len(ids)} tokens; with --max-new-tokens "
+                    f"{s.max_new_tokens} and k={s.k} it needs {need} positions, "
+                    f"the model has {limit}"
+                )
+        device = self.loaded.target.device
+        self.emit(
+            SessionStart(
+                config=s.model_dump(mode="json") | {"loaded": self.loaded.description},
+                versions=versions(),
+                device=device_name(device),
+                gemm_backend=self.loaded.target.gemm.name,
+            )
+        )
+        with torch.inference_mode():
+            for b in range(0, len(prompts), s.batch):
+                if self.stop.is_set():
+                    break
+                group = list(range(b, min(b + s.batch, len(prompts))))
+                self._run_group([(i, prompts[i].text, encoded[i]) for i in group])
+        summary = self.stats.summary()
+        self.emit(summary)
+        return summary
+
+    def _run_group(self, group: list[tuple[int, str, list[int]]]) -> None:
+        s, eng = self.settings, self.engine
+        seqs: list[Sequence] = []
+        decode_s: dict[int, float] = {}
+        for index, text, ids in group:
+            self.emit(PromptStart(prompt_index=index, prompt_tokens=len(ids), text=text))
+            seq, prefill_s = eng.start(index, ids, s.max_new_tokens, 16, s.shadow)
+            self.emit(Prefill(prompt_index=index, tokens=len(ids), seconds=prefill_s, run="spec"))
+            self._emit_tokens(seq, 0, "decode", 0)
+            seqs.append(seq)
+            decode_s[index] = 0.0
+        while not self.stop.is_set():
+            self._apply_controls()
+            if self.controls.take_next_prompt_request():
+                break
+            active = [q for q in seqs if not q.done]
+            if not active:
+                break
+            st = self.applied
+            k = st.k if st.speculation else 0
+            for seq in active:
+                before = len(seq.ids)
+                r = eng.spec_step(seq, k, st.verify_mode, s.max_new_tokens)  # type: ignore[arg-type]
+                decode_s[seq.index] += r.draft_s + r.verify_s + r.rollback_s
+                if k:
+                    self.emit(
+                        Draft(
+                            prompt_index=seq.index,
+                            step=self.step_no,
+                            k=k,
+                            drafter=self.settings.drafter,
+                            tokens=r.drafts,
+                            seconds=r.draft_s,
+                        )
+                    )
+                self.emit(
+                    VerifyStep(
+                        prompt_index=seq.index,
+                        step=self.step_no,
+                        k=k,
+                        accepted=r.accepted,
+                        draft_tokens=r.drafts,
+                        emitted_tokens=r.emitted,
+                        verify_mode=st.verify_mode,
+                        gemm_backend=eng.target.gemm.name,
+                        draft_s=r.draft_s,
+                        verify_s=r.verify_s,
+                        shadow_s=r.shadow_s,
+                        rollback_s=r.rollback_s,
+                    )
+                )
+                self._emit_tokens(seq, before, "draft", r.accepted)
+                if seq.diverged_at is not None and seq.diverged_at >= before:
+                    self._emit_divergence(seq, k)
+            self.step_no += 1
+        for seq in seqs:
+            n_steps = len(seq.steps)
+            self.emit(
+                PromptDone(
+                    prompt_index=seq.index,
+                    new_tokens=len(seq.ids),
+                    seconds=decode_s[seq.index],
+                    verify_steps=n_steps,
+                    accepted_drafts=sum(r.accepted for r in seq.steps),
+                    proposed_drafts=sum(len(r.rows) - 1 for r in seq.steps),
+                    exact=s.shadow and seq.diverged_at is None and seq.compared == len(seq.ids),
+                )
+            )
+
+    def _emit_tokens(self, seq: Sequence, start: int, source: str, accepted: int) -> None:
+        tok = self.loaded.tokenizer
+        plen = len(seq.prompt)
+        for j in range(start, len(seq.ids)):
+            src = source if source == "decode" or j - start < accepted else "bonus"
+            self.emit(
+                Token(
+                    prompt_index=seq.index,
+                    position=plen + j,
+                    token_id=seq.ids[j],
+                    logprob=seq.logprobs[j],
+                    text=tok.decode([seq.ids[j]]),
+                    source=src,
+                    step=self.step_no,
+                )
+            )  # type: ignore[arg-type]
+
+    def _emit_divergence(self, seq: Sequence, k: int) -> None:
+        j = seq.diverged_at
+        assert j is not None
+        tok = self.loaded.tokenizer
+        what = "token" if seq.ids[j] != seq.shadow_ids[j] else "logprob"
+        cause = find_root_cause(self.engine, seq, j) if self.settings.root_cause else None
+        step, _ = self.engine.step_of(seq, j)
+        self.emit(
+            Divergence(
+                prompt_index=seq.index,
+                position=len(seq.prompt) + j,
+                step=self.step_no,
+                k=k,
+                verify_mode=seq.steps[step].mode,
+                gemm_backend=seq.steps[step].gemm.name,  # type: ignore[arg-type]
+                what=what,
+                spec_token=seq.ids[j],
+                shadow_token=seq.shadow_ids[j],
+                spec_logprob=seq.logprobs[j],
+                shadow_logprob=seq.shadow_logprobs[j],
+                spec_text=tok.decode([seq.ids[j]]),
+                shadow_text=tok.decode([seq.shadow_ids[j]]),
+                context=tok.decode(
+                    (seq.prompt + seq.ids)[max(0, len(seq.prompt) + j - 24) : len(seq.prompt) + j]
+                ),
+                root_cause=cause,
+            )
+        )
+
+
+def run_session(
+    settings: SessionSettings,
+    sink: Sink,
+    controls: Controls | None = None,
+    stop: threading.Event | None = None,
+) -> Summary:
+    return SessionRunner(settings, sink, controls, stop).run()

@@ -1,0 +1,40 @@
+"""Session totals from the event stream: the headless summary and the dashboard's session column."""
+
+from __future__ import annotations
+
+from specdash.events import Divergence, Event, PromptDone, Summary, VerifyStep
+
+
+class SessionStats:
+    def __init__(self) -> None:
+        self.prompts = self.exact_prompts = self.new_tokens = 0
+        self.seconds = 0.0
+        self.verify_steps = self.accepted = self.proposed = self.emitted = 0
+        self.divergences = 0
+
+    def consume(self, event: Event) -> None:
+        if isinstance(event, VerifyStep):
+            self.verify_steps += 1
+            self.accepted += event.accepted
+            self.proposed += len(event.draft_tokens)
+            self.emitted += len(event.emitted_tokens)
+        elif isinstance(event, Divergence):
+            self.divergences += 1
+        elif isinstance(event, PromptDone):
+            self.prompts += 1
+            self.exact_prompts += event.exact
+            self.new_tokens += event.new_tokens
+            self.seconds += event.seconds
+
+    def summary(self) -> Summary:
+        return Summary(
+            prompts=self.prompts,
+            exact_prompts=self.exact_prompts,
+            new_tokens=self.new_tokens,
+            seconds=self.seconds,
+            tokens_per_s=self.new_tokens / self.seconds if self.seconds else 0.0,
+            mean_accepted_length=self.emitted / self.verify_steps if self.verify_steps else 0.0,
+            acceptance_rate=self.accepted / self.proposed if self.proposed else 0.0,
+            verify_steps=self.verify_steps,
+            divergences=self.divergences,
+        )
