@@ -48,9 +48,12 @@ def git_revision(directory: Path | None = None) -> str | None:
 
 
 def encode_event(event: Event) -> str:
-    """One trace line. Non-finite floats are written as NaN/Infinity (which `parse_event`
-    reads back bit for bit) because pydantic's own JSON would write null and lose them."""
-    line = json.dumps(event.model_dump(mode="json"), ensure_ascii=False, separators=(",", ":"))
+    """One trace line. pydantic's JSON writes None and NaN/inf alike as null, and a null
+    logprob would not read back, so a line with a null is re-encoded with NaN/Infinity
+    (which `parse_event` reads back bit for bit). Most lines have none: the fast path."""
+    line = event.model_dump_json()
+    if "null" in line:
+        line = json.dumps(event.model_dump(mode="json"), ensure_ascii=False, separators=(",", ":"))
     return line + "\n"
 
 
