@@ -62,7 +62,8 @@ class TraceWriter:
 
     `target` is a path (opened now; an unwritable path is an `EnvironmentProblem`) or an
     already open text stream. The first event written must be the `SessionStart` header,
-    either passed as `header` (recording started mid-session) or as the first event sunk.
+    either passed as `header` (recording started mid-session) or as the first event sunk;
+    anything else first (e.g. an engine error before the session started) stops recording.
     Thread-safe: the engine thread writes, the dashboard may `close()`.
     """
 
@@ -91,7 +92,8 @@ class TraceWriter:
                 return
             if not self._has_header:
                 if not isinstance(event, SessionStart):
-                    raise ValueError(f"a trace must start with session_start, got {event.kind}")
+                    self._stop(f"the session sent {event.kind} before its session_start header")
+                    return
                 if event.git_revision is None:
                     event = event.model_copy(update={"git_revision": git_revision()})
                 self._has_header = True

@@ -94,8 +94,10 @@ def test_header_passed_when_recording_starts_mid_session(tmp_path):
 
 def test_first_event_must_be_the_header(tmp_path):
     writer = TraceWriter(tmp_path / "t.jsonl")
-    with pytest.raises(ValueError, match="session_start"):
-        writer(PromptStart(prompt_index=0, prompt_tokens=1, text="x"))
+    writer(PromptStart(prompt_index=0, prompt_tokens=1, text="x"))  # does not raise
+    assert writer.stopped_reason == "the session sent prompt_start before its session_start header"
+    writer(header(Plan()))
+    assert writer.lines_written == 0 and not writer.recording
 
 
 def test_torn_last_line_is_skipped_with_a_warning(tmp_path):
