@@ -38,14 +38,17 @@ GPU_COUNTERS = ("dram_bw_util_pct", "dram_gbps", "mem_busy_pct", "sm_util_pct", 
 class StepRow:
     """One verify step with its rates; the unit of the CSV export and the report.
 
-    Rates use the dashboard's definition: the speculative path costs draft + verify +
-    rollback, the shadow (plain greedy decode of the same tokens) costs `shadow_s`.
+    `drafted` is how many drafts the step really proposed: at most k, fewer when a drafter
+    (n-gram) found nothing to propose. Rates use the dashboard's definition: the speculative
+    path costs draft + verify + rollback, the shadow (plain greedy decode of the same
+    tokens) costs `shadow_s`.
     """
 
     t_s: float
     prompt_index: int
     step: int
     k: int
+    drafted: int
     accepted: int
     emitted: int
     verify_mode: str
@@ -71,6 +74,7 @@ def step_rows(header: SessionStart, events: list[Event]) -> list[StepRow]:
                 prompt_index=e.prompt_index,
                 step=e.step,
                 k=e.k,
+                drafted=len(e.draft_tokens),
                 accepted=e.accepted,
                 emitted=emitted,
                 verify_mode=e.verify_mode,

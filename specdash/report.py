@@ -81,7 +81,7 @@ def _plot_histogram(ax: Axes, data: ReportData) -> None:
     if not rows:
         return _no_data(ax, "no verify steps recorded")
     counts = Counter(r.accepted for r in rows)
-    xs = range(max(r.k for r in rows) + 1)
+    xs = range(max(r.drafted for r in rows) + 1)
     ax.bar(xs, [counts[x] for x in xs], color=COLORS["spec"])
     ax.set_xticks(list(xs))
     ax.set_xlabel("drafts accepted in a verify step")
@@ -89,9 +89,9 @@ def _plot_histogram(ax: Axes, data: ReportData) -> None:
 
 
 def acceptance_by_position(rows: list[StepRow]) -> list[float]:
-    """P(draft i accepted | a step drafted at least i+1 tokens), i = 0..max k - 1."""
-    max_k = max((r.k for r in rows), default=0)
-    tried = [sum(r.k > i for r in rows) for i in range(max_k)]
+    """P(draft i accepted | the step proposed at least i+1 drafts), i = 0..most drafted - 1."""
+    max_k = max((r.drafted for r in rows), default=0)
+    tried = [sum(r.drafted > i for r in rows) for i in range(max_k)]
     kept = [sum(r.accepted > i for r in rows) for i in range(max_k)]
     return [a / n if n else 0.0 for a, n in zip(kept, tried, strict=True)]
 
@@ -189,7 +189,7 @@ def _summary(summary: Summary | None, rows: list[StepRow]) -> list[tuple[str, ob
     if summary is None:
         steps = len(rows)
         accepted = sum(r.accepted for r in rows)
-        proposed = sum(r.k for r in rows)
+        proposed = sum(r.drafted for r in rows)
         return [
             ("status", "no summary: the session did not finish (or the trace was cut)"),
             ("verify steps", steps),

@@ -73,16 +73,17 @@ def test_bad_input_and_unwritable_output(tmp_path):
     assert main(["report", trace, "-o", str(tmp_path / "no" / "r.html")]) == EXIT_ENVIRONMENT
 
 
-def row(t_s, k, accepted, draft_s=0.01, verify_s=0.02, shadow_s=0.04) -> StepRow:
+def row(t_s, k, accepted, draft_s=0.01, verify_s=0.02, shadow_s=0.04, drafted=None) -> StepRow:
     return StepRow(
-        t_s=t_s, prompt_index=0, step=0, k=k, accepted=accepted, emitted=accepted + 1,
+        t_s=t_s, prompt_index=0, step=0, k=k, drafted=k if drafted is None else drafted,
+        accepted=accepted, emitted=accepted + 1,
         verify_mode="exact", gemm_backend="x", draft_s=draft_s, verify_s=verify_s,
         rollback_s=0.0, shadow_s=shadow_s, tokens_per_s=0.0, shadow_tokens_per_s=0.0,
     )  # fmt: skip
 
 
 def test_acceptance_by_position_counts_only_steps_that_drafted_there():
-    rows = [row(0, 4, 4), row(1, 4, 1), row(2, 2, 2), row(3, 2, 0)]
+    rows = [row(0, 4, 4), row(1, 4, 1), row(2, 2, 2), row(3, 2, 0), row(4, 4, 0, drafted=0)]
     assert acceptance_by_position(rows) == [3 / 4, 2 / 4, 1 / 2, 1 / 2]
 
 
