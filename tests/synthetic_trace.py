@@ -27,6 +27,8 @@ from specdash.events import (
 )
 
 T0_NS = 1_000_000_000_000
+PROMPT_TOKENS = 6
+"""Token positions count the prompt, as the engine's do; plans index generated tokens."""
 PROMPTS = ("The capital of France is", "def fibonacci(n):", "Once upon a time")
 
 
@@ -74,9 +76,12 @@ def session(plan: Plan | None = None) -> list[Event]:
 
     for p in range(plan.prompts):
         text = PROMPTS[p % len(PROMPTS)]
-        events.append(PromptStart(t_ns=tick(0.001), prompt_index=p, prompt_tokens=6, text=text))
+        events.append(
+            PromptStart(t_ns=tick(0.001), prompt_index=p, prompt_tokens=PROMPT_TOKENS, text=text)
+        )
         for run in ("spec", "shadow", "draft"):
-            events.append(Prefill(t_ns=tick(0.01), prompt_index=p, tokens=6, seconds=0.01, run=run))
+            events.append(Prefill(t_ns=tick(0.01), prompt_index=p, tokens=PROMPT_TOKENS,
+                                  seconds=0.01, run=run))  # fmt: skip
         pos = step = acc_sum = prop_sum = 0
         while pos < plan.new_tokens:
             k = plan.k if step < 3 or p != 1 else 2
@@ -106,7 +111,8 @@ def session(plan: Plan | None = None) -> list[Event]:
                         logprob = _next_float_down(logprob)
                 if plan.divergence_at == (p, pos):
                     events.append(
-                        Divergence(t_ns=tick(0.00001), prompt_index=p, position=pos, step=step,
+                        Divergence(t_ns=tick(0.00001), prompt_index=p, position=PROMPT_TOKENS + pos,
+                                   step=step,
                                    k=k, verify_mode="exact", gemm_backend="triton", what="token",
                                    spec_token=tok, shadow_token=tok + 1, spec_logprob=logprob,
                                    shadow_logprob=logprob - 0.25, spec_text=f"<{tok}>",
@@ -114,7 +120,8 @@ def session(plan: Plan | None = None) -> list[Event]:
                     )  # fmt: skip
                 source = "bonus" if i == len(emitted) - 1 else "draft"
                 events.append(
-                    Token(t_ns=tick(0.00001), prompt_index=p, position=pos, token_id=tok,
+                    Token(t_ns=tick(0.00001), prompt_index=p, position=PROMPT_TOKENS + pos,
+                          token_id=tok,
                           logprob=logprob, text=f"<{tok}>", source=source, step=step)
                 )  # fmt: skip
                 pos += 1
