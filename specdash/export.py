@@ -12,6 +12,7 @@ import argparse
 import csv
 import json
 import math
+import os
 import sys
 from dataclasses import asdict, dataclass, fields
 from pathlib import Path
@@ -244,6 +245,13 @@ def run_export(args: argparse.Namespace) -> int:
             json.dump(perfetto_trace(header, events), out, allow_nan=False)
         else:
             write_csv(header, events, out)
+        out.flush()
+    except BrokenPipeError:
+        if out is not sys.stdout:
+            raise EnvironmentProblem(f"cannot write {path}: broken pipe") from None
+        # `| head`: the reader took what it wanted; point stdout at /dev/null for the exit flush
+        os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
+        return EXIT_OK
     except OSError as e:
         raise EnvironmentProblem(f"cannot write {path}: {e.strerror or e}") from None
     finally:

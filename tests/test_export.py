@@ -9,6 +9,8 @@ from __future__ import annotations
 import csv
 import json
 import math
+import subprocess
+import sys
 
 import pytest
 from synthetic_trace import T0_NS, Plan, session
@@ -150,3 +152,17 @@ def test_bad_input_and_unwritable_output_are_one_line_errors(trace, tmp_path, ca
     err = capsys.readouterr().err.strip().splitlines()
     assert err[0].startswith("specdash: error: trace not found")
     assert err[1].startswith("specdash: error: cannot write") and "No such file" in err[1]
+
+
+def test_stdout_closed_early_is_not_an_error(tmp_path):
+    """`specdash export T -o - | head`: the reader leaving is success, with no traceback."""
+    path = tmp_path / "big.jsonl"
+    with TraceWriter(path) as w:
+        for e in session(Plan(new_tokens=600)):
+            w(e)
+    cmd = [sys.executable, "-m", "specdash.cli", "export", str(path), "-o", "-"]
+    child = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE)
+    assert child.stdout.read(100).startswith(b'{"traceEvents"')
+    child.stdout.close()
+    assert child.wait(timeout=60) == EXIT_OK
+    assert child.stderr.read() == b""
