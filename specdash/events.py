@@ -99,11 +99,16 @@ class Token(_Event):
 
 
 class RootCause(BaseModel):
+    """First sub-op whose bits differ. `origin_position` is the token whose computation first
+    differed: an earlier row of the same verify step when the difference reached the flagged
+    token through attention or the GDN state."""
+
     model_config = ConfigDict(frozen=True, extra="forbid")
     layer: int | None
     sub_op: str
     max_abs_diff: float
     detail: str = ""
+    origin_position: int | None = None
 
 
 class Divergence(_Event):

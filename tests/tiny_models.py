@@ -11,14 +11,15 @@ from dataclasses import replace
 from pathlib import Path
 
 import torch
-from tokenizers import Tokenizer, models, pre_tokenizers, decoders, trainers
+from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
 
 from specdash.checkpoint import save_checkpoint
 from specdash.model import random_tensors
 from specdash.model_config import ModelConfig, preset
 
 CORPUS = [
-    "def fibonacci(n):\n    a, b = 0, 1\n    for _ in range(n):\n        a, b = b, a + b\n    return a\n",
+    "def fibonacci(n):\n    a, b = 0, 1\n    for _ in range(n):\n"
+    "        a, b = b, a + b\n    return a\n",
     "The quick brown fox jumps over the lazy dog. " * 3,
     "class Stack:\n    def __init__(self):\n        self.items = []\n    def push(self, x):\n"
     "        self.items.append(x)\n",
@@ -54,8 +55,9 @@ def build_tokenizer(vocab_size: int = 320) -> Tokenizer:
 def tiny_config(vocab_size: int, family: str = "qwen3_5") -> ModelConfig:
     cfg = replace(preset("tiny-hybrid"), vocab_size=vocab_size, eos_token_ids=[])
     if family == "qwen3":
-        cfg = replace(cfg, family="qwen3", layer_types=["full_attention"] * 4,
-                      partial_rotary_factor=1.0)
+        cfg = replace(
+            cfg, family="qwen3", layer_types=["full_attention"] * 4, partial_rotary_factor=1.0
+        )
     return cfg
 
 
@@ -65,8 +67,12 @@ def write_pair(root: Path, seed: int = 0, noise: float = 0.02) -> tuple[Path, Pa
     cfg = tiny_config(tok.get_vocab_size())
     target = random_tensors(cfg, seed)
     gen = torch.Generator().manual_seed(seed + 1)
-    draft = {n: t + noise * torch.randn(t.shape, generator=gen) * t.std().clamp(min=1e-3)
-             if t.dim() == 2 else t.clone() for n, t in target.items()}
+    draft = {
+        n: t + noise * torch.randn(t.shape, generator=gen) * t.std().clamp(min=1e-3)
+        if t.dim() == 2
+        else t.clone()
+        for n, t in target.items()
+    }
     save_checkpoint(root / "target", cfg, target, tok)
     save_checkpoint(root / "draft", cfg, draft, tok)
     prompts = root / "prompts.jsonl"

@@ -1,0 +1,96 @@
+"""`specdash audit`: the exactness matrix, k x drafter x batch x verify mode.
+
+Exact mode must come out all-exact (exit 1 otherwise); fast mode is reported as found.
+Weights are loaded once per drafter and shared by its cells.
+"""
+
+from __future__ import annotations
+
+import argparse
+import itertools
+import json
+import tempfile
+from pathlib import Path
+from typing import Any
+
+from specdash.errors import EXIT_DIVERGED, EXIT_OK, UsageError
+from specdash.events import Divergence, Event
+from specdash.prompts import load_prompts
+from specdash.session import SessionRunner, load_models
+from specdash.settings import MAX_K, SessionSettings
+
+BATCHES = (1, 8)
+VERIFY_MODES = ("exact", "fast")
+DRAFTERS = ("model", "ngram")
+
+
+def _subset(settings: SessionSettings, n: int, workdir: Path) -> Path:
+    prompts = load_prompts(settings.prompts)[:n]
+    path = workdir / "prompts.jsonl"
+    path.write_text("".join(json.dumps({"prompt": p.text, "name": p.name}) + "\n" for p in prompts))
+    return path
+
+
+def audit_cells(base: SessionSettings, ks: list[int], num_prompts: int) -> list[dict[str, Any]]:
+    cells = []
+    with tempfile.TemporaryDirectory() as tmp:
+        prompts = _subset(base, num_prompts, Path(tmp))
+        for drafter in DRAFTERS:
+            loaded = load_models(base.model_copy(update={"drafter": drafter}))
+            for k, batch, verify in itertools.product(ks, BATCHES, VERIFY_MODES):
+                settings = base.model_copy(
+                    update={
+                        "drafter": drafter,
+                        "k": k,
+                        "batch": batch,
+                        "verify": verify,
+                        "prompts": prompts,
+                        "shadow": True,
+                        "root_cause": False,
+                    }
+                )
+                divergences: list[Divergence] = []
+
+                def sink(e: Event, out: list[Divergence] = divergences) -> None:
+                    if isinstance(e, Divergence):
+                        out.append(e)
+
+                summary = SessionRunner(settings, sink, loaded=loaded).run()
+                cells.append(
+                    {
+                        "k": k,
+                        "drafter": drafter,
+                        "batch": batch,
+                        "verify": verify,
+                        "prompts": summary.prompts,
+                        "exact_prompts": summary.exact_prompts,
+                        "tokens_per_s": round(summary.tokens_per_s, 2),
+                        "mean_accepted_length": round(summary.mean_accepted_length, 3),
+                        "acceptance_rate": round(summary.acceptance_rate, 4),
+                        "token_divergences": sum(d.what == "token" for d in divergences),
+                        "logprob_divergences": sum(d.what == "logprob" for d in divergences),
+                    }
+                )
+    return cells
+
+
+def run_audit(args: argparse.Namespace) -> int:
+    base = SessionSettings.from_args(args)
+    try:
+        ks = [int(k) for k in args.ks.split(",")]
+    except ValueError:
+        raise UsageError(f"--ks: expected comma-separated integers, got {args.ks!r}") from None
+    bad = [k for k in ks if not 1 <= k <= MAX_K]
+    if bad:
+        raise UsageError(f"--ks: k must be in 1..{MAX_K}, got {bad[0]}")
+    cells = audit_cells(base, ks, args.num_prompts)
+    failed = [c for c in cells if c["verify"] == "exact" and c["exact_prompts"] != c["prompts"]]
+    if args.json:
+        print(json.dumps({"cells": cells, "exact_mode_all_exact": not failed}))
+    else:
+        cols = list(cells[0])
+        print("  ".join(f"{c:>12}" for c in cols))
+        for cell in cells:
+            print("  ".join(f"{cell[c]!s:>12}" for c in cols))
+        print("exact mode: " + ("all exact" if not failed else f"{len(failed)} cell(s) NOT exact"))
+    return EXIT_DIVERGED if failed else EXIT_OK
