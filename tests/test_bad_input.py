@@ -1,0 +1,299 @@
+"""Bad input: one clear line on stderr, the documented exit code, never a traceback."""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+from safetensors.torch import load_file, save_file
+from tiny_models import build_tokenizer, write_pair
+
+from specdash.cli import main
+from specdash.errors import EXIT_CHECKPOINT, EXIT_ENVIRONMENT, EXIT_INTERRUPTED, EXIT_USAGE
+from specdash.trace import read_trace
+
+
+@pytest.fixture(scope="module")
+def pair(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, Path, Path]:
+    return write_pair(tmp_path_factory.mktemp("tiny"))
+
+
+def copy_target(pair: tuple[Path, Path, Path], tmp_path: Path) -> Path:
+    dst = tmp_path / "model"
+    shutil.copytree(pair[0], dst)
+    return dst
+
+
+def run_cli(capsys: pytest.CaptureFixture[str], *args: str) -> tuple[int, str]:
+    code = main(["run", "--headless", "--max-new-tokens", "4", *args])
+    err = capsys.readouterr().err.strip()
+    assert "Traceback" not in err
+    return code, err
+
+
+def expect(capsys, code: int, fragment: str, *args: str) -> None:  # noqa: ANN001
+    got, err = run_cli(capsys, *args)
+    assert got == code, err
+    assert len(err.splitlines()) == 1, err
+    assert err.startswith("specdash: error: ")
+    assert fragment in err, err
+
+
+def test_missing_checkpoint(capsys, tmp_path) -> None:  # noqa: ANN001
+    expect(
+        capsys,
+        EXIT_CHECKPOINT,
+        "does not exist",
+        "--model",
+        str(tmp_path / "nope"),
+        "--drafter",
+        "ngram",
+    )
+
+
+def test_corrupt_safetensors(capsys, pair, tmp_path) -> None:  # noqa: ANN001
+    model = copy_target(pair, tmp_path)
+    data = (model / "model.safetensors").read_bytes()
+    (model / "model.safetensors").write_bytes(data[: len(data) // 3])
+    expect(
+        capsys,
+        EXIT_CHECKPOINT,
+        "corrupt safetensors",
+        "--model",
+        str(model),
+        "--drafter",
+        "ngram",
+        "--prompts",
+        str(pair[2]),
+    )
+
+
+def test_missing_tensor(capsys, pair, tmp_path) -> None:  # noqa: ANN001
+    model = copy_target(pair, tmp_path)
+    tensors = load_file(model / "model.safetensors")
+    del tensors["model.layers.3.self_attn.o_proj.weight"]
+    save_file(tensors, model / "model.safetensors")
+    expect(
+        capsys,
+        EXIT_CHECKPOINT,
+        "missing tensor model.layers.3.self_attn.o_proj.weight",
+        "--model",
+        str(model),
+        "--drafter",
+        "ngram",
+        "--prompts",
+        str(pair[2]),
+    )
+
+
+def test_shape_mismatch(capsys, pair, tmp_path) -> None:  # noqa: ANN001
+    model = copy_target(pair, tmp_path)
+    cfg = json.loads((model / "config.json").read_text())
+    cfg["intermediate_size"] = 96
+    (model / "config.json").write_text(json.dumps(cfg))
+    expect(
+        capsys,
+        EXIT_CHECKPOINT,
+        "mlp.gate_proj.weight has shape",
+        "--model",
+        str(model),
+        "--drafter",
+        "ngram",
+        "--prompts",
+        str(pair[2]),
+    )
+
+
+@pytest.mark.parametrize("arch", [["LlamaForCausalLM"], []])
+def test_unsupported_architecture(capsys, pair, tmp_path, arch) -> None:  # noqa: ANN001
+    model = copy_target(pair, tmp_path)
+    cfg = json.loads((model / "config.json").read_text())
+    cfg["architectures"] = arch
+    (model / "config.json").write_text(json.dumps(cfg))
+    expect(
+        capsys,
+        EXIT_CHECKPOINT,
+        "unsupported architecture",
+        "--model",
+        str(model),
+        "--drafter",
+        "ngram",
+        "--prompts",
+        str(pair[2]),
+    )
+
+
+def test_config_not_json(capsys, pair, tmp_path) -> None:  # noqa: ANN001
+    model = copy_target(pair, tmp_path)
+    (model / "config.json").write_text("{not json")
+    expect(capsys, EXIT_CHECKPOINT, "not valid JSON", "--model", str(model), "--drafter", "ngram")
+
+
+def test_mixture_of_experts_refused(capsys, pair, tmp_path) -> None:  # noqa: ANN001
+    model = copy_target(pair, tmp_path)
+    cfg = json.loads((model / "config.json").read_text())
+    cfg |= {"architectures": ["Qwen3NextForCausalLM"], "num_experts": 8, "mlp_only_layers": []}
+    (model / "config.json").write_text(json.dumps(cfg))
+    expect(
+        capsys, EXIT_CHECKPOINT, "mixture-of-experts", "--model", str(model), "--drafter", "ngram"
+    )
+
+
+def test_draft_tokenizer_differs(capsys, pair, tmp_path) -> None:  # noqa: ANN001
+    draft = tmp_path / "draft"
+    shutil.copytree(pair[1], draft)
+    build_tokenizer(vocab_size=300).save(str(draft / "tokenizer.json"))
+    expect(
+        capsys,
+        EXIT_CHECKPOINT,
+        "draft tokenizer differs",
+        "--model",
+        str(pair[0]),
+        "--draft",
+        str(draft),
+        "--prompts",
+        str(pair[2]),
+    )
+
+
+def test_prompt_longer_than_context(capsys, pair, tmp_path) -> None:  # noqa: ANN001
+    prompts = tmp_path / "long.jsonl"
+    prompts.write_text(json.dumps({"prompt": "".join(chr(97 + i % 26) for i in range(9000))}))
+    expect(
+        capsys,
+        EXIT_USAGE,
+        "the model has 4096",
+        "--model",
+        str(pair[0]),
+        "--drafter",
+        "ngram",
+        "--prompts",
+        str(prompts),
+    )
+
+
+@pytest.mark.parametrize("k", ["0", "17", "-3"])
+def test_k_out_of_range(capsys, pair, k) -> None:  # noqa: ANN001
+    expect(capsys, EXIT_USAGE, "k", "--model", str(pair[0]), "--drafter", "ngram", "-k", k)
+
+
+@pytest.mark.parametrize(
+    "content,fragment",
+    [
+        (None, "does not exist"),
+        ("{oops\n", "not JSON"),
+        ('{"text": "x"}\n', '"prompt" string'),
+        ("\n\n", "no prompts"),
+        (b"\xff\xfe\x00", "cannot read"),
+    ],
+)
+def test_unreadable_prompt_file(capsys, pair, tmp_path, content, fragment) -> None:  # noqa: ANN001
+    path = tmp_path / "prompts.jsonl"
+    if isinstance(content, bytes):
+        path.write_bytes(content)
+    elif content is not None:
+        path.write_text(content)
+    expect(
+        capsys,
+        EXIT_USAGE,
+        fragment,
+        "--model",
+        str(pair[0]),
+        "--drafter",
+        "ngram",
+        "--prompts",
+        str(path),
+    )
+
+
+def test_unwritable_trace_path(capsys, pair, tmp_path) -> None:  # noqa: ANN001
+    expect(
+        capsys,
+        EXIT_ENVIRONMENT,
+        "cannot write trace",
+        "--model",
+        str(pair[0]),
+        "--drafter",
+        "ngram",
+        "--prompts",
+        str(pair[2]),
+        "--trace",
+        str(tmp_path / "no" / "such" / "dir" / "t.jsonl"),
+    )
+
+
+def test_cuda_requested_without_gpu(capsys, pair) -> None:  # noqa: ANN001
+    import torch
+
+    if torch.cuda.is_available():
+        pytest.skip("this machine has a GPU")
+    expect(
+        capsys,
+        EXIT_ENVIRONMENT,
+        "no CUDA device",
+        "--model",
+        str(pair[0]),
+        "--drafter",
+        "ngram",
+        "--device",
+        "cuda",
+    )
+
+
+def test_unknown_gemm_backend(capsys, pair) -> None:  # noqa: ANN001
+    expect(
+        capsys,
+        EXIT_ENVIRONMENT,
+        "GEMM backend 'deepgemm'",
+        "--model",
+        str(pair[0]),
+        "--drafter",
+        "ngram",
+        "--gemm-backend",
+        "deepgemm",
+    )
+
+
+def test_ctrl_c_mid_step_exits_130_and_keeps_the_trace(pair, tmp_path) -> None:  # noqa: ANN001
+    trace = tmp_path / "t.jsonl"
+    proc = subprocess.Popen(
+        [
+            sys.executable,
+            "-m",
+            "specdash.cli",
+            "run",
+            "--headless",
+            "--model",
+            str(pair[0]),
+            "--draft",
+            str(pair[1]),
+            "--prompts",
+            str(pair[2]),
+            "--max-new-tokens",
+            "3000",
+            "--trace",
+            str(trace),
+        ],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+        env=os.environ | {"PYTHONUNBUFFERED": "1"},
+    )
+    deadline = time.time() + 60
+    while time.time() < deadline:
+        if trace.exists() and '"verify_step"' in trace.read_text():
+            break
+        time.sleep(0.1)
+    proc.send_signal(signal.SIGINT)
+    out, err = proc.communicate(timeout=60)
+    assert proc.returncode == EXIT_INTERRUPTED, err
+    assert "Traceback" not in err
+    header, events, _warnings = read_trace(trace)
+    assert any(e.kind == "verify_step" for e in events)
