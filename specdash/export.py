@@ -1,9 +1,9 @@
 """`specdash export`: a recorded trace as Chrome Trace Event JSON (Perfetto) or per-step CSV.
 
-The Perfetto layout follows docs in shared/reference/dashboard.md §3: pid 1 "engine" with
-draft / verify / shadow threads of complete (`X`) slices, divergences and control changes as
-instant events, per-step counters; pid 2 the GPU with one counter track per metric.
-Timestamps are µs since the session header.
+Perfetto layout (docs/traces.md): pid 1 "engine" with draft / verify / shadow threads of
+complete (`X`) slices, divergences and control changes as global instant events, prompt
+starts as process instants, per-step counters; pid 2 the GPU with one counter track per
+metric. Timestamps are µs since the session header.
 """
 
 from __future__ import annotations
@@ -24,6 +24,7 @@ from specdash.events import (
     Divergence,
     Event,
     Prefill,
+    PromptStart,
     SessionStart,
     TelemetrySample,
     VerifyStep,
@@ -152,9 +153,9 @@ def _counter(pid: int, name: str, value: float, ts: float) -> dict:
     return {"name": name, "ph": "C", "ts": ts, "pid": pid, "args": {"value": value}}
 
 
-def _instant(name: str, ts: float, args: dict[str, Any]) -> dict:
+def _instant(name: str, ts: float, args: dict[str, Any], scope: str = "g") -> dict:
     return {
-        "name": name, "ph": "i", "s": "g", "ts": ts, "pid": ENGINE_PID, "tid": 0,
+        "name": name, "ph": "i", "s": scope, "ts": ts, "pid": ENGINE_PID, "tid": 0,
         "args": _safe_args(args),
     }  # fmt: skip
 
@@ -187,6 +188,9 @@ def perfetto_trace(header: SessionStart, events: list[Event]) -> dict[str, Any]:
             row = next(rows)
             out.append(_counter(ENGINE_PID, "tokens_per_s", row.tokens_per_s, ts))
             out.append(_counter(ENGINE_PID, "shadow_tokens_per_s", row.shadow_tokens_per_s, ts))
+        elif isinstance(e, PromptStart):
+            args = {"prompt": e.prompt_index, "prompt_tokens": e.prompt_tokens}
+            out.append(_instant(f"prompt {e.prompt_index}", ts, args, scope="p"))
         elif isinstance(e, Prefill):
             tid = "verify" if e.run == "spec" else e.run
             args = {"prompt": e.prompt_index, "tokens": e.tokens}
@@ -197,6 +201,8 @@ def perfetto_trace(header: SessionStart, events: list[Event]) -> dict[str, Any]:
                 "spec_token": e.spec_token, "shadow_token": e.shadow_token,
                 "spec_logprob": e.spec_logprob, "shadow_logprob": e.shadow_logprob,
                 "verify_mode": e.verify_mode, "backend": e.gemm_backend,
+                "root_cause": "" if e.root_cause is None else
+                f"layer {e.root_cause.layer} {e.root_cause.sub_op}: {e.root_cause.detail}",
             }  # fmt: skip
             out.append(_instant(f"divergence ({e.what})", ts, args))
         elif isinstance(e, ControlChange):
