@@ -52,8 +52,11 @@ class NgramDrafter:
 class ModelDrafter:
     """A small causal LM with the target's tokenizer, decoding greedily in exact mode.
 
-    `propose` runs k single-token steps and remembers the state after each; GDN state
-    tensors are replaced, never written in place, so a snapshot is a few references.
+    The draft state holds a prefix of the context. `propose` first catches up on what it
+    has not seen (the last accepted draft, or everything decoded while speculation was
+    off) in one batched forward, then runs k single-token steps, remembering the state
+    after each; GDN state tensors are replaced, never written in place, so a snapshot is
+    a few references and rejecting drafts is restoring one.
     """
 
     name = "model"
@@ -62,7 +65,6 @@ class ModelDrafter:
         self.model = model
         self.state: SeqState | None = None
         self._snapshots: list[tuple[int, dict[int, tuple[Tensor, Tensor]]]] = []
-        self._proposal: list[int] = []
 
     def _snapshot(self) -> tuple[int, dict[int, tuple[Tensor, Tensor]]]:
         assert self.state is not None
@@ -74,35 +76,31 @@ class ModelDrafter:
         for i, (conv, ssm) in snap[1].items():
             self.state.gdn[i].conv, self.state.gdn[i].ssm = conv, ssm
 
-    def _step(self, token: int) -> int:
-        assert self.state is not None
-        lp = self.model.forward(
-            torch.tensor([token], device=self.model.device), self.state, "exact"
-        )
-        self.state.commit(1)
-        return int(lp[0].argmax())
+    def _tensor(self, tokens: list[int]) -> Tensor:
+        return torch.tensor(tokens, device=self.model.device)
 
     def start(self, prompt: list[int], capacity: int) -> None:
         m = self.model
         self.state = SeqState.empty(m.cfg, capacity, m.dtype, m.device)
-        m.forward(torch.tensor(prompt, device=m.device), self.state, "prefill")
+        m.forward(self._tensor(prompt), self.state, "prefill")
 
     def propose(self, context: list[int], k: int) -> list[int]:
-        assert self.state is not None and self.state.length == len(context) - 1
-        self._snapshots, self._proposal = [], []
+        state = self.state
+        assert state is not None and state.length <= len(context) - 1
+        if state.length < len(context) - 1:
+            self.model.forward(self._tensor(context[state.length : -1]), state, "prefill")
+        self._snapshots, proposal = [], []
         token = context[-1]
         for _ in range(k):
-            token = self._step(token)
+            lp = self.model.forward(self._tensor([token]), state, "exact")
+            state.commit(1)
+            token = int(lp[0].argmax())
             self._snapshots.append(self._snapshot())
-            self._proposal.append(token)
-        return list(self._proposal)
+            proposal.append(token)
+        return proposal
 
     def accept(self, context: list[int], accepted: int) -> None:
-        """Keep the state after the accepted drafts; feed the last draft if all were kept."""
-        if not self._proposal:  # speculation was off or k drafts were not needed
-            self._step(context[-2])
-            return
-        if accepted < len(self._proposal):
+        """Keep the state after the accepted drafts (all kept: the last is fed next time)."""
+        if accepted < len(self._snapshots):
             self._restore(self._snapshots[accepted])
-        else:
-            self._step(self._proposal[-1])
+        self._snapshots = []
