@@ -25,23 +25,16 @@ from specdash.events import SCHEMA, Event, SessionStart, parse_event
 def git_revision(directory: Path | None = None) -> str | None:
     """The checkout's commit (with `-dirty` for uncommitted edits), or None outside git."""
     cwd = directory or Path(__file__).resolve().parent
+
+    def git(*args: str) -> str:
+        run = subprocess.run(
+            ["git", *args], cwd=cwd, capture_output=True, text=True, timeout=5, check=True
+        )
+        return run.stdout.strip()
+
     try:
-        head = subprocess.run(
-            ["git", "rev-parse", "--short=12", "HEAD"],
-            cwd=cwd,
-            capture_output=True,
-            text=True,
-            timeout=5,
-            check=True,
-        ).stdout.strip()
-        dirty = subprocess.run(
-            ["git", "status", "--porcelain", "--untracked-files=no"],
-            cwd=cwd,
-            capture_output=True,
-            text=True,
-            timeout=5,
-            check=True,
-        ).stdout.strip()
+        head = git("rev-parse", "--short=12", "HEAD")
+        dirty = git("status", "--porcelain", "--untracked-files=no")
     except (OSError, subprocess.SubprocessError):
         return None
     return f"{head}-dirty" if dirty else head
