@@ -4,9 +4,10 @@ Why: a verify step runs k+1 rows through the same weights that decode runs one r
 the speculative output is only bit-exact if every output element goes through the identical
 sequence of floating-point operations in both. So the launch configuration is a function of
 (N, K, dtype) alone: BLOCK_M is pinned to 16 (one MMA instruction shape whatever M is), each
-program walks its K range sequentially, and a split-K, where used, is fixed per (N, K) with its fp32
-partials summed in split order by a second kernel. Rows beyond M are masked loads of zeros, which
-cannot change the other rows' bits because MMA rows are independent.
+program walks its K range sequentially, and a split-K, where used, is fixed per (N, K): the
+program that finishes a tile last (an atomic ticket) sums the fp32 partials in split order 0, 1,
+..., so the order of arrival never reaches the arithmetic. Rows beyond M are zeros (masked or TMA
+out-of-bounds loads), which cannot change the other rows' bits because MMA rows are independent.
 """
 
 from __future__ import annotations
@@ -19,6 +20,7 @@ import torch
 import torch.nn.functional as F
 import triton
 import triton.language as tl
+from triton.tools.tensor_descriptor import TensorDescriptor
 
 BLOCK_M = 16
 _SUPPORTED_DTYPES = (torch.bfloat16, torch.float16, torch.float32)
@@ -34,6 +36,7 @@ class GemmConfig:
     split_k: int
     num_warps: int = 4
     num_stages: int = 4
+    tma: bool = False  # tiles through the Hopper bulk tensor copy engine instead of pointer loads
 
 
 # Measured on an H200 by benchmarks/bench_gemm.py --sweep (see docs/PERF.md): (N, K) -> config
@@ -70,20 +73,22 @@ def gemm_config(n: int, k: int, dtype: torch.dtype) -> GemmConfig:
 
 @triton.jit(do_not_specialize=["M"])
 def _gemm_kernel(
-    x_ptr,
-    w_ptr,
+    x_src,
+    w_src,
     out_ptr,
+    part_ptr,
+    ticket_ptr,
     M,
     N,
     K_PER_SPLIT,
     stride_xm,
     stride_wn,
-    stride_om,
-    stride_os,
     BLOCK_M: tl.constexpr,
     BLOCK_N: tl.constexpr,
     BLOCK_K: tl.constexpr,
+    SPLIT_K: tl.constexpr,
     EVEN_N: tl.constexpr,
+    TMA: tl.constexpr,
     IEEE: tl.constexpr,
 ):
     pid_n = tl.program_id(0)
@@ -91,36 +96,58 @@ def _gemm_kernel(
     pid_m = tl.program_id(2)
     offs_m = pid_m * BLOCK_M + tl.arange(0, BLOCK_M)
     offs_n = pid_n * BLOCK_N + tl.arange(0, BLOCK_N)
-    offs_k = pid_s * K_PER_SPLIT + tl.arange(0, BLOCK_K)
-    x_ptrs = x_ptr + offs_m[:, None] * stride_xm + offs_k[None, :]
-    w_ptrs = w_ptr + offs_n[:, None] * stride_wn + offs_k[None, :]
+    offs_k = tl.arange(0, BLOCK_K)
+    k_start = pid_s * K_PER_SPLIT
     m_mask = offs_m[:, None] < M
     acc = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
-    for _ in range(0, K_PER_SPLIT, BLOCK_K):
-        xt = tl.load(x_ptrs, mask=m_mask, other=0.0)
-        if EVEN_N:  # noqa: SIM108 (a constexpr branch inside a Triton kernel)
-            wt = tl.load(w_ptrs)
+    for kk in range(k_start, k_start + K_PER_SPLIT, BLOCK_K):
+        if TMA:
+            xt = x_src.load([pid_m * BLOCK_M, kk])
+            wt = w_src.load([pid_n * BLOCK_N, kk])
         else:
-            wt = tl.load(w_ptrs, mask=offs_n[:, None] < N, other=0.0)
+            xt = tl.load(
+                x_src + offs_m[:, None] * stride_xm + (kk + offs_k)[None, :], mask=m_mask, other=0.0
+            )
+            w_ptrs = w_src + offs_n[:, None] * stride_wn + (kk + offs_k)[None, :]
+            if EVEN_N:  # noqa: SIM108 (a constexpr branch inside a Triton kernel)
+                wt = tl.load(w_ptrs)
+            else:
+                wt = tl.load(w_ptrs, mask=offs_n[:, None] < N, other=0.0)
         if IEEE:
             acc = tl.dot(xt, tl.trans(wt), acc, input_precision="ieee")
         else:
             acc = tl.dot(xt, tl.trans(wt), acc)
-        x_ptrs += BLOCK_K
-        w_ptrs += BLOCK_K
-    out_ptrs = out_ptr + pid_s * stride_os + offs_m[:, None] * stride_om + offs_n[None, :]
-    tl.store(out_ptrs, acc.to(out_ptr.dtype.element_ty), mask=m_mask & (offs_n[None, :] < N))
+    tile = offs_m[:, None] * N + offs_n[None, :]
+    mask = m_mask & (offs_n[None, :] < N)
+    if SPLIT_K == 1:
+        tl.store(out_ptr + tile, acc.to(out_ptr.dtype.element_ty), mask=mask)
+    else:
+        tl.store(part_ptr + pid_s * M * N + tile, acc, mask=mask)
+        tl.debug_barrier()  # every thread's partial is written before the ticket is taken
+        ticket_at = ticket_ptr + pid_m * tl.num_programs(0) + pid_n
+        if tl.atomic_add(ticket_at, 1, sem="acq_rel") == SPLIT_K - 1:
+            total = tl.load(part_ptr + tile, mask=mask, other=0.0, cache_modifier=".cg")
+            for s in tl.static_range(1, SPLIT_K):
+                total += tl.load(
+                    part_ptr + s * M * N + tile, mask=mask, other=0.0, cache_modifier=".cg"
+                )
+            tl.store(out_ptr + tile, total.to(out_ptr.dtype.element_ty), mask=mask)
+            tl.atomic_xchg(ticket_at, 0)  # ready for the next launch (and CUDA graph replays)
 
 
-@triton.jit
-def _splitk_sum_kernel(part_ptr, out_ptr, MN, SPLIT_K: tl.constexpr, BLOCK: tl.constexpr):
-    """Sums the fp32 partials in split order 0, 1, ..., SPLIT_K-1: a fixed order for every M."""
-    offs = tl.program_id(0) * BLOCK + tl.arange(0, BLOCK)
-    mask = offs < MN
-    acc = tl.load(part_ptr + offs, mask=mask, other=0.0)
-    for s in tl.static_range(1, SPLIT_K):
-        acc += tl.load(part_ptr + s * MN + offs, mask=mask, other=0.0)
-    tl.store(out_ptr + offs, acc.to(out_ptr.dtype.element_ty), mask=mask)
+_tickets: dict[torch.device, torch.Tensor] = {}
+
+
+def _ticket_counters(device: torch.device, count: int) -> torch.Tensor:
+    """Zeroed int32 counters, one per output tile; the kernel leaves them zero again.
+
+    Cached per device so that a CUDA graph captured after a warm-up call allocates nothing.
+    """
+    buf = _tickets.get(device)
+    if buf is None or buf.numel() < count:
+        buf = torch.zeros(max(count, 1 << 14), device=device, dtype=torch.int32)
+        _tickets[device] = buf
+    return buf
 
 
 def _unsupported_reason(x: torch.Tensor, w: torch.Tensor) -> str | None:
@@ -144,6 +171,13 @@ def _warn_once(reason: str) -> None:
         )
 
 
+def _aligned(t: torch.Tensor) -> torch.Tensor:
+    """Contiguous with a 16-byte aligned start, as the tensor copy engine needs."""
+    if not t.is_contiguous() or t.data_ptr() % 16:
+        t = t.clone(memory_format=torch.contiguous_format)
+    return t
+
+
 def matmul_batch_invariant(
     x: torch.Tensor, w: torch.Tensor, *, config: GemmConfig | None = None
 ) -> torch.Tensor:
@@ -158,11 +192,8 @@ def matmul_batch_invariant(
         _warn_once(reason)
         return F.linear(x, w)
     lead_shape = x.shape[:-1]
-    x2 = x.reshape(-1, x.shape[-1])
-    if x2.stride(-1) != 1 or (x2.shape[0] > 1 and x2.stride(0) != x2.shape[1]):
-        x2 = x2.contiguous()
-    if w.stride(1) != 1:
-        w = w.contiguous()
+    x2 = _aligned(x.reshape(-1, x.shape[-1]))
+    w = _aligned(w)
     m, k = x2.shape
     n = w.shape[0]
     cfg = config or gemm_config(n, k, w.dtype)
@@ -171,35 +202,36 @@ def matmul_batch_invariant(
     out = torch.empty((m, n), device=x.device, dtype=x.dtype)
     if m == 0:
         return out.reshape(*lead_shape, n)
-    k_per_split = k // cfg.split_k
     grid = (triton.cdiv(n, cfg.block_n), cfg.split_k, triton.cdiv(m, BLOCK_M))
     if cfg.split_k == 1:
-        target, stride_os = out, 0
+        partials, tickets = out, out  # unused
     else:
-        target = torch.empty((cfg.split_k, m, n), device=x.device, dtype=torch.float32)
-        stride_os = m * n
+        partials = torch.empty((cfg.split_k, m, n), device=x.device, dtype=torch.float32)
+        tickets = _ticket_counters(x.device, grid[0] * grid[2])
+    if cfg.tma:
+        x_src = TensorDescriptor.from_tensor(x2, [BLOCK_M, cfg.block_k])
+        w_src = TensorDescriptor.from_tensor(w, [cfg.block_n, cfg.block_k])
+    else:
+        x_src, w_src = x2, w
     _gemm_kernel[grid](
-        x2,
-        w,
-        target,
+        x_src,
+        w_src,
+        out,
+        partials,
+        tickets,
         m,
         n,
-        k_per_split,
-        x2.stride(0),
-        w.stride(0),
-        n,
-        stride_os,
+        k // cfg.split_k,
+        k,
+        k,
         BLOCK_M=BLOCK_M,
         BLOCK_N=cfg.block_n,
         BLOCK_K=cfg.block_k,
+        SPLIT_K=cfg.split_k,
         EVEN_N=n % cfg.block_n == 0,
+        TMA=cfg.tma,
         IEEE=x.dtype == torch.float32,
         num_warps=cfg.num_warps,
         num_stages=cfg.num_stages,
     )
-    if cfg.split_k > 1:
-        block = 1024
-        _splitk_sum_kernel[(triton.cdiv(m * n, block),)](
-            target, out, m * n, SPLIT_K=cfg.split_k, BLOCK=block
-        )
     return out.reshape(*lead_shape, n)

@@ -17,7 +17,12 @@ from specdash.kernels.gemm import GemmConfig, gemm_config, matmul_batch_invarian
 from specdash.errors import EnvironmentProblem
 
 DEVICE = "cuda" if torch.cuda.is_available() else "cpu"
-CPU_CONFIGS = [None, GemmConfig(32, 64, 2), GemmConfig(16, 32, 4, num_stages=2)]
+CPU_CONFIGS = [
+    None,
+    GemmConfig(32, 64, 2),
+    GemmConfig(16, 32, 4, num_stages=2),
+    GemmConfig(32, 64, 4, tma=True),
+]
 
 
 def _rel_err(out: torch.Tensor, x: torch.Tensor, w: torch.Tensor) -> float:
@@ -59,6 +64,8 @@ def test_split_k_changes_bits_only_with_the_config_not_with_m():
         cfg = GemmConfig(32, 64, split)
         full = matmul_batch_invariant(x, w, config=cfg)
         assert torch.equal(matmul_batch_invariant(x[2:3], w, config=cfg), full[2:3])
+    # the per-tile tickets are left at zero, ready for the next launch or graph replay
+    assert not gemm._tickets[x.device].any()
 
 
 def test_config_depends_on_weight_shape_only():
@@ -134,3 +141,17 @@ def test_gpu_27b_shapes_rows_invariant(n, k):
     out = matmul_batch_invariant(x, w)
     assert _rel_err(out, x, w) < 5e-3
     assert_rows_invariant(matmul_batch_invariant, x, w)
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")
+@pytest.mark.parametrize(
+    "config",
+    [GemmConfig(64, 128, 4, tma=True), GemmConfig(64, 128, 4), GemmConfig(128, 128, 1, tma=True)],
+)
+def test_gpu_split_and_tma_variants_rows_invariant(config):
+    w = torch.randn(5120, 17408, device="cuda", dtype=torch.bfloat16)
+    x = torch.randn(16, 17408, device="cuda", dtype=torch.bfloat16)
+    fn = lambda a, b: matmul_batch_invariant(a, b, config=config)  # noqa: E731
+    assert _rel_err(fn(x, w), x, w) < 5e-3
+    assert_rows_invariant(fn, x, w)

@@ -1,0 +1,42 @@
+#!/usr/bin/env bash
+# One device call: GPU tests, DeepGEMM/FLA probes, attention+GDN timings, GEMM sweep + table.
+# Runs from the repo root on the GPU machine (torch/triton from its image, no specdash install);
+# results go under $OUT. Usage: bash benchmarks/gpu_run.sh [bench_gemm args...]
+set -u
+export PYTHONUNBUFFERED=1
+OUT=${OUT:-/tmp/out}
+mkdir -p "$OUT" /tmp/sdp/specdash
+ln -sfn "$PWD/kernels" /tmp/sdp/specdash/kernels  # specdash is a namespace package
+export PYTHONPATH="$PWD:/tmp/sdp"
+{ date -u; nvidia-smi --query-gpu=name,driver_version,clocks.max.sm,clocks.max.mem --format=csv;
+  python3 -c "import torch, triton; print(torch.__version__, triton.__version__)"; } | tee "$OUT/env.txt"
+DG=""
+for w in .whl/tokenspeed_deepgemm-*.whl; do
+  [ -e "$w" ] || continue
+  d=/tmp/dg_$(basename "$w" .whl)
+  python3 -m pip install -q --no-deps --no-index --target "$d" "$w" >/dev/null 2>&1
+  if PYTHONPATH="$d:$PYTHONPATH" timeout 300 python3 -c "
+import torch, deep_gemm
+x = torch.randn(4, 5120, device='cuda', dtype=torch.bfloat16)
+w = torch.randn(1024, 5120, device='cuda', dtype=torch.bfloat16)
+d = torch.empty(4, 1024, device='cuda', dtype=torch.bfloat16)
+deep_gemm.bf16_gemm_nt(x, w, d); torch.cuda.synchronize()
+print('runs, max|diff| vs F.linear', (d.float() - torch.nn.functional.linear(x, w).float()).abs().max().item())
+" > /tmp/dg.log 2>&1; then echo "$w: OK $(tail -1 /tmp/dg.log)" >> "$OUT/deepgemm.txt"; DG="$d"; break
+  else echo "$w: FAIL $(grep -v '^ ' /tmp/dg.log | tail -2 | tr '\n' ' ' | cut -c1-400)" >> "$OUT/deepgemm.txt"; fi
+done
+cat "$OUT/deepgemm.txt" 2>/dev/null
+FLA=/tmp/fla
+ls .whl/fla_core-*.whl >/dev/null 2>&1 && python3 -m pip install -q --no-deps --no-index --target $FLA .whl/fla_core-*.whl >/dev/null 2>&1
+echo "== gpu tests $(date -u +%T)"
+timeout 200 python3 -m pytest -q -p no:cacheprovider -m gpu tests/test_kernels_gemm.py \
+  tests/test_kernels_attention.py tests/test_kernels_gdn.py 2>&1 | tail -15 | tee "$OUT/gpu_tests.txt"
+if [ -z "${SKIP_ATTN:-}" ]; then
+  echo "== attention/gdn $(date -u +%T)"
+  PYTHONPATH="$PYTHONPATH:$FLA" timeout 150 python3 benchmarks/bench_attention_gdn.py \
+    --json "$OUT/attn_gdn.json" 2>&1 | grep -v Warning | tee "$OUT/attn_gdn.txt"
+fi
+echo "== gemm $(date -u +%T)"
+PYTHONPATH="$PYTHONPATH${DG:+:$DG}" python3 benchmarks/bench_gemm.py --json "$OUT/gemm.json" "$@" \
+  2>&1 | tee "$OUT/gemm.txt"
+echo "== done $(date -u +%T)"
