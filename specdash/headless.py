@@ -53,6 +53,13 @@ def run_headless(args: argparse.Namespace) -> int:
                 s(event)
 
         summary = _run(settings, sink)
+        for writer in sinks:
+            if writer.stopped_reason:
+                print(
+                    f"specdash: warning: recording stopped: {writer.stopped_reason}; "
+                    f"{writer.path} holds the session up to then",
+                    file=sys.stderr,
+                )
     if args.json:
         print(json.dumps(summary.model_dump(exclude={"kind", "t_ns"})))
     else:

@@ -284,7 +284,13 @@ class Model:
         cache.k[:, start : start + t_len] = k.transpose(0, 1)
         cache.v[:, start : start + t_len] = v.view(t_len, hkv, d).transpose(0, 1)
         scale = d**-0.5
-        if mode == "exact":
+        if mode == "exact" and q.is_cuda:
+            # fixed-split Triton decode kernel; verify rows are decode rows of L+1..L+T
+            from specdash.kernels.decode_attention import verify_as_decode_rows
+
+            lens = torch.tensor([start], device=q.device, dtype=torch.int32)
+            o = verify_as_decode_rows(q[None], cache.k[None], cache.v[None], lens, scale)[0]
+        elif mode == "exact":
             o = torch.stack(
                 [
                     ops.attention_decode_row(q[r], cache.k, cache.v, start + r + 1, scale)
@@ -310,18 +316,28 @@ class Model:
         conv_seq = torch.cat((st.conv, qkv), dim=0)
         mixed = obs(i, "conv", ops.causal_conv_silu(st.conv, qkv, w.conv))
         q, k, v = mixed.split([cfg.gdn_key_dim, cfg.gdn_key_dim, cfg.gdn_value_dim], dim=-1)
-        q = ops.l2norm(q.reshape(t_len, nk, dk), exact) * dk**-0.5
-        k = ops.l2norm(k.reshape(t_len, nk, dk), exact)
-        if nv != nk:
-            q, k = (x.repeat_interleave(nv // nk, dim=1) for x in (q, k))
-        decay, beta = ops.gdn_gates(a, b, w.a_log, w.dt_bias)
-        v = v.view(t_len, nv, dv).float()
-        if mode == "prefill":
-            o, st.ssm = ops.gdn_chunked(q, k, v, decay, beta, st.ssm)
-            st.conv = conv_seq[t_len:]
-        else:
-            o, steps = ops.gdn_recurrent_steps(q, k, v, decay, beta, st.ssm)
+        q, k, v = q.reshape(t_len, nk, dk), k.reshape(t_len, nk, dk), v.reshape(t_len, nv, dv)
+        if exact and h.is_cuda:
+            # one Triton recurrent-step kernel for decode and verify (specdash.kernels.gdn)
+            from specdash.kernels.gdn import gdn_verify_steps
+
+            o, steps = gdn_verify_steps(
+                q[None], k[None], v[None], a[None], b[None], w.a_log, w.dt_bias, st.ssm[None]
+            )
+            o, steps = o[0], steps[0]
             state.pending[i] = GdnSteps(conv_seq, steps)
+        else:
+            q = ops.l2norm(q, exact) * dk**-0.5
+            k = ops.l2norm(k, exact)
+            if nv != nk:
+                q, k = (x.repeat_interleave(nv // nk, dim=1) for x in (q, k))
+            decay, beta = ops.gdn_gates(a, b, w.a_log, w.dt_bias)
+            if mode == "prefill":
+                o, st.ssm = ops.gdn_chunked(q, k, v.float(), decay, beta, st.ssm)
+                st.conv = conv_seq[t_len:]
+            else:
+                o, steps = ops.gdn_recurrent_steps(q, k, v.float(), decay, beta, st.ssm)
+                state.pending[i] = GdnSteps(conv_seq, steps)
         o = obs(i, "recurrent", o)
         o = ops.gated_rms_norm(
             o.to(h.dtype), z.view(t_len, nv, dv), w.norm, cfg.rms_norm_eps, exact

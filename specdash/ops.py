@@ -60,7 +60,9 @@ def gemm_backends(device: torch.device) -> dict[str, GemmBackend | str]:
         if name == "cublas":
             continue
         if reason is None:
-            out[name] = GemmBackend(name, registry.get_backend(name), batch_invariant=True)
+            # only our Triton tile is batch-invariant by construction; others run row by row
+            fn = registry.get_backend(name)
+            out[name] = GemmBackend(name, fn, batch_invariant=name == "triton")
         else:
             out[name] = reason
     return out
