@@ -333,21 +333,18 @@ def main() -> None:
         if args.json:  # after every shape, so a cut-off run keeps what it measured
             with open(args.json, "w") as f:
                 json.dump({"info": info, "results": results}, f, indent=1)
-    print(
-        "\n| shape | N x K | config (BN,BK,split,warps,stages) | "
-        + " | ".join(f"M={m} ours/cuBLAS TB/s" for m in MS)
-        + " |"
-    )
+    names = list(backends)
+    print("\nTB/s (weight bytes / CUDA-graph time per call), " + " / ".join(names))
+    header = " | ".join(f"M={m}" for m in MS)
+    print(f"| shape | N x K | BN,BK,split,warps,stages,loads | {header} |")
     for e in results:
         c = e["config"]
-        cells = []
-        for m in MS:
-            d = e["per_m"][m]
-            cells.append(f"{d['ours'].get('tbps', 0):.2f} / {d['cublas'].get('tbps', 0):.2f}")
-        print(
-            f"| {e['name']} | {e['N']}x{e['K']} | {c['block_n']},{c['block_k']},{c['split_k']},"
-            f"{c['num_warps']},{c['num_stages']} | " + " | ".join(cells) + " |"
-        )
+        cfg = f"{c['block_n']},{c['block_k']},{c['split_k']},{c['num_warps']},{c['num_stages']},"
+        cfg += "tma" if c["tma"] else "ptr"
+        cells = [
+            " / ".join(f"{e['per_m'][m][b].get('graph_tbps', 0):.2f}" for b in names) for m in MS
+        ]
+        print(f"| {e['name']} | {e['N']}x{e['K']} | {cfg} | " + " | ".join(cells) + " |")
 
 
 if __name__ == "__main__":

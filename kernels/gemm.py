@@ -39,12 +39,22 @@ class GemmConfig:
     tma: bool = False  # tiles through the Hopper bulk tensor copy engine instead of pointer loads
 
 
-# Measured on an H200 by benchmarks/bench_gemm.py --sweep (see docs/PERF.md): (N, K) -> config
-# for bf16 weights. Shapes not listed use _heuristic_config.
-TUNED_BF16: dict[tuple[int, int], GemmConfig] = {}
+# The fastest CUDA-graph time of a sweep on an H200 (benchmarks/bench_gemm.py --sweep, 2026-12-02,
+# docs/PERF.md) for the Qwen3.5-27B GEMMs as the native model runs them (q|k|v, GDN q|k|v|z|b|a and
+# gate|up fused): (N, K) -> bf16 config. Where a pointer-load config was within 2% of a TMA one it
+# is kept, since eager (non-graph) launches of TMA descriptors cost more host time.
+TUNED_BF16: dict[tuple[int, int], GemmConfig] = {
+    (14336, 5120): GemmConfig(128, 128, 1, num_warps=4, num_stages=4),  # attn qkv
+    (5120, 6144): GemmConfig(64, 128, 1, num_warps=4, num_stages=6),  # attn o_proj, gdn out_proj
+    (16480, 5120): GemmConfig(64, 128, 1, num_warps=4, num_stages=4),  # gdn in_proj qkvzba
+    (34816, 5120): GemmConfig(64, 64, 1, num_warps=4, num_stages=3),  # mlp gate_up
+    (5120, 17408): GemmConfig(64, 256, 1, num_warps=4, num_stages=4, tma=True),  # mlp down
+    (248320, 5120): GemmConfig(128, 128, 1, num_warps=4, num_stages=4),  # lm_head
+}
 
-# Work items (N tiles x K splits) wanted in flight: a few per SM of a 132-SM H200.
-_TARGET_ITEMS = 528
+# Below this many output tiles, K is split so that about this many programs stream the weight
+# (the sweep found no split worth it above ~80 tiles on 132 SMs).
+_MIN_PROGRAMS = 64
 _MIN_K_PER_SPLIT = 1024
 
 
@@ -56,7 +66,7 @@ def _heuristic_config(n: int, k: int, dtype: torch.dtype) -> GemmConfig:
     tiles = triton.cdiv(n, block_n)
     split = 1
     while (
-        tiles * split < _TARGET_ITEMS
+        tiles * split < _MIN_PROGRAMS
         and k % (2 * split * block_k) == 0
         and k // (2 * split) >= _MIN_K_PER_SPLIT
     ):
