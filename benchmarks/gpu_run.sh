@@ -1,5 +1,6 @@
 #!/usr/bin/env bash
-# One device call: GPU tests, DeepGEMM/FLA probes, attention+GDN timings, GEMM sweep + table.
+# One device call: GPU tests, DeepGEMM/FLA probes, attention+GDN timings, GEMM (sweep +) table,
+# and with ENGINE=1 the native model benchmark.
 # Runs from the repo root on the GPU machine (torch/triton from its image, no specdash install);
 # results go under $OUT. Usage: bash benchmarks/gpu_run.sh [bench_gemm args...]
 set -u
@@ -39,4 +40,9 @@ fi
 echo "== gemm $(date -u +%T)"
 PYTHONPATH="$PYTHONPATH${DG:+:$DG}" python3 benchmarks/bench_gemm.py --json "$OUT/gemm.json" "$@" \
   2>&1 | tee "$OUT/gemm.txt"
+if [ -n "${ENGINE:-}" ]; then
+  echo "== engine $(date -u +%T)"
+  timeout 300 python3 benchmarks/bench_engine_gpu.py --json "$OUT/engine.json" 2>&1 \
+    | grep -v Warning | tail -20 | tee "$OUT/engine.txt"
+fi
 echo "== done $(date -u +%T)"

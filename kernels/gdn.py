@@ -230,3 +230,39 @@ def gdn_chunked_prefill(
         s = s * g_last[..., None].exp() + k_decayed.transpose(-1, -2) @ v_new
     o = out.reshape(bsz, hv, -1, dv)[:, :, :t].transpose(1, 2).to(v.dtype)
     return o, s
+
+
+def gdn_prefill(
+    q: torch.Tensor,
+    k: torch.Tensor,
+    v: torch.Tensor,
+    a: torch.Tensor,
+    b: torch.Tensor,
+    A_log: torch.Tensor,
+    dt_bias: torch.Tensor,
+    state: torch.Tensor | None = None,
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """Prefill: FLA's chunked Triton kernel on CUDA when fla-core imports, else the torch one.
+
+    Measured on an H200 (docs/PERF.md): FLA 1.2 ms vs torch 33 ms at 4096 tokens per layer.
+    """
+    if q.is_cuda:
+        try:
+            from fla.ops.gated_delta_rule import chunk_gated_delta_rule
+        except ImportError:
+            pass
+        else:
+            rep = v.shape[2] // q.shape[2]
+            g = -A_log.float().exp() * F.softplus(a.float() + dt_bias.float(), threshold=20.0)
+            o, final = chunk_gated_delta_rule(
+                q.repeat_interleave(rep, dim=2),
+                k.repeat_interleave(rep, dim=2),
+                v,
+                g,
+                torch.sigmoid(b.float()),
+                initial_state=None if state is None else state.float(),
+                output_final_state=True,
+                use_qk_l2norm_in_kernel=True,
+            )
+            return o.to(v.dtype), final.float()
+    return gdn_chunked_prefill(q, k, v, a, b, A_log, dt_bias, state)
