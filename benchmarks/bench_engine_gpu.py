@@ -17,6 +17,7 @@ import json
 import statistics
 import sys
 import time
+from dataclasses import fields
 
 import torch
 
@@ -53,15 +54,10 @@ def main() -> None:
     model = Model.from_tensors(cfg, tensors, ops.resolve_gemm_backend("triton", dev))
     del tensors
     torch.cuda.empty_cache()
-    weight_bytes = (
-        sum(
-            t.numel() * t.element_size()
-            for lw in model.layers
-            for t in (*vars(lw.mixer).values(), lw.gate_up, lw.down)
-            if isinstance(t, torch.Tensor) and t.dim() == 2
-        )
-        + model.lm_head.numel() * 2
-    )
+    mats = [model.lm_head]
+    for lw in model.layers:
+        mats += [lw.gate_up, lw.down, *(getattr(lw.mixer, f.name) for f in fields(lw.mixer))]
+    weight_bytes = sum(t.numel() * t.element_size() for t in mats if t.dim() == 2)
     info = {
         "date": datetime.datetime.now(datetime.UTC).isoformat(timespec="seconds"),
         "device": torch.cuda.get_device_name(),
