@@ -72,7 +72,7 @@ class ModelDrafter:
 
     def _restore(self, snap: tuple[int, dict[int, tuple[Tensor, Tensor]]]) -> None:
         assert self.state is not None
-        self.state.length = snap[0]
+        self.state.rewind(snap[0])
         for i, (conv, ssm) in snap[1].items():
             self.state.gdn[i].conv, self.state.gdn[i].ssm = conv, ssm
 

@@ -18,7 +18,7 @@ from dataclasses import dataclass, field
 
 import torch
 
-from specdash import ops
+from specdash import cuda_graphs, ops
 from specdash.drafters import Drafter
 from specdash.model import Mode, Model, Observer
 from specdash.ops import GemmBackend
@@ -84,6 +84,8 @@ class Engine:
         self, target: Model, make_drafter: Callable[[], Drafter], eos_ids: list[int]
     ) -> None:
         self.target, self.make_drafter, self.eos_ids = target, make_drafter, set(eos_ids)
+        self.cuda_graphs = target.device.type == "cuda"
+        """Capture the exact decode/verify forwards as CUDA graphs (per sequence state)."""
         self.fault: Callable[[int], Observer | None] | None = None
         """Verify-step index -> observer for the speculative run (fault-injection tests)."""
 
@@ -99,6 +101,8 @@ class Engine:
         capacity = len(prompt) + max_new_tokens + k_max + 1
         state = SeqState.empty(m.cfg, capacity, m.dtype, m.device)
         lp = m.forward(self._tensor(prompt), state, "prefill")
+        if self.cuda_graphs:
+            cuda_graphs.enable(state)  # the shadow's clone inherits it
         ids, lps = ops.greedy(lp)
         drafter = self.make_drafter()
         seq = Sequence(index, prompt, capacity, state, state.clone() if shadow else None, drafter)

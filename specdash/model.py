@@ -149,6 +149,7 @@ class Model:
         self.final_norm, self.lm_head, self.gemm = final_norm, lm_head, gemm
         self.dtype, self.device = embed.dtype, embed.device
         self._rope_cos = self._rope_sin = embed.new_empty(0)
+        self._arange = torch.arange(64, device=embed.device)
 
     @classmethod
     def from_tensors(
@@ -193,9 +194,18 @@ class Model:
 
     # ------------------------------------------------------------------ rope
 
-    def _rope(self, start: int, n: int) -> tuple[Tensor, Tensor]:
-        if self._rope_cos.shape[0] < start + n:
-            size = max(start + n, 2 * self._rope_cos.shape[0], 4096)
+    def _positions(self, state: SeqState, n: int) -> slice | Tensor:
+        """Positions of the n new rows: a slice on CPU, a device tensor read at run time on
+        CUDA (from `state.position`), so a captured graph is valid at every length."""
+        if state.position is None:
+            return slice(state.length, state.length + n)
+        if self._arange.shape[0] < n:
+            self._arange = torch.arange(max(n, 64), device=self.device)
+        return state.position + self._arange[:n]
+
+    def _rope(self, pos: slice | Tensor, capacity: int) -> tuple[Tensor, Tensor]:
+        if self._rope_cos.shape[0] < capacity:
+            size = max(capacity, 2 * self._rope_cos.shape[0], 4096)
             r = self.cfg.rotary_dim
             inv = 1.0 / (
                 self.cfg.rope_theta
@@ -204,7 +214,7 @@ class Model:
             freqs = torch.arange(size, dtype=torch.float32, device=self.device)[:, None] * inv
             emb = torch.cat((freqs, freqs), dim=-1)
             self._rope_cos, self._rope_sin = emb.cos().to(self.dtype), emb.sin().to(self.dtype)
-        return self._rope_cos[start : start + n], self._rope_sin[start : start + n]
+        return self._rope_cos[pos], self._rope_sin[pos]
 
     # ------------------------------------------------------------------ forward
 
@@ -228,30 +238,53 @@ class Model:
                 f"sequence of {start + t_len} tokens exceeds the allocated context of "
                 f"{state.capacity}"
             )
+        if state.graphs is not None and mode == "exact" and observe is None:
+            from specdash.cuda_graphs import graphed_forward
+
+            return graphed_forward(self, tokens, state)
+        return self.forward_eager(tokens, state, mode, observe, all_logits)
+
+    def forward_eager(
+        self,
+        tokens: Tensor,
+        state: SeqState,
+        mode: Mode,
+        observe: Observer | None = None,
+        all_logits: bool = False,
+    ) -> Tensor:
+        t_len = tokens.shape[0]
         exact = mode == "exact"
         obs = observe or _identity
         x = obs(-1, "embed", self.embed[tokens])
-        cos, sin = self._rope(start, t_len)
+        pos = self._positions(state, t_len)
+        cos, sin = self._rope(pos, state.capacity)
         for i, lw in enumerate(self.layers):
             h = obs(i, "input_norm", self._norm(x, lw.input_norm, exact))
             if isinstance(lw.mixer, AttentionWeights):
-                a = self._attention(i, lw.mixer, h, state, start, cos, sin, mode, obs)
+                a = self._attention(i, lw.mixer, h, state, pos, cos, sin, mode, obs)
             else:
                 a = self._gdn(i, lw.mixer, h, state, mode, obs)
             x = obs(i, "mixer_residual", x + a)
             h = obs(i, "post_norm", self._norm(x, lw.post_norm, exact))
-            gu = obs(i, "gate_up_proj", self.gemm(h, lw.gate_up, exact))
+            gu = obs(i, "gate_up_proj", self._linear(h, lw.gate_up, mode))
             gate, up = gu.chunk(2, dim=-1)
-            m = obs(i, "down_proj", self.gemm(ops.silu(gate) * up, lw.down, exact))
+            m = obs(i, "down_proj", self._linear(ops.silu(gate) * up, lw.down, mode))
             x = obs(i, "output", x + m)
         if mode == "prefill":
-            state.length += t_len
+            state.advance(t_len)
             if not all_logits:
                 x = x[-1:]
         head = len(self.layers)
         x = obs(head, "final_norm", self._norm(x, self.final_norm, exact))
-        logits = obs(head, "lm_head", self.gemm(x, self.lm_head, exact))
+        logits = obs(head, "lm_head", self._linear(x, self.lm_head, mode))
         return obs(head, "log_softmax", ops.log_softmax(logits, exact))
+
+    def _linear(self, x: Tensor, w: Tensor, mode: Mode) -> Tensor:
+        """Prefill is shared by both runs, so it takes the plain batched GEMM (cuBLAS on GPU);
+        decode and verify take the session's backend, row by row unless batch-invariant."""
+        if mode == "prefill":
+            return torch.nn.functional.linear(x, w)
+        return self.gemm(x, w, mode == "exact")
 
     def _norm(self, x: Tensor, w: Tensor, exact: bool) -> Tensor:
         return ops.rms_norm(x, w, self.cfg.rms_norm_eps, self.cfg.zero_centred_norm, exact)
@@ -262,7 +295,7 @@ class Model:
         w: AttentionWeights,
         h: Tensor,
         state: SeqState,
-        start: int,
+        pos: slice | Tensor,
         cos: Tensor,
         sin: Tensor,
         mode: Mode,
@@ -270,7 +303,7 @@ class Model:
     ) -> Tensor:
         cfg, t_len, exact = self.cfg, h.shape[0], mode == "exact"
         d, hq, hkv = cfg.head_dim, cfg.num_attention_heads, cfg.num_key_value_heads
-        qkv = obs(i, "qkv_proj", self.gemm(h, w.qkv, exact))
+        qkv = obs(i, "qkv_proj", self._linear(h, w.qkv, mode))
         q_width = hq * d * (2 if cfg.gated_attention else 1)
         q, k, v = qkv.split([q_width, hkv * d, hkv * d], dim=-1)
         gate = None
@@ -280,15 +313,21 @@ class Model:
         q = self._norm(q.reshape(t_len, hq, d), w.q_norm, exact)
         k = self._norm(k.reshape(t_len, hkv, d), w.k_norm, exact)
         q, k = ops.apply_rope(q, cos, sin), ops.apply_rope(k, cos, sin)
-        cache = state.kv[i]
-        cache.k[:, start : start + t_len] = k.transpose(0, 1)
-        cache.v[:, start : start + t_len] = v.view(t_len, hkv, d).transpose(0, 1)
+        cache, v = state.kv[i], v.view(t_len, hkv, d)
+        if isinstance(pos, slice):
+            cache.k[:, pos] = k.transpose(0, 1)
+            cache.v[:, pos] = v.transpose(0, 1)
+            start = pos.start
+        else:
+            cache.k.index_copy_(1, pos, k.transpose(0, 1))
+            cache.v.index_copy_(1, pos, v.transpose(0, 1))
+            start = state.length
         scale = d**-0.5
         if mode == "exact" and q.is_cuda:
             # fixed-split Triton decode kernel; verify rows are decode rows of L+1..L+T
             from specdash.kernels.decode_attention import verify_as_decode_rows
 
-            lens = torch.tensor([start], device=q.device, dtype=torch.int32)
+            lens = pos[:1].to(torch.int32)
             o = verify_as_decode_rows(q[None], cache.k[None], cache.v[None], lens, scale)[0]
         elif mode == "exact":
             o = torch.stack(
@@ -302,7 +341,7 @@ class Model:
         o = obs(i, "attention", o.reshape(t_len, hq * d))
         if gate is not None:
             o = o * ops.sigmoid(gate)
-        return obs(i, "o_proj", self.gemm(o, w.o, exact))
+        return obs(i, "o_proj", self._linear(o, w.o, mode))
 
     def _gdn(
         self, i: int, w: GdnWeights, h: Tensor, state: SeqState, mode: Mode, obs: Observer
@@ -310,7 +349,7 @@ class Model:
         cfg, t_len, exact = self.cfg, h.shape[0], mode == "exact"
         nk, nv = cfg.linear_num_key_heads, cfg.linear_num_value_heads
         dk, dv = cfg.linear_key_head_dim, cfg.linear_value_head_dim
-        proj = obs(i, "in_proj", self.gemm(h, w.proj, exact))
+        proj = obs(i, "in_proj", self._linear(h, w.proj, mode))
         qkv, z, b, a = proj.split([cfg.gdn_conv_dim, cfg.gdn_value_dim, nv, nv], dim=-1)
         st = state.gdn[i]
         conv_seq = torch.cat((st.conv, qkv), dim=0)
@@ -333,8 +372,8 @@ class Model:
                 q, k = (x.repeat_interleave(nv // nk, dim=1) for x in (q, k))
             decay, beta = ops.gdn_gates(a, b, w.a_log, w.dt_bias)
             if mode == "prefill":
-                o, st.ssm = ops.gdn_chunked(q, k, v.float(), decay, beta, st.ssm)
-                st.conv = conv_seq[t_len:]
+                o, ssm = ops.gdn_chunked(q, k, v.float(), decay, beta, st.ssm)
+                state.store_gdn(i, conv_seq[t_len:], ssm)
             else:
                 o, steps = ops.gdn_recurrent_steps(q, k, v.float(), decay, beta, st.ssm)
                 state.pending[i] = GdnSteps(conv_seq, steps)
@@ -343,7 +382,7 @@ class Model:
             o.to(h.dtype), z.view(t_len, nv, dv), w.norm, cfg.rms_norm_eps, exact
         )
         o = obs(i, "gated_norm", o.reshape(t_len, nv * dv))
-        return obs(i, "out_proj", self.gemm(o, w.out, exact))
+        return obs(i, "out_proj", self._linear(o, w.out, mode))
 
 
 def _identity(layer: int, name: str, x: Tensor) -> Tensor:

@@ -204,12 +204,14 @@ def attention_batched(
     """T query rows at positions start..start+T-1 in one SDPA call (prefill and fast verify)."""
     t = q.shape[0]
     n = start + t
-    mask = torch.ones(t, n, dtype=torch.bool, device=q.device).tril(diagonal=start)
+    # from position 0 plain causal attention: the flash kernel, O(T) memory at 128k tokens
+    mask = None if start == 0 else torch.ones(t, n, dtype=torch.bool, device=q.device).tril(start)
     out = F.scaled_dot_product_attention(
         q.transpose(0, 1)[None],
         k_cache[None, :, :n],
         v_cache[None, :, :n],
         attn_mask=mask,
+        is_causal=start == 0,
         scale=scale,
         enable_gqa=True,
     )

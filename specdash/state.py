@@ -44,6 +44,15 @@ class SeqState:
     capacity: int
     length: int = 0
     pending: dict[int, GdnSteps] = field(default_factory=dict)
+    position: Tensor | None = None
+    """`length` mirrored on the device (CUDA): a captured CUDA graph reads positions from it."""
+    graphs: dict[tuple[int, str], object] | None = None
+    """Captured CUDA graphs of this state's forwards, by (rows, GEMM backend); None: eager."""
+
+    @property
+    def static(self) -> bool:
+        """Graphs hold buffer addresses, so a graphed state updates its tensors in place."""
+        return self.graphs is not None
 
     @classmethod
     def empty(
@@ -70,7 +79,29 @@ class SeqState:
                         device=device,
                     ),
                 )
-        return cls(kv=kv, gdn=gdn, capacity=capacity)
+        position = None
+        if device.type == "cuda":
+            position = torch.zeros(1, dtype=torch.int64, device=device)
+        return cls(kv=kv, gdn=gdn, capacity=capacity, position=position)
+
+    def advance(self, rows: int) -> None:
+        self.length += rows
+        if self.position is not None:
+            self.position.add_(rows)
+
+    def rewind(self, length: int) -> None:
+        """Back to an earlier length (KV past it is stale and gets overwritten)."""
+        self.length = length
+        if self.position is not None:
+            self.position.fill_(length)
+
+    def store_gdn(self, i: int, conv: Tensor, ssm: Tensor) -> None:
+        st = self.gdn[i]
+        if self.static:
+            st.conv.copy_(conv)
+            st.ssm.copy_(ssm)
+        else:
+            st.conv, st.ssm = conv, ssm
 
     def commit(self, rows: int) -> None:
         """Keep the first `rows` tokens of the last step; drop the rest.
@@ -79,10 +110,8 @@ class SeqState:
         """
         w = next(iter(self.gdn.values())).conv.shape[0] if self.gdn else 0
         for i, steps in self.pending.items():
-            st = self.gdn[i]
-            st.conv = steps.conv_seq[rows : rows + w]
-            st.ssm = steps.states[rows - 1]
-        self.length += rows
+            self.store_gdn(i, steps.conv_seq[rows : rows + w], steps.states[rows - 1])
+        self.advance(rows)
         self.pending = {}
 
     def clone(self) -> SeqState:
@@ -93,4 +122,6 @@ class SeqState:
             gdn={i: GdnState(g.conv.clone(), g.ssm.clone()) for i, g in self.gdn.items()},
             capacity=self.capacity,
             length=self.length,
+            position=None if self.position is None else self.position.clone(),
+            graphs=None if self.graphs is None else {},
         )
