@@ -102,6 +102,30 @@ def attention_at(ctx: int) -> dict:
     }
 
 
+def attention_sweep(results: dict) -> None:
+    """Decode and verify graph times of each split-kernel config, to pick the pinned one."""
+    import itertools
+
+    from specdash.kernels import decode_attention as da
+
+    rows = []
+    for block_t, warps, stages in itertools.product((32, 64, 128), (4, 8), (1, 2, 3, 4)):
+        da.CONFIG = da.AttentionConfig(block_t, warps, stages)
+        try:
+            per_ctx = {ctx: attention_at(ctx) for ctx in (2048, 32768)}
+        except Exception as exc:
+            print("config", da.CONFIG, "failed:", str(exc)[:120], flush=True)
+            continue
+        row = {"config": [block_t, warps, stages]}
+        for ctx, r in per_ctx.items():
+            row[f"decode_{ctx}_us"] = r["decode_graph_us"]
+            row[f"verify_{ctx}_us"] = r["verify10_graph_us"]
+            row["exact"] = row.get("exact", True) and r["decode_eq_verify"]
+        rows.append(row)
+        print("sweep", row, flush=True)
+    results["attention_sweep"] = rows
+
+
 def attention(results: dict) -> None:
     for ctx in (2048, 8192, 32768):
         row = attention_at(ctx)
@@ -183,6 +207,7 @@ def prefill_at(t: int, a_log: torch.Tensor, dt_bias: torch.Tensor, state: torch.
 def main() -> None:
     ap = argparse.ArgumentParser()
     ap.add_argument("--json", default=None)
+    ap.add_argument("--attention-sweep", action="store_true", help="only sweep attention configs")
     args = ap.parse_args()
     results = {
         "info": {
@@ -193,8 +218,11 @@ def main() -> None:
             "command": " ".join(sys.argv),
         }
     }
-    attention(results)
-    gdn(results)
+    if args.attention_sweep:
+        attention_sweep(results)
+    else:
+        attention(results)
+        gdn(results)
     if args.json:
         with open(args.json, "w") as f:
             json.dump(results, f, indent=1)

@@ -12,12 +12,23 @@ GQA: query head h reads kv head h // (Hq // Hkv); one program serves the whole q
 
 from __future__ import annotations
 
+from dataclasses import dataclass
+
 import torch
 import triton
 import triton.language as tl
 
-BLOCK_T = 64
-_NUM_WARPS = 4
+
+@dataclass(frozen=True)
+class AttentionConfig:
+    """The one launch configuration of the split kernel: pinned, the same for every row count."""
+
+    block_t: int = 64  # KV tokens per online-softmax block inside a split
+    num_warps: int = 4
+    num_stages: int = 3
+
+
+CONFIG = AttentionConfig()
 
 
 @triton.jit(do_not_specialize=["max_splits"])
@@ -150,8 +161,9 @@ def _decode_rows(
         raise ValueError(f"Hq={hq} is not a multiple of Hkv={hkv}")
     if d & (d - 1) or d < 16:
         raise ValueError(f"head_dim {d} must be a power of two >= 16")
-    if split_size % BLOCK_T:
-        raise ValueError(f"split_size {split_size} must be a multiple of {BLOCK_T}")
+    cfg = CONFIG
+    if split_size % cfg.block_t:
+        raise ValueError(f"split_size {split_size} must be a multiple of {cfg.block_t}")
     if q.stride(-1) != 1 or k_cache.stride(-1) != 1 or v_cache.stride(-1) != 1:
         raise ValueError("q, k_cache and v_cache need a contiguous last dimension")
     group = hq // hkv
@@ -186,9 +198,10 @@ def _decode_rows(
         GROUP_PAD=max(16, triton.next_power_of_2(group)),
         D=d,
         SPLIT=split_size,
-        BLOCK_T=BLOCK_T,
+        BLOCK_T=cfg.block_t,
         IEEE=q.dtype == torch.float32,
-        num_warps=_NUM_WARPS,
+        num_warps=cfg.num_warps,
+        num_stages=cfg.num_stages,
     )
     out = torch.empty_like(q)
     _merge_kernel[(rows, hq)](
