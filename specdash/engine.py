@@ -85,7 +85,10 @@ class Engine:
     ) -> None:
         self.target, self.make_drafter, self.eos_ids = target, make_drafter, set(eos_ids)
         self.cuda_graphs = target.device.type == "cuda"
-        """Capture the exact decode/verify forwards as CUDA graphs (per sequence state)."""
+        """Capture the exact decode/verify forwards as CUDA graphs on reusable state slots."""
+        self.slot_capacity = 0
+        """Graphed states are allocated at least this large, so later prompts reuse them."""
+        self._free_slots: list[SeqState] = []
         self.fault: Callable[[int], Observer | None] | None = None
         """Verify-step index -> observer for the speculative run (fault-injection tests)."""
 
@@ -99,13 +102,15 @@ class Engine:
         t0 = time.perf_counter()
         m = self.target
         capacity = len(prompt) + max_new_tokens + k_max + 1
-        state = SeqState.empty(m.cfg, capacity, m.dtype, m.device)
+        state = self._new_state(capacity)
         lp = m.forward(self._tensor(prompt), state, "prefill")
-        if self.cuda_graphs:
-            cuda_graphs.enable(state)  # the shadow's clone inherits it
         ids, lps = ops.greedy(lp)
+        shadow_state = None
+        if shadow:
+            shadow_state = self._new_state(capacity)
+            shadow_state.copy_from(state)
         drafter = self.make_drafter()
-        seq = Sequence(index, prompt, capacity, state, state.clone() if shadow else None, drafter)
+        seq = Sequence(index, prompt, capacity, state, shadow_state, drafter)
         first, first_lp = int(ids[0]), float(lps[0])
         seq.context = [*prompt, first]
         seq.ids, seq.logprobs = [first], [first_lp]
@@ -114,6 +119,24 @@ class Engine:
         seq.done = first in self.eos_ids or max_new_tokens <= 1
         drafter.start(prompt, capacity)
         return seq, time.perf_counter() - t0
+
+    def _new_state(self, capacity: int) -> SeqState:
+        m = self.target
+        if not self.cuda_graphs:
+            return SeqState.empty(m.cfg, capacity, m.dtype, m.device)
+        for slot in self._free_slots:
+            if slot.capacity >= capacity:
+                self._free_slots.remove(slot)
+                slot.reset()
+                return slot
+        slot = SeqState.empty(m.cfg, max(capacity, self.slot_capacity), m.dtype, m.device)
+        cuda_graphs.enable(slot)
+        return slot
+
+    def release(self, seq: Sequence) -> None:
+        """The sequence is finished: its graphed states (and their graphs) serve the next one."""
+        if self.cuda_graphs:
+            self._free_slots += [s for s in (seq.state, seq.shadow) if s is not None]
 
     def spec_step(self, seq: Sequence, k: int, mode: Mode, max_new_tokens: int) -> StepResult:
         room = max_new_tokens - len(seq.ids)

@@ -103,6 +103,26 @@ class SeqState:
         else:
             st.conv, st.ssm = conv, ssm
 
+    def reset(self) -> None:
+        """Empty again, keeping the buffers (and so the CUDA graphs captured on them)."""
+        for g in self.gdn.values():
+            g.conv.zero_()
+            g.ssm.zero_()
+        self.rewind(0)
+        self.pending = {}
+
+    def copy_from(self, other: SeqState) -> None:
+        """Become `other` (a prefilled state) without moving any buffer."""
+        n = other.length
+        for i, c in self.kv.items():
+            c.k[:, :n].copy_(other.kv[i].k[:, :n])
+            c.v[:, :n].copy_(other.kv[i].v[:, :n])
+        for i, g in self.gdn.items():
+            g.conv.copy_(other.gdn[i].conv)
+            g.ssm.copy_(other.gdn[i].ssm)
+        self.rewind(n)
+        self.pending = {}
+
     def commit(self, rows: int) -> None:
         """Keep the first `rows` tokens of the last step; drop the rest.
 

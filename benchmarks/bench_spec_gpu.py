@@ -1,0 +1,279 @@
+"""Native engine on a GPU, CUDA graphs on: decode t/s, verify/decode step time, spec envelope.
+
+Random weights of `--preset` (default qwen3.5-27b-shape, bf16), Triton GEMM backend, exact
+mode, all through `specdash.engine.Engine` (the code `specdash run` uses). In one run:
+
+1. plain greedy decode (the shadow's path) at each `--contexts` length: t/s and the weight
+   bytes / step time, next to NVML GPM DRAM bandwidth sampled during the decode;
+2. a verify step of k+1 rows vs a decode step (graph replay, median of repeats);
+3. speculative decoding at k with an oracle drafter (replays the plain run's tokens: 100%
+   acceptance) and a random drafter (~0%): t/s and exact prompts (ids + fp32 logprob bits
+   vs the lockstep shadow), over `--prompts` prompts;
+4. prefill time of a `--long-prefill`-token prompt.
+
+    python benchmarks/bench_spec_gpu.py --json out.json
+"""
+
+from __future__ import annotations
+
+import argparse
+import datetime
+import json
+import statistics
+import sys
+import threading
+import time
+
+import torch
+
+from specdash import ops
+from specdash.engine import Engine
+from specdash.model import Model, random_tensors
+from specdash.model_config import preset
+from specdash.state import SeqState
+
+
+class OracleDrafter:
+    """Proposes the plain greedy continuation, known from a previous run."""
+
+    name = "oracle"
+
+    def __init__(self, continuation: dict[tuple[int, ...], list[int]]) -> None:
+        self.continuation, self.prompt = continuation, ()
+
+    def start(self, prompt: list[int], capacity: int) -> None:
+        self.prompt = tuple(prompt)
+
+    def propose(self, context: list[int], k: int) -> list[int]:
+        done = len(context) - len(self.prompt)
+        return self.continuation[self.prompt][done : done + k]
+
+    def accept(self, context: list[int], accepted: int) -> None:
+        pass
+
+
+class RandomDrafter:
+    name = "random"
+
+    def __init__(self, vocab: int) -> None:
+        self.gen = torch.Generator().manual_seed(7)
+        self.vocab = vocab
+
+    def start(self, prompt: list[int], capacity: int) -> None:
+        pass
+
+    def propose(self, context: list[int], k: int) -> list[int]:
+        return torch.randint(0, self.vocab, (k,), generator=self.gen).tolist()
+
+    def accept(self, context: list[int], accepted: int) -> None:
+        pass
+
+
+class GpmSampler(threading.Thread):
+    """DRAM_BW_UTIL (%) windows of ~200 ms while running; peak from bus width x max clock."""
+
+    def __init__(self) -> None:
+        super().__init__(daemon=True)
+        self.samples: list[float] = []
+        self.stop = threading.Event()
+        self.error = ""
+        self.peak_gbps = 0.0
+
+    def run(self) -> None:
+        try:
+            import pynvml as n
+
+            n.nvmlInit()
+            h = n.nvmlDeviceGetHandleByIndex(torch.cuda.current_device())
+            self.peak_gbps = (
+                n.nvmlDeviceGetMemoryBusWidth(h)
+                / 8
+                * n.nvmlDeviceGetMaxClockInfo(h, n.NVML_CLOCK_MEM)
+                * 1e6
+                * 2
+                / 1e9
+            )
+            s1, s2 = n.nvmlGpmSampleAlloc(), n.nvmlGpmSampleAlloc()
+            n.nvmlGpmSampleGet(h, s1)
+            while not self.stop.wait(0.2):
+                n.nvmlGpmSampleGet(h, s2)
+                mg = n.c_nvmlGpmMetricsGet_t()
+                mg.version = n.NVML_GPM_METRICS_GET_VERSION
+                mg.numMetrics = 1
+                mg.sample1, mg.sample2 = s1, s2
+                mg.metrics[0].metricId = n.NVML_GPM_METRIC_DRAM_BW_UTIL
+                n.nvmlGpmMetricsGet(mg)
+                if mg.metrics[0].nvmlReturn == n.NVML_SUCCESS:
+                    self.samples.append(mg.metrics[0].value)
+                s1, s2 = s2, s1
+        except Exception as e:  # report, never break the benchmark
+            self.error = f"{type(e).__name__}: {e}"
+
+
+def plain_decode(engine: Engine, prompt: list[int], n: int) -> tuple[list[int], float]:
+    seq, _ = engine.start(0, prompt, n, 16, shadow=False)
+    torch.cuda.synchronize()
+    engine.spec_step(seq, 0, "exact", n)  # captures the decode graph on a new slot
+    t0 = time.perf_counter()
+    steps = 0
+    while not seq.done:
+        engine.spec_step(seq, 0, "exact", n)
+        steps += 1
+    torch.cuda.synchronize()
+    engine.release(seq)
+    return seq.ids, steps / (time.perf_counter() - t0)
+
+
+def main() -> int:
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--preset", default="qwen3.5-27b-shape")
+    ap.add_argument("-k", type=int, default=9)
+    ap.add_argument("--contexts", default="2048,32768")
+    ap.add_argument("--decode-tokens", type=int, default=64)
+    ap.add_argument("--prompts", type=int, default=24)
+    ap.add_argument("--prompt-len", type=int, default=256)
+    ap.add_argument("--spec-tokens", type=int, default=40)
+    ap.add_argument("--long-prefill", type=int, default=131072)
+    ap.add_argument("--json")
+    args = ap.parse_args()
+    dev = torch.device("cuda")
+    cfg = preset(args.preset)
+    t0 = time.perf_counter()
+    tensors = random_tensors(cfg, seed=0, dtype=torch.bfloat16, device="cuda")
+    model = Model.from_tensors(cfg, tensors, ops.resolve_gemm_backend("triton", dev))
+    del tensors
+    torch.cuda.empty_cache()
+    weight_bytes = (
+        sum(
+            t.numel() * t.element_size()
+            for lw in model.layers
+            for t in (*vars(lw.mixer).values(), lw.gate_up, lw.down)
+            if isinstance(t, torch.Tensor) and t.dim() == 2
+        )
+        + model.lm_head.numel() * model.lm_head.element_size()
+    )
+    out: dict = {
+        "date": datetime.datetime.now(datetime.UTC).isoformat(timespec="seconds"),
+        "device": torch.cuda.get_device_name(),
+        "torch": torch.__version__,
+        "command": " ".join(sys.argv),
+        "build_s": round(time.perf_counter() - t0, 1),
+        "weights_read_per_step_GB": weight_bytes / 1e9,
+    }
+    print(out, flush=True)
+    gen = torch.Generator().manual_seed(1)
+
+    def rand_prompt(n: int) -> list[int]:
+        return torch.randint(0, cfg.vocab_size, (n,), generator=gen).tolist()
+
+    plain = Engine(model, lambda: RandomDrafter(cfg.vocab_size), [])  # k=0: never asked
+    out["decode"] = []
+    for ctx in [int(c) for c in args.contexts.split(",")]:
+        gpm = GpmSampler()
+        gpm.start()
+        time.sleep(0.3)
+        _, tps = plain_decode(plain, rand_prompt(ctx), args.decode_tokens)
+        gpm.stop.set()
+        gpm.join()
+        kv_bytes = ctx * 64 * 1024  # 16 attention layers x 4 KiB/token x K and V, bf16
+        row = {
+            "context": ctx,
+            "tokens_per_s": tps,
+            "step_ms": 1e3 / tps,
+            "own_count_TBps": (weight_bytes + kv_bytes) * tps / 1e12,
+            "gpm_dram_bw_util_pct_median": statistics.median(gpm.samples) if gpm.samples else None,
+            "gpm_peak_TBps": gpm.peak_gbps / 1e3,
+            "gpm_error": gpm.error,
+        }
+        if gpm.samples:
+            row["gpm_TBps"] = row["gpm_dram_bw_util_pct_median"] / 100 * gpm.peak_gbps / 1e3
+        out["decode"].append(row)
+        print(row, flush=True)
+
+    # verify (k+1 rows) vs decode (1 row), graph replays from the same position
+    state = SeqState.empty(cfg, 4096, model.dtype, dev)
+    model.forward(torch.tensor(rand_prompt(2048), device=dev), state, "prefill")
+    from specdash import cuda_graphs
+
+    cuda_graphs.enable(state)
+    times: dict[int, list[float]] = {1: [], args.k + 1: []}
+    rows = torch.tensor(rand_prompt(args.k + 1), device=dev)
+    for t in times:
+        model.forward(rows[:t], state, "exact")
+        state.pending = {}
+    for _ in range(20):
+        for t in times:
+            torch.cuda.synchronize()
+            t1 = time.perf_counter()
+            model.forward(rows[:t], state, "exact")
+            torch.cuda.synchronize()
+            times[t].append(time.perf_counter() - t1)
+            state.pending = {}
+    dec, ver = statistics.median(times[1]), statistics.median(times[args.k + 1])
+    out["verify_over_decode"] = {
+        "k": args.k,
+        "decode_ms": dec * 1e3,
+        "verify_ms": ver * 1e3,
+        "ratio": ver / dec,
+    }
+    print(out["verify_over_decode"], flush=True)
+
+    # spec envelope over many prompts, shadow on, exact mode
+    prompts = [rand_prompt(args.prompt_len) for _ in range(args.prompts)]
+    continuation = {
+        tuple(p): plain_decode(plain, p, args.spec_tokens + args.k + 1)[0] for p in prompts
+    }
+    out["spec"] = []
+    for name, make in (
+        ("oracle", lambda: OracleDrafter(continuation)),
+        ("random", lambda: RandomDrafter(cfg.vocab_size)),
+    ):
+        eng = Engine(model, make, [])
+        warm, _ = eng.start(0, prompts[0], args.spec_tokens, 16, shadow=True)
+        while not warm.done:  # capture every graph this run will replay
+            eng.spec_step(warm, args.k, "exact", args.spec_tokens)
+        eng.release(warm)
+        exact, tokens, spent, steps, accepted = 0, 0, 0.0, 0, 0
+        for i, p in enumerate(prompts):
+            seq, _ = eng.start(i, p, args.spec_tokens, 16, shadow=True)
+            while not seq.done:
+                r = eng.spec_step(seq, args.k, "exact", args.spec_tokens)
+                spent += r.draft_s + r.verify_s + r.rollback_s
+                steps += 1
+                accepted += r.accepted
+            tokens += len(seq.ids)
+            exact += seq.diverged_at is None and seq.compared == len(seq.ids)
+            eng.release(seq)
+        row = {
+            "drafter": name,
+            "k": args.k,
+            "prompts": len(prompts),
+            "exact_prompts": exact,
+            "tokens_per_s": tokens / spent,
+            "mean_accepted_length": (accepted + steps) / steps,
+        }
+        out["spec"].append(row)
+        print(row, flush=True)
+
+    if args.long_prefill:
+        state = None
+        torch.cuda.empty_cache()
+        try:
+            state = SeqState.empty(cfg, args.long_prefill + 8, model.dtype, dev)
+            p = torch.tensor(rand_prompt(args.long_prefill), device=dev)
+            torch.cuda.synchronize()
+            t1 = time.perf_counter()
+            model.forward(p, state, "prefill")
+            torch.cuda.synchronize()
+            out["long_prefill"] = {"tokens": args.long_prefill, "s": time.perf_counter() - t1}
+        except torch.OutOfMemoryError as e:
+            out["long_prefill"] = {"tokens": args.long_prefill, "error": str(e)[:200]}
+        print(out["long_prefill"], flush=True)
+    if args.json:
+        with open(args.json, "w") as f:
+            json.dump(out, f, indent=1)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,71 @@
+"""The native engine on CUDA: Triton kernels + CUDA graphs keep speculation exact.
+
+Skipped without a CUDA device (CI has none); run on a GPU machine with `pytest -m gpu`.
+"""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from specdash import ops
+from specdash.drafters import ModelDrafter
+from specdash.engine import Engine
+from specdash.model import Model, random_tensors
+from specdash.model_config import preset
+from specdash.state import SeqState
+
+pytestmark = [
+    pytest.mark.gpu,
+    pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA"),
+]
+
+
+def _model(seed: int, noise: float = 0.0) -> Model:
+    cfg = preset("tiny-hybrid")
+    tensors = random_tensors(cfg, 0, torch.bfloat16, "cuda")
+    if noise:
+        gen = torch.Generator(device="cuda").manual_seed(seed)
+        tensors = {
+            n: (
+                t + noise * torch.randn(t.shape, generator=gen, device="cuda").to(t.dtype) * t.std()
+            )
+            if t.dim() == 2
+            else t
+            for n, t in tensors.items()
+        }
+    return Model.from_tensors(
+        cfg, tensors, ops.resolve_gemm_backend("triton", torch.device("cuda"))
+    )
+
+
+def _eager_greedy(model: Model, prompt: list[int], n: int) -> tuple[torch.Tensor, torch.Tensor]:
+    state = SeqState.empty(model.cfg, len(prompt) + n + 1, model.dtype, model.device)
+    ids, lps = ops.greedy(model.forward(torch.tensor(prompt, device="cuda"), state, "prefill"))
+    out_i, out_l = [ids], [lps]
+    for _ in range(n - 1):
+        ids, lps = ops.greedy(model.forward(out_i[-1], state, "exact"))
+        state.commit(1)
+        out_i.append(ids)
+        out_l.append(lps)
+    return torch.cat(out_i).cpu(), torch.cat(out_l).cpu()
+
+
+@pytest.mark.parametrize("k", [1, 4, 9])
+def test_graphed_spec_equals_eager_plain_greedy(k: int) -> None:
+    target, draft = _model(0), _model(1, noise=0.05)
+    engine = Engine(target, lambda: ModelDrafter(draft), [])
+    assert engine.cuda_graphs
+    gen = torch.Generator().manual_seed(k)
+    accepted = 0
+    for i in range(6):
+        prompt = torch.randint(0, target.cfg.vocab_size, (5 + 7 * i,), generator=gen).tolist()
+        seq, _ = engine.start(i, prompt, 32, 16, shadow=True)
+        while not seq.done:
+            accepted += engine.spec_step(seq, k, "exact", 32).accepted
+        ref_ids, ref_lps = _eager_greedy(target, prompt, 32)
+        assert seq.diverged_at is None
+        assert torch.equal(torch.tensor(seq.ids), ref_ids)
+        assert torch.equal(torch.tensor(seq.logprobs, dtype=torch.float32), ref_lps)
+        engine.release(seq)
+    assert accepted > 0
