@@ -143,15 +143,7 @@ def main() -> int:
     model = Model.from_tensors(cfg, tensors, ops.resolve_gemm_backend("triton", dev))
     del tensors
     torch.cuda.empty_cache()
-    weight_bytes = (
-        sum(
-            t.numel() * t.element_size()
-            for lw in model.layers
-            for t in (*vars(lw.mixer).values(), lw.gate_up, lw.down)
-            if isinstance(t, torch.Tensor) and t.dim() == 2
-        )
-        + model.lm_head.numel() * model.lm_head.element_size()
-    )
+    weight_bytes = model.step_weight_bytes
     out: dict = {
         "date": datetime.datetime.now(datetime.UTC).isoformat(timespec="seconds"),
         "device": torch.cuda.get_device_name(),

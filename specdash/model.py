@@ -16,7 +16,7 @@ training script can reuse it.
 from __future__ import annotations
 
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, fields
 from typing import Literal
 
 import torch
@@ -191,6 +191,16 @@ class Model:
         lm_head = embed if cfg.tie_word_embeddings else t["lm_head.weight"]
         gemm = gemm or ops.resolve_gemm_backend("auto", embed.device)
         return cls(cfg, embed, layers, t[f"{p}norm.weight"], lm_head, gemm)
+
+    @property
+    def step_weight_bytes(self) -> int:
+        """Bytes of GEMM weights a decode step reads (the embedding is gathered, not read)."""
+        mats = [self.lm_head]
+        for lw in self.layers:
+            mats += [lw.gate_up, lw.down]
+            mixer = [getattr(lw.mixer, f.name) for f in fields(lw.mixer)]
+            mats += [t for t in mixer if t.dim() == 2 and t is not getattr(lw.mixer, "conv", None)]
+        return sum(t.numel() * t.element_size() for t in mats)
 
     # ------------------------------------------------------------------ rope
 

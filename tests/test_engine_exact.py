@@ -12,15 +12,12 @@ from pathlib import Path
 
 import pytest
 import torch
-from tiny_models import write_pair
+from tiny_models import plain_greedy, write_pair
 
-from specdash import ops
 from specdash.events import Divergence, Event, Token
-from specdash.model import Model
 from specdash.prompts import load_prompts
 from specdash.session import SessionRunner, load_models
 from specdash.settings import SessionSettings
-from specdash.state import SeqState
 
 MAX_NEW = 24
 
@@ -63,26 +60,13 @@ def run(pair: tuple[Path, Path, Path], fault=None, **kw: object) -> Run:  # noqa
     )
 
 
-def greedy_reference(model: Model, prompt: list[int], n: int) -> tuple[torch.Tensor, torch.Tensor]:
-    state = SeqState.empty(model.cfg, len(prompt) + n + 1, model.dtype, model.device)
-    with torch.inference_mode():
-        ids, lps = ops.greedy(model.forward(torch.tensor(prompt), state, "prefill"))
-        out_ids, out_lps = [ids], [lps]
-        for _ in range(n - 1):
-            ids, lps = ops.greedy(model.forward(out_ids[-1], state, "exact"))
-            state.commit(1)
-            out_ids.append(ids)
-            out_lps.append(lps)
-    return torch.cat(out_ids), torch.cat(out_lps)
-
-
 @pytest.fixture(scope="module")
 def reference(pair: tuple[Path, Path, Path]) -> dict[int, tuple[torch.Tensor, torch.Tensor]]:
     target, _, prompts = pair
     loaded = load_models(SessionSettings(model=target, drafter="ngram"))
     tok = loaded.tokenizer
     return {
-        i: greedy_reference(loaded.target, tok.encode(p.text), MAX_NEW)
+        i: plain_greedy(loaded.target, tok.encode(p.text), MAX_NEW)
         for i, p in enumerate(load_prompts(prompts))
     }
 

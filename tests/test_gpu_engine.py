@@ -7,13 +7,13 @@ from __future__ import annotations
 
 import pytest
 import torch
+from tiny_models import plain_greedy
 
 from specdash import ops
 from specdash.drafters import ModelDrafter
 from specdash.engine import Engine
 from specdash.model import Model, random_tensors
 from specdash.model_config import preset
-from specdash.state import SeqState
 
 pytestmark = [
     pytest.mark.gpu,
@@ -39,18 +39,6 @@ def _model(seed: int, noise: float = 0.0) -> Model:
     )
 
 
-def _eager_greedy(model: Model, prompt: list[int], n: int) -> tuple[torch.Tensor, torch.Tensor]:
-    state = SeqState.empty(model.cfg, len(prompt) + n + 1, model.dtype, model.device)
-    ids, lps = ops.greedy(model.forward(torch.tensor(prompt, device="cuda"), state, "prefill"))
-    out_i, out_l = [ids], [lps]
-    for _ in range(n - 1):
-        ids, lps = ops.greedy(model.forward(out_i[-1], state, "exact"))
-        state.commit(1)
-        out_i.append(ids)
-        out_l.append(lps)
-    return torch.cat(out_i).cpu(), torch.cat(out_l).cpu()
-
-
 @pytest.mark.parametrize("k", [1, 4, 9])
 def test_graphed_spec_equals_eager_plain_greedy(k: int) -> None:
     target, draft = _model(0), _model(1, noise=0.05)
@@ -63,7 +51,7 @@ def test_graphed_spec_equals_eager_plain_greedy(k: int) -> None:
         seq, _ = engine.start(i, prompt, 32, 16, shadow=True)
         while not seq.done:
             accepted += engine.spec_step(seq, k, "exact", 32).accepted
-        ref_ids, ref_lps = _eager_greedy(target, prompt, 32)
+        ref_ids, ref_lps = plain_greedy(target, prompt, 32)
         assert seq.diverged_at is None
         assert torch.equal(torch.tensor(seq.ids), ref_ids)
         assert torch.equal(torch.tensor(seq.logprobs, dtype=torch.float32), ref_lps)

@@ -13,9 +13,11 @@ from pathlib import Path
 import torch
 from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
 
+from specdash import ops
 from specdash.checkpoint import save_checkpoint
-from specdash.model import random_tensors
+from specdash.model import Model, random_tensors
 from specdash.model_config import ModelConfig, preset
+from specdash.state import SeqState
 
 CORPUS = [
     "def fibonacci(n):\n    a, b = 0, 1\n    for _ in range(n):\n"
@@ -78,3 +80,19 @@ def write_pair(root: Path, seed: int = 0, noise: float = 0.02) -> tuple[Path, Pa
     prompts = root / "prompts.jsonl"
     prompts.write_text("".join(json.dumps({"prompt": p}) + "\n" for p in PROMPTS))
     return root / "target", root / "draft", prompts
+
+
+def plain_greedy(model: Model, prompt: list[int], n: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """n greedy tokens and their fp32 logprobs, straight from `Model.forward`: the reference
+    every exactness test compares against, independent of the engine and its shadow."""
+    state = SeqState.empty(model.cfg, len(prompt) + n + 1, model.dtype, model.device)
+    with torch.inference_mode():
+        lp = model.forward(torch.tensor(prompt, device=model.device), state, "prefill")
+        ids, lps = ops.greedy(lp)
+        out_ids, out_lps = [ids], [lps]
+        for _ in range(n - 1):
+            ids, lps = ops.greedy(model.forward(out_ids[-1], state, "exact"))
+            state.commit(1)
+            out_ids.append(ids)
+            out_lps.append(lps)
+    return torch.cat(out_ids).cpu(), torch.cat(out_lps).cpu()
