@@ -15,6 +15,7 @@ training script can reuse it.
 
 from __future__ import annotations
 
+import warnings
 from collections.abc import Callable
 from dataclasses import dataclass, fields
 from typing import Literal
@@ -150,6 +151,8 @@ class Model:
         self.dtype, self.device = embed.dtype, embed.device
         self._rope_cos = self._rope_sin = embed.new_empty(0)
         self._arange = torch.arange(64, device=embed.device)
+        self.triton_rows = embed.is_cuda and _triton_rows_supported(cfg)
+        """Exact rows through specdash.kernels (GPU); else the per-row torch ops, also exact."""
 
     @classmethod
     def from_tensors(
@@ -333,7 +336,7 @@ class Model:
             cache.v.index_copy_(1, pos, v.transpose(0, 1))
             start = state.length
         scale = d**-0.5
-        if mode == "exact" and q.is_cuda:
+        if mode == "exact" and self.triton_rows:
             # fixed-split Triton decode kernel; verify rows are decode rows of L+1..L+T
             from specdash.kernels.decode_attention import verify_as_decode_rows
 
@@ -366,7 +369,7 @@ class Model:
         mixed = obs(i, "conv", ops.causal_conv_silu(st.conv, qkv, w.conv))
         q, k, v = mixed.split([cfg.gdn_key_dim, cfg.gdn_key_dim, cfg.gdn_value_dim], dim=-1)
         q, k, v = q.reshape(t_len, nk, dk), k.reshape(t_len, nk, dk), v.reshape(t_len, nv, dv)
-        if exact and h.is_cuda:
+        if exact and self.triton_rows:
             # one Triton recurrent-step kernel for decode and verify (specdash.kernels.gdn)
             from specdash.kernels.gdn import gdn_verify_steps
 
@@ -393,6 +396,22 @@ class Model:
         )
         o = obs(i, "gated_norm", o.reshape(t_len, nv * dv))
         return obs(i, "out_proj", self._linear(o, w.out, mode))
+
+
+def _triton_rows_supported(cfg: ModelConfig) -> bool:
+    """Shapes specdash.kernels' attention and GDN kernels take; others warn once and run the
+    per-row torch path, which is exact too (same op, same shape per row), only slower."""
+    pow2 = cfg.head_dim >= 16 and cfg.head_dim & (cfg.head_dim - 1) == 0
+    dk = cfg.linear_key_head_dim
+    gdn = not cfg.has_gdn or (dk & (dk - 1) == 0 and cfg.linear_value_head_dim % 32 == 0)
+    if not (pow2 and gdn):
+        warnings.warn(
+            f"head dims (attention {cfg.head_dim}, GDN {dk}/{cfg.linear_value_head_dim}) are "
+            "outside the Triton row kernels; exact rows run per row in torch",
+            RuntimeWarning,
+            stacklevel=3,
+        )
+    return pow2 and gdn
 
 
 def _identity(layer: int, name: str, x: Tensor) -> Tensor:
