@@ -21,11 +21,14 @@ import triton.language as tl
 
 @dataclass(frozen=True)
 class AttentionConfig:
-    """The one launch configuration of the split kernel: pinned, the same for every row count."""
+    """The one launch configuration of the split kernel: pinned, the same for every row count.
+
+    Chosen by benchmarks/bench_attention_gdn.py --attention-sweep on an H200 (docs/PERF.md).
+    """
 
     block_t: int = 64  # KV tokens per online-softmax block inside a split
     num_warps: int = 4
-    num_stages: int = 3
+    num_stages: int = 2
 
 
 CONFIG = AttentionConfig()
