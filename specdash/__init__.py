@@ -1,0 +1,1 @@
+"""specdash: a live, bit-exact speculative-decoding profiler (see README.md)."""
