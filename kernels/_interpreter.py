@@ -28,9 +28,9 @@ def patch_interpreter_dot() -> None:
             ).view(np.float32)
         return handle.data.astype(np.float32)
 
-    def create_dot(self, a, b, d, input_precision, max_num_imprecise_acc):
+    def create_dot(self, a, b, d, *args, **kwargs):
         if a.data.ndim != 2 or d.data.dtype != np.float32:
-            return original(self, a, b, d, input_precision, max_num_imprecise_acc)
+            return original(self, a, b, d, *args, **kwargs)
         a32, b32 = as_fp32(a), as_fp32(b)
         acc = d.data.astype(np.float32, copy=True)
         for kk in range(a32.shape[1]):
