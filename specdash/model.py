@@ -149,8 +149,15 @@ class Model:
         self.cfg, self.embed, self.layers = cfg, embed, layers
         self.final_norm, self.lm_head, self.gemm = final_norm, lm_head, gemm
         self.dtype, self.device = embed.dtype, embed.device
-        self._rope_cos = self._rope_sin = embed.new_empty(0)
-        self._arange = torch.arange(64, device=embed.device)
+        # Built once for every position the model supports and never rebound: captured CUDA
+        # graphs hold these tables' addresses.
+        n_pos = cfg.max_position_embeddings
+        r = cfg.rotary_dim
+        inv = 1.0 / (cfg.rope_theta ** (torch.arange(0, r, 2, dtype=torch.float32) / r))
+        freqs = torch.arange(n_pos, dtype=torch.float32)[:, None] * inv
+        emb = torch.cat((freqs, freqs), dim=-1).to(embed.device)
+        self._rope_cos, self._rope_sin = emb.cos().to(embed.dtype), emb.sin().to(embed.dtype)
+        self._arange = torch.arange(n_pos, device=embed.device)
         self.triton_rows = embed.is_cuda and _triton_rows_supported(cfg)
         """Exact rows through specdash.kernels (GPU); else the per-row torch ops, also exact."""
 
@@ -212,22 +219,7 @@ class Model:
         CUDA (from `state.position`), so a captured graph is valid at every length."""
         if state.position is None:
             return slice(state.length, state.length + n)
-        if self._arange.shape[0] < n:
-            self._arange = torch.arange(max(n, 64), device=self.device)
         return state.position + self._arange[:n]
-
-    def _rope(self, pos: slice | Tensor, capacity: int) -> tuple[Tensor, Tensor]:
-        if self._rope_cos.shape[0] < capacity:
-            size = max(capacity, 2 * self._rope_cos.shape[0], 4096)
-            r = self.cfg.rotary_dim
-            inv = 1.0 / (
-                self.cfg.rope_theta
-                ** (torch.arange(0, r, 2, dtype=torch.float32, device=self.device) / r)
-            )
-            freqs = torch.arange(size, dtype=torch.float32, device=self.device)[:, None] * inv
-            emb = torch.cat((freqs, freqs), dim=-1)
-            self._rope_cos, self._rope_sin = emb.cos().to(self.dtype), emb.sin().to(self.dtype)
-        return self._rope_cos[pos], self._rope_sin[pos]
 
     # ------------------------------------------------------------------ forward
 
@@ -246,10 +238,10 @@ class Model:
         `state.commit(rows)`.
         """
         t_len, start = tokens.shape[0], state.length
-        if start + t_len > state.capacity:
+        if start + t_len > min(state.capacity, self.cfg.max_position_embeddings):
             raise UsageError(
                 f"sequence of {start + t_len} tokens exceeds the allocated context of "
-                f"{state.capacity}"
+                f"{state.capacity} or the model's {self.cfg.max_position_embeddings} positions"
             )
         if state.graphs is not None and mode == "exact" and observe is None:
             from specdash.cuda_graphs import graphed_forward
@@ -270,7 +262,7 @@ class Model:
         obs = observe or _identity
         x = obs(-1, "embed", self.embed[tokens])
         pos = self._positions(state, t_len)
-        cos, sin = self._rope(pos, state.capacity)
+        cos, sin = self._rope_cos[pos], self._rope_sin[pos]
         for i, lw in enumerate(self.layers):
             h = obs(i, "input_norm", self._norm(x, lw.input_norm, exact))
             if isinstance(lw.mixer, AttentionWeights):
