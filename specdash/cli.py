@@ -27,6 +27,30 @@ def _add_session_flags(p: argparse.ArgumentParser) -> None:
     p.add_argument("--no-shadow", action="store_true", help="skip the shadow decode")
     p.add_argument("--no-spec", action="store_true", help="plain greedy decode only")
     p.add_argument("--trace", metavar="PATH", help="record a JSONL session trace")
+    sgl = p.add_argument_group("--engine sglang")
+    sgl.add_argument(
+        "--speculative-algorithm",
+        choices=["NEXTN", "EAGLE3", "DFLASH", "STANDALONE", "NGRAM"],
+        default="NEXTN",
+    )
+    sgl.add_argument(
+        "--sglang-arg",
+        action="append",
+        default=[],
+        metavar="KEY=VALUE",
+        help="any sglang.Engine argument, e.g. mem_fraction_static=0.4 (repeatable)",
+    )
+    sgl.add_argument(
+        "--sglang-shadow",
+        choices=["split", "sequential"],
+        default="split",
+        help="shadow as a second engine (memory split) or after the spec run",
+    )
+    sgl.add_argument(
+        "--force-patches",
+        action="store_true",
+        help="apply the engine patches on an SGLang version they were not checked on",
+    )
 
 
 def _add_trace_commands(sub: argparse._SubParsersAction) -> None:
@@ -65,6 +89,10 @@ def build_parser() -> argparse.ArgumentParser:
     audit.add_argument("--ks", default="1,3,5,9", help="comma-separated k values")
     audit.add_argument("--num-prompts", type=int, default=8, help="prompts per cell")
     _add_trace_commands(sub)
+    patches = sub.add_parser("patches", help="SGLang engine patches")
+    patches.add_subparsers(dest="patches_command", required=True).add_parser(
+        "check", help="each patch target in the installed SGLang: OK / changed / missing"
+    )
     return parser
 
 
@@ -96,6 +124,10 @@ def main(argv: list[str] | None = None) -> int:
             from specdash.report import run_report
 
             return run_report(args)
+        if args.command == "patches":
+            from specdash.engine_patches.check import run_check
+
+            return run_check(args)
         if args.command == "diff":
             from specdash.diff import run_diff
 

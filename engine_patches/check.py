@@ -1,0 +1,98 @@
+"""`specdash patches check`: does the installed SGLang still have what each patch replaces?
+
+Each target resolves to OK (same source hash as the release the patch was checked against),
+changed (it exists but its source differs: the patch may no longer be right), or missing
+(renamed or removed: the patch cannot apply). Needs no GPU; importing SGLang's modules on a
+CPU-only machine works for every target (see docs in the README's "SGLang backend").
+"""
+
+from __future__ import annotations
+
+import argparse
+from dataclasses import dataclass
+
+from specdash.engine_patches import registry
+
+from specdash.errors import EXIT_ENVIRONMENT, EXIT_OK, EnvironmentProblem
+
+INSTALL_HINT = "SGLang is not installed: pip install 'specdash[sglang]'"
+
+
+@dataclass(frozen=True)
+class TargetStatus:
+    patch: str
+    path: str
+    role: str
+    status: str
+    """"OK", "changed" or "missing"."""
+    detail: str = ""
+
+
+def check_targets() -> list[TargetStatus]:
+    """Resolve and hash every target of every patch in this process."""
+    statuses = []
+    for patch in registry.all_patches():
+        for t in patch.targets:
+            try:
+                found = registry.source_hash(registry.resolve(t.path))
+            except (AttributeError, ImportError) as e:
+                statuses.append(TargetStatus(patch.name, t.path, t.role, "missing", str(e)))
+                continue
+            status = "OK" if found == t.sha256 else "changed"
+            detail = "" if status == "OK" else f"sha256 {found[:12]}, expected {t.sha256[:12]}"
+            statuses.append(TargetStatus(patch.name, t.path, t.role, status, detail))
+    return statuses
+
+
+def require_sglang() -> str:
+    """The installed SGLang version; EnvironmentProblem with the install hint when absent."""
+    version = registry.sglang_version()
+    if version is None:
+        raise EnvironmentProblem(INSTALL_HINT)
+    return version
+
+
+def format_report(version: str, statuses: list[TargetStatus]) -> str:
+    known = ", ".join(registry.KNOWN_GOOD_VERSIONS)
+    verdict = "known good" if version in registry.KNOWN_GOOD_VERSIONS else "NOT checked"
+    lines = [f"sglang {version} ({verdict}; patches checked against: {known})"]
+    width = max(len(s.path) for s in statuses)
+    for s in statuses:
+        line = f"  {s.status:<8}{s.path:<{width}}  [{s.patch}, {s.role}]"
+        lines.append(f"{line}  {s.detail}" if s.detail else line)
+    counts = {k: sum(s.status == k for s in statuses) for k in ("OK", "changed", "missing")}
+    lines.append(", ".join(f"{n} {k}" for k, n in counts.items()))
+    return "\n".join(lines)
+
+
+def problems(version: str, statuses: list[TargetStatus]) -> str | None:
+    """Why the patches should not be applied, or None when everything checks out."""
+    bad = [s for s in statuses if s.status != "OK"]
+    if version in registry.KNOWN_GOOD_VERSIONS and not bad:
+        return None
+    missing = sum(s.status == "missing" for s in bad)
+    return (
+        f"sglang {version}: {missing} patch targets missing, {len(bad) - missing} changed "
+        f"(patches checked against {', '.join(registry.KNOWN_GOOD_VERSIONS)}); "
+        "see `specdash patches check`"
+    )
+
+
+def ensure_patchable(force: bool) -> list[TargetStatus]:
+    """Refuse (EnvironmentProblem) an unchecked SGLang unless forced; missing targets always."""
+    version = require_sglang()
+    statuses = check_targets()
+    reason = problems(version, statuses)
+    if reason is None:
+        return statuses
+    if any(s.status == "missing" for s in statuses) or not force:
+        hint = "" if force else "; --force-patches to try anyway"
+        raise EnvironmentProblem(reason + hint)
+    return statuses
+
+
+def run_check(args: argparse.Namespace) -> int:
+    version = require_sglang()
+    statuses = check_targets()
+    print(format_report(version, statuses))
+    return EXIT_ENVIRONMENT if any(s.status == "missing" for s in statuses) else EXIT_OK

@@ -1,0 +1,167 @@
+"""GEMM routing: every bf16 GEMM, lm_head included, through one live-switchable dispatcher.
+
+Why: the dashboard compares GEMM kernels live on the same run. In SGLang's deterministic mode
+(on by default in specdash) `aten::mm/addmm/mm.out` are registered to call the module global
+`batch_invariant_ops.matmul_persistent`, so `F.linear` in `UnquantizedLinearMethod.apply` and
+`torch.matmul` in `LogitsProcessor._compute_lm_head` both end up there. Rebinding that one
+global (never registering a second `aten::mm`) routes them all.
+
+Backends: `auto` (SGLang's own choice), `deepgemm` (SGLang's `_matmul_persistent_deepgemm`),
+`sglang-triton` (SGLang's `matmul_kernel_persistent`), and `specdash-<name>` for each backend
+in `specdash.kernels.registry` (imported lazily; without it only the SGLang ones exist).
+The switch reaches every scheduler rank through `Engine.collective_rpc("specdash_set_gemm_backend",
+name=...)`, a method this patch adds to `Scheduler`; it recaptures the decode CUDA graphs
+(which froze the old kernel) or refuses when it cannot. Checked against SGLang 0.5.23.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Callable
+from typing import Any
+
+from specdash.engine_patches.registry import Patch, Rebinding, Target
+
+logger = logging.getLogger(__name__)
+
+_OPS = "sglang.srt.batch_invariant_ops.batch_invariant_ops"
+SGLANG_BACKENDS = ("auto", "deepgemm", "sglang-triton")
+SPECDASH_PREFIX = "specdash-"
+
+_active = "auto"
+
+
+def specdash_backends() -> dict[str, str | None]:
+    """specdash.kernels GEMM backends as `specdash-<name>` -> None or why unavailable."""
+    try:
+        from specdash.kernels import registry
+    except ImportError as e:
+        return {f"{SPECDASH_PREFIX}*": f"specdash.kernels.registry does not import: {e}"}
+    return {f"{SPECDASH_PREFIX}{n}": r for n, r in registry.available_backends().items()}
+
+
+def backends() -> dict[str, str | None]:
+    """Every backend name the dispatcher knows -> None if usable, else why not."""
+    return {**dict.fromkeys(SGLANG_BACKENDS), **specdash_backends()}
+
+
+def active_backend() -> str:
+    return _active
+
+
+def set_backend(name: str) -> None:
+    """Select the backend for the next GEMM in this process; unknown names raise ValueError."""
+    global _active
+    if name not in SGLANG_BACKENDS:
+        if not name.startswith(SPECDASH_PREFIX):
+            raise ValueError(f"unknown GEMM backend {name!r}; known: {', '.join(backends())}")
+        from specdash.kernels import registry
+
+        registry.get_backend(name.removeprefix(SPECDASH_PREFIX))
+    _active = name
+
+
+def _routed(original: Callable[..., Any]) -> Callable[..., Any]:
+    import torch
+
+    ops = original.__globals__
+
+    def matmul_persistent(a, b, bias=None, out_dtype=None):
+        name = _active
+        if name == "auto" or a.dtype != torch.bfloat16 or b.dtype != torch.bfloat16:
+            return original(a, b, bias=bias, out_dtype=out_dtype)
+        out_dtype = out_dtype or a.dtype
+        if name == "deepgemm":
+            return ops["_matmul_persistent_deepgemm"](a=a, b=b, bias=bias, out_dtype=out_dtype)
+        if name == "sglang-triton":
+            return ops["_matmul_persistent_triton"](a=a, b=b, bias=bias, out_dtype=out_dtype)
+        from specdash.kernels import registry
+
+        out = registry.get_backend(name.removeprefix(SPECDASH_PREFIX))(a, b.transpose(0, 1))
+        if bias is not None:
+            out = out + bias
+        return out.to(out_dtype)
+
+    matmul_persistent.__specdash_original__ = original  # type: ignore[attr-defined]
+    return matmul_persistent
+
+
+def _scheduler_method(_original: Any) -> Callable[..., None]:
+    def specdash_set_gemm_backend(self: Any, name: str) -> None:
+        """Runs on every scheduler rank (collective_rpc); recaptures graphs using the old kernel."""
+        previous = _active
+        set_backend(name)
+        if self.server_args.disable_cuda_graph:
+            return
+        try:
+            self.tp_worker.model_runner.recapture_decode_cuda_graph()
+            draft = getattr(self, "draft_worker", None)
+            if draft is not None and hasattr(draft, "init_cuda_graphs"):
+                draft.init_cuda_graphs()
+        except Exception:
+            set_backend(previous)
+            logger.exception("CUDA graph recapture after a GEMM switch failed; switch undone")
+            raise
+
+    return specdash_set_gemm_backend
+
+
+PATCH = Patch(
+    name="gemm_routing",
+    summary="bf16 GEMMs and lm_head through one dispatcher switchable live on every rank",
+    targets=(
+        Target(
+            f"{_OPS}.matmul_persistent",
+            "c00077f7a4ccd52518a7c33f61540d5e15e877a4dbb686231e70d3fdb6accca8",
+        ),
+        Target(
+            f"{_OPS}.mm_batch_invariant",
+            "9486abaa90312dd94208755fefe18d45762aa9a76bf747f83a349031377782bb",
+            role="relied on",
+        ),
+        Target(
+            f"{_OPS}.addmm_batch_invariant",
+            "7c512163d38c63e2a24c4a60c69a9ac485d95fafadf988011111be159a64dc55",
+            role="relied on",
+        ),
+        Target(
+            f"{_OPS}._matmul_persistent_triton",
+            "063823de1bd3e2ccbac66a9b63ff2da3993f0388b5110bdf0d41b45b7c82857b",
+            role="relied on",
+        ),
+        Target(
+            f"{_OPS}._matmul_persistent_deepgemm",
+            "fbda7355c0721e81d1302d7adb6e43ae8525e1a6ee63137280732528d7025114",
+            role="relied on",
+        ),
+        Target(
+            "sglang.srt.layers.quantization.unquant.UnquantizedLinearMethod.apply",
+            "7a9dc32424991c10f709a65b34c71e6f334b59fcb9be544fab26edeb8d6912e0",
+            role="relied on",
+        ),
+        Target(
+            "sglang.srt.layers.logits_processor.LogitsProcessor._compute_lm_head",
+            "edee85644b6ea8a99d4c6c0084e72114bdd8e5512387c9157e0a72dfd8662379",
+            role="relied on",
+        ),
+        Target(
+            "sglang.srt.managers.scheduler.Scheduler.handle_rpc_request",
+            "b14ebf76765559b6c3674aca142929adf53fe108fdc1d022299a6f7bd859bf61",
+            role="relied on",
+        ),
+        Target(
+            "sglang.srt.model_executor.model_runner.ModelRunner.recapture_decode_cuda_graph",
+            "982811a5f460dcb7d84058eeb163f92ef37b4abe1cec22500943182c17b6fbf8",
+            role="relied on",
+        ),
+    ),
+    rebindings=(
+        Rebinding(_OPS, "matmul_persistent", _routed),
+        Rebinding(
+            "sglang.srt.managers.scheduler.Scheduler",
+            "specdash_set_gemm_backend",
+            _scheduler_method,
+            adds=True,
+        ),
+    ),
+)

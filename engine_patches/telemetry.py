@@ -1,0 +1,242 @@
+"""Telemetry: per-verify-step accepted lengths and GPU timings out of the scheduler, unblocked.
+
+Why: SGLang reports speculative statistics only when a request finishes; the dashboard needs
+every verify step as it happens. The hook is an AROUND wrapper on
+`SchedulerBatchResultProcessor._resolve_spec_v2_tokens` (SGLang 0.5.23), which runs once per
+spec-v2 decode batch, overlap or not, after `accept_lens` reached the CPU. It turns the batch
+into one plain-dict record per request and hands it to a bounded queue (`put_nowait`, dropped
+when full); a daemon thread sends records over ZMQ PUSH with `NOBLOCK`, dropping when the
+socket is full. The parent binds the PULL side and exports its address in
+`SPECDASH_TELEMETRY_ADDR` before `sglang.Engine` spawns the scheduler.
+
+GPU time comes from `torch.cuda.Event` pairs around `EAGLEWorkerV2.verify`,
+`EagleDraftWorker.draft` and `EagleDraftWorker._draft_extend_for_decode`; the hook reads
+`elapsed_time` only from events that already completed (`query()`), so it never synchronizes.
+The draft tokens are copied to pinned memory asynchronously in the same way.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import queue
+import threading
+import time
+from collections.abc import Callable
+from typing import Any
+
+from specdash.engine_patches.registry import Patch, Rebinding, Target
+
+logger = logging.getLogger(__name__)
+
+ADDRESS_ENV = "SPECDASH_TELEMETRY_ADDR"
+QUEUE_SIZE = 4096
+
+_PROCESSOR = (
+    "sglang.srt.managers.scheduler_components.batch_result_processor.SchedulerBatchResultProcessor"
+)
+_WORKER = "sglang.srt.speculative.eagle_worker_v2"
+
+
+class _Sender:
+    """Bounded queue + daemon thread pushing records; every overflow is a counted drop."""
+
+    def __init__(self, address: str) -> None:
+        self.address = address
+        self.queue: queue.Queue[dict[str, Any]] = queue.Queue(maxsize=QUEUE_SIZE)
+        self.dropped = 0
+        threading.Thread(target=self._run, name="specdash-telemetry", daemon=True).start()
+
+    def put(self, record: dict[str, Any]) -> None:
+        try:
+            self.queue.put_nowait(record)
+        except queue.Full:
+            self.dropped += 1
+
+    def _run(self) -> None:
+        import zmq
+
+        sock = zmq.Context.instance().socket(zmq.PUSH)
+        sock.setsockopt(zmq.SNDHWM, QUEUE_SIZE)
+        sock.setsockopt(zmq.LINGER, 0)
+        sock.connect(self.address)
+        while True:
+            record = self.queue.get()
+            record["dropped_before"] = self.dropped
+            try:
+                sock.send_json(record, flags=zmq.NOBLOCK)
+            except zmq.Again:
+                self.dropped += 1
+
+
+_sender: _Sender | None = None
+
+
+def _emit(record: dict[str, Any]) -> None:
+    global _sender
+    address = os.environ.get(ADDRESS_ENV)
+    if not address:
+        return
+    if _sender is None or _sender.address != address:
+        _sender = _Sender(address)
+    _sender.put(record)
+
+
+class _GpuSpan:
+    """A CUDA event pair; `seconds()` is None until the end event has completed."""
+
+    def __init__(self) -> None:
+        import torch
+
+        self.start = torch.cuda.Event(enable_timing=True)
+        self.end = torch.cuda.Event(enable_timing=True)
+        self.start.record()
+
+    def stop(self) -> _GpuSpan:
+        self.end.record()
+        return self
+
+    def seconds(self) -> float | None:
+        return self.start.elapsed_time(self.end) / 1e3 if self.end.query() else None
+
+
+def _span() -> _GpuSpan | None:
+    import torch
+
+    return _GpuSpan() if torch.cuda.is_available() else None
+
+
+def _stop(span: _GpuSpan | None) -> _GpuSpan | None:
+    return span.stop() if span is not None else None
+
+
+def _seconds(span: _GpuSpan | None) -> float | None:
+    return span.seconds() if span is not None else None
+
+
+def _timed_draft(original: Callable[..., Any]) -> Callable[..., Any]:
+    def draft(self, batch, *args, **kwargs):
+        span = _span()
+        out = original(self, batch, *args, **kwargs)
+        batch.specdash_draft_span = _stop(span)
+        return out
+
+    return draft
+
+
+def _timed_verify(original: Callable[..., Any]) -> Callable[..., Any]:
+    def verify(self, batch, *args, **kwargs):
+        drafts = _copy_drafts(batch)
+        span = _span()
+        result = original(self, batch, *args, **kwargs)
+        result.specdash_verify_span = _stop(span)
+        result.specdash_draft_span = getattr(batch, "specdash_draft_span", None)
+        result.specdash_drafts = drafts
+        return result
+
+    return verify
+
+
+def _timed_draft_extend(original: Callable[..., Any]) -> Callable[..., Any]:
+    def _draft_extend_for_decode(self, batch, batch_output, *args, **kwargs):
+        span = _span()
+        out = original(self, batch, batch_output, *args, **kwargs)
+        batch_output.specdash_draft_extend_span = _stop(span)
+        return out
+
+    return _draft_extend_for_decode
+
+
+def _copy_drafts(batch: Any) -> tuple[Any, Any] | None:
+    """Start an async copy of the candidate tokens to pinned memory; (tensor, done event)."""
+    import torch
+
+    tokens = getattr(getattr(batch, "spec_info", None), "draft_token", None)
+    if tokens is None or not tokens.is_cuda:
+        return None
+    host = torch.empty(tokens.shape, dtype=tokens.dtype, pin_memory=True)
+    host.copy_(tokens, non_blocking=True)
+    done = torch.cuda.Event()
+    done.record()
+    return host, done
+
+
+def _drafts_per_request(result: Any, n_reqs: int) -> list[list[int]] | None:
+    """Each request's k drafted tokens (root dropped), if the async copy has completed."""
+    copied = getattr(result, "specdash_drafts", None)
+    if copied is None or not copied[1].query():
+        return None
+    rows = copied[0].view(n_reqs, -1).tolist()
+    return [row[1:] for row in rows]
+
+
+def build_records(result: Any, batch: Any, accepted_runs: list[list[int]]) -> list[dict[str, Any]]:
+    """One record per request of a resolved spec-v2 batch; plain JSON-able values only."""
+    k = int(result.speculative_num_draft_tokens) - 1
+    drafts = _drafts_per_request(result, len(batch.reqs))
+    timing = {
+        "draft_s": _seconds(getattr(result, "specdash_draft_span", None)),
+        "verify_s": _seconds(getattr(result, "specdash_verify_span", None)),
+        "draft_extend_s": _seconds(getattr(result, "specdash_draft_extend_span", None)),
+    }
+    launch_ts = getattr(batch, "launch_ts", None)
+    host_s = time.monotonic() - launch_ts if launch_ts is not None else None
+    return [
+        {
+            "rid": req.rid,
+            "forward_iter": int(getattr(batch, "forward_iter", -1)),
+            "k": k,
+            "accepted": int(result.num_correct_drafts_per_req_cpu[i]),
+            "emitted": [int(t) for t in accepted_runs[i]],
+            "drafts": drafts[i][:k] if drafts is not None else None,
+            "verify_ct": int(req.spec_verify_ct),
+            "host_s": host_s,
+            "t_ns": time.monotonic_ns(),
+            **timing,
+        }
+        for i, req in enumerate(batch.reqs)
+    ]
+
+
+def _report_after(original: Callable[..., Any]) -> Callable[..., Any]:
+    def _resolve_spec_v2_tokens(self, result, batch):
+        accepted_runs = original(self, result, batch)
+        try:
+            for record in build_records(result, batch, accepted_runs):
+                _emit(record)
+        except Exception:  # telemetry must never take the scheduler down
+            logger.exception("specdash telemetry record dropped")
+        return accepted_runs
+
+    _resolve_spec_v2_tokens.__specdash_original__ = original  # type: ignore[attr-defined]
+    return _resolve_spec_v2_tokens
+
+
+PATCH = Patch(
+    name="telemetry",
+    summary="per-verify-step accepted lengths and CUDA-event timings over non-blocking ZMQ",
+    targets=(
+        Target(
+            f"{_PROCESSOR}._resolve_spec_v2_tokens",
+            "dd103aa7dd424080ceb31724fdeaf8f86719044b8e69ea0d072848e93dab1a14",
+        ),
+        Target(
+            f"{_WORKER}.EAGLEWorkerV2.verify",
+            "676b982bca8519d1f5a8526a51c14ed9ffc42bac356e01576370036bc3218c8b",
+        ),
+        Target(
+            f"{_WORKER}.EagleDraftWorker.draft",
+            "e1d934df4cf2d11dbe2a8f7e68d9748e2fb6b77b6d13c8b32a986afaf0648164",
+        ),
+        Target(
+            f"{_WORKER}.EagleDraftWorker._draft_extend_for_decode",
+            "d7858851c429dd624820066fafd1555a66b1940642207aa03ba79fb158b7f434",
+        ),
+    ),
+    rebindings=(
+        Rebinding(_PROCESSOR, "_resolve_spec_v2_tokens", _report_after),
+        Rebinding(f"{_WORKER}.EAGLEWorkerV2", "verify", _timed_verify),
+        Rebinding(f"{_WORKER}.EagleDraftWorker", "draft", _timed_draft),
+        Rebinding(f"{_WORKER}.EagleDraftWorker", "_draft_extend_for_decode", _timed_draft_extend),
+    ),
+)

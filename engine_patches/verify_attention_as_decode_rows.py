@@ -1,0 +1,202 @@
+"""Verify attention as decode rows: TARGET_VERIFY full attention runs the decode kernel.
+
+Why: SGLang verifies the k+1 candidate tokens with its extend/prefill attention kernel
+(`extend_attention_fwd` + custom mask for Triton, `max_seqlen_q=n` for FA3), whose reduction
+order differs from the decode kernel plain greedy decoding uses, so logits can differ in the
+last bits. Here verify expands the batch to bs*n decode rows, row (b, i) attending to
+`seq_lens[b] + i + 1` cached tokens (the candidates' KV is written first), and runs the same
+decode kernel with the same per-length split (deterministic mode's fixed split tile for
+Triton, `decode_num_splits` for FA3). Chains only (topk=1): row (b, i) sees exactly the
+prefix plus candidates 0..i.
+
+Replaces `HybridLinearAttnBackend.forward_extend` (SGLang 0.5.23); other modes and the
+linear-attention layers go to the original. Eager only for Triton (the row index table has a
+data-dependent size); the FA3 path is graph-capturable.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from typing import Any
+
+from specdash.engine_patches.registry import Patch, Rebinding, Target
+
+_HYBRID = "sglang.srt.layers.attention.hybrid_linear_attn_backend.HybridLinearAttnBackend"
+
+
+def row_lengths(seq_lens: Any, n: int) -> Any:
+    """Cached length seen by each decode row: (seq_lens[:, None] + [1..n]).flatten()."""
+    import torch
+
+    steps = torch.arange(1, n + 1, device=seq_lens.device, dtype=seq_lens.dtype)
+    return (seq_lens[:, None] + steps).reshape(-1)
+
+
+def _save_kv(backend: Any, layer: Any, forward_batch: Any, k: Any, v: Any) -> None:
+    if k is not None:
+        backend.token_to_kv_pool.set_kv_buffer(
+            layer, forward_batch.out_cache_loc, k, v, layer.k_scale, layer.v_scale
+        )
+
+
+def triton_rows(backend: Any, q: Any, layer: Any, forward_batch: Any, sinks: Any = None) -> Any:
+    """TritonAttnBackend: `decode_attention_fwd` over bs*n rows with a fixed split tile."""
+    import torch
+
+    if backend.split_tile_size is None:
+        raise RuntimeError(
+            "verify_attention_as_decode_rows needs a fixed Triton split tile "
+            "(enable_deterministic_inference)"
+        )
+    if backend.page_size != 1:
+        raise RuntimeError("verify_attention_as_decode_rows (Triton) supports page_size 1 only")
+    bs = forward_batch.batch_size
+    n = q.shape[0] // bs
+    heads, dq, dv = layer.tp_q_head_num, layer.qk_head_dim, layer.v_head_dim
+    lens = row_lengths(forward_batch.seq_lens, n)
+    rows = lens.shape[0]
+    kv_indptr = torch.zeros(rows + 1, dtype=torch.int32, device=q.device)
+    kv_indptr[1:] = torch.cumsum(lens, 0)
+    pool_rows = forward_batch.req_pool_indices.repeat_interleave(n)
+    width = int(lens.max())
+    table = backend.req_to_token_pool.req_to_token[pool_rows, :width]
+    in_row = torch.arange(width, device=q.device)[None, :] < lens[:, None]
+    kv_indices = table[in_row].to(torch.int64)
+    num_kv_splits = ((lens + backend.split_tile_size - 1) // backend.split_tile_size).to(
+        torch.int32
+    )
+    max_splits = backend.max_kv_splits
+    attn_logits = torch.empty(rows, heads, max_splits, dv, dtype=torch.float32, device=q.device)
+    attn_lse = torch.empty(rows, heads, max_splits, dtype=torch.float32, device=q.device)
+    o = q.new_empty(rows, heads * dv)
+    scaled = layer.k_scale is not None and layer.v_scale is not None
+    backend.decode_attention_fwd(
+        q.reshape(rows, heads, dq),
+        backend.token_to_kv_pool.get_key_buffer(layer.layer_id),
+        backend.token_to_kv_pool.get_value_buffer(layer.layer_id),
+        o.view(rows, heads, dv),
+        kv_indptr,
+        kv_indices,
+        attn_logits,
+        attn_lse,
+        num_kv_splits,
+        max_splits,
+        layer.scaling,
+        layer.k_scale_float if scaled else 1.0,
+        layer.v_scale_float if scaled else 1.0,
+        logit_cap=_logit_cap(layer),
+        sinks=sinks,
+        xai_temperature_len=layer.xai_temperature_len,
+        page_size=1,
+    )
+    return o
+
+
+def _logit_cap(layer: Any) -> float:
+    from sglang.srt.layers.attention.triton_backend import logit_capping_mod
+
+    return logit_capping_mod(layer.logit_capping_method, layer.logit_cap)
+
+
+def fa3_rows(backend: Any, q: Any, layer: Any, forward_batch: Any, sinks: Any = None) -> Any:
+    """FlashAttentionBackend: `flash_attn_with_kvcache` with max_seqlen_q=1 per row."""
+    from sglang.srt.layers.attention.flashattention_backend import flash_attn_with_kvcache
+
+    bs = forward_batch.batch_size
+    n = q.shape[0] // bs
+    heads, dq, dv = layer.tp_q_head_num, layer.head_dim, layer.v_head_dim
+    metadata = backend.forward_metadata
+    key_cache, value_cache = backend.token_to_kv_pool.get_kv_buffer(layer.layer_id)
+    key_cache = key_cache.view(-1, backend.page_size, layer.tp_k_head_num, layer.head_dim)
+    value_cache = value_cache.view(-1, backend.page_size, layer.tp_v_head_num, dv)
+    import torch
+
+    out = flash_attn_with_kvcache(
+        q=q.reshape(bs * n, 1, heads, dq),
+        k_cache=key_cache,
+        v_cache=value_cache,
+        page_table=metadata.page_table.repeat_interleave(n, 0),
+        cache_seqlens=row_lengths(forward_batch.seq_lens, n).to(torch.int32),
+        max_seqlen_q=1,
+        softmax_scale=layer.scaling,
+        causal=True,
+        softcap=layer.logit_cap,
+        num_splits=backend.decode_num_splits,
+        scheduler_metadata=None,
+        ver=backend.fa_impl_ver,
+    )
+    return out.reshape(bs * n, heads * dv)
+
+
+ROW_KERNELS: dict[str, Callable[..., Any]] = {
+    "TritonAttnBackend": triton_rows,
+    "FlashAttentionBackend": fa3_rows,
+}
+
+
+def _as_decode_rows(original: Callable[..., Any]) -> Callable[..., Any]:
+    def forward_extend(
+        self,
+        layer,
+        forward_batch,
+        save_kv_cache=True,
+        q=None,
+        k=None,
+        v=None,
+        mixed_qkv=None,
+        a=None,
+        b=None,
+        **kwargs,
+    ):
+        if forward_batch.forward_mode.is_target_verify() and self._is_full_attn(
+            layer, kwargs.get("layer_id")
+        ):
+            backend = self.full_attn_backend
+            rows = ROW_KERNELS.get(type(backend).__name__)
+            if rows is None:
+                raise RuntimeError(
+                    f"verify_attention_as_decode_rows: no decode-row path for "
+                    f"{type(backend).__name__}; use attention_backend=triton or fa3"
+                )
+            if save_kv_cache:
+                _save_kv(backend, layer, forward_batch, k, v)
+            return rows(backend, q, layer, forward_batch, sinks=kwargs.get("sinks"))
+        return original(
+            self, layer, forward_batch, save_kv_cache, q, k, v, mixed_qkv, a, b, **kwargs
+        )
+
+    forward_extend.__specdash_original__ = original  # type: ignore[attr-defined]
+    return forward_extend
+
+
+PATCH = Patch(
+    name="verify_attention_as_decode_rows",
+    summary="TARGET_VERIFY full attention through the decode kernel, one row per candidate",
+    targets=(
+        Target(
+            f"{_HYBRID}.forward_extend",
+            "7feebbdc1924eddec77dd8397228e9dcce06db94558e38a53ea8ba8aef31d728",
+        ),
+        Target(
+            f"{_HYBRID}._is_full_attn",
+            "fa0f3067149d81c47bfd5f3d45750de60793bb12ac5fc75612e1685ebb6bb628",
+            role="relied on",
+        ),
+        Target(
+            "sglang.srt.layers.attention.triton_backend.TritonAttnBackend.forward_decode",
+            "7577d9e3055af8a4aebeaeb1ede2a66742e830cb11630936a7647ccd2b61e69f",
+            role="relied on",
+        ),
+        Target(
+            "sglang.srt.layers.attention.triton_backend.TritonAttnBackend.get_num_kv_splits",
+            "f2a2daa2fedaa129ab55f793dfbac41773f5b840a1f13a6e26fd95b9377e387d",
+            role="relied on",
+        ),
+        Target(
+            "sglang.kernels.ops.attention.decode_attention.decode_attention_fwd",
+            "618af192d7dfd748399048fb8e63b06b1526e92c1b52add09b3930c67447bf46",
+            role="relied on",
+        ),
+    ),
+    rebindings=(Rebinding(_HYBRID, "forward_extend", _as_decode_rows),),
+)
