@@ -109,14 +109,14 @@ def attention_sweep(results: dict) -> None:
     from specdash.kernels import decode_attention as da
 
     rows = []
-    for block_t, warps, stages in itertools.product((32, 64, 128), (4, 8), (1, 2, 3, 4)):
-        da.CONFIG = da.AttentionConfig(block_t, warps, stages)
+    for tile_m, block_t, warps, stages in itertools.product((16, 32), (32, 64), (4, 8), (2, 3)):
+        da.CONFIG = da.AttentionConfig(block_t, tile_m, warps, stages)
         try:
             per_ctx = {ctx: attention_at(ctx) for ctx in (2048, 32768)}
         except Exception as exc:
             print("config", da.CONFIG, "failed:", str(exc)[:120], flush=True)
             continue
-        row = {"config": [block_t, warps, stages]}
+        row = {"config": [block_t, tile_m, warps, stages]}
         for ctx, r in per_ctx.items():
             row[f"decode_{ctx}_us"] = r["decode_graph_us"]
             row[f"verify_{ctx}_us"] = r["verify10_graph_us"]

@@ -5,9 +5,14 @@ at context length L+1+i. So verify does not use a multi-row extend kernel: its r
 decode rows (after their K/V are written to the cache) through this one kernel. Each row is split
 into KV chunks of a fixed number of tokens S ([0,S), [S,2S), ...; never a fixed split *count*,
 which would move boundaries as L grows); each split does an online softmax over BLOCK_T-token
-blocks in ascending order, and the splits are merged by an LSE-combine in split order. Nothing in a
-row's arithmetic depends on the other rows, on how many rows share the launch, or on the grid.
-GQA: query head h reads kv head h // (Hq // Hkv); one program serves the whole query group.
+blocks in ascending order, and the splits are merged by an LSE-combine in split order.
+GQA: query head h reads kv head h // (Hq // Hkv). One program computes a TILE_M-row MMA tile: the
+query group's heads for up to TILE_M // group consecutive rows of one sequence, each tile row with
+its own length, mask and softmax state. A decode launch fills one row of the tile, a verify launch
+several; the kernel and its constants are the same, MMA rows are independent, and the blocks a
+longer row adds past a shorter row's end leave the shorter row's state exactly unchanged
+(alpha = exp(0) = 1, p = 0). The one thing that can differ is the sign of an exactly-zero
+accumulator element (0 * v is -0 for negative v), which no later nonzero sum can see.
 """
 
 from __future__ import annotations
@@ -27,6 +32,7 @@ class AttentionConfig:
     """
 
     block_t: int = 64  # KV tokens per online-softmax block inside a split
+    tile_m: int = 32  # MMA rows per program: GQA-group heads x rows of one sequence
     num_warps: int = 4
     num_stages: int = 2
 
@@ -34,18 +40,18 @@ class AttentionConfig:
 CONFIG = AttentionConfig()
 
 
-@triton.jit(do_not_specialize=["max_splits"])
+@triton.jit(do_not_specialize=["max_splits", "rows_per_seq"])
 def _split_kernel(
     q_ptr,
     k_ptr,
     v_ptr,
     seq_lens_ptr,
-    kv_index_ptr,
     m_ptr,
     l_ptr,
     acc_ptr,
     scale,
     max_splits,
+    rows_per_seq,
     stride_qr,
     stride_qh,
     stride_kb,
@@ -56,36 +62,44 @@ def _split_kernel(
     stride_vt,
     HQ: tl.constexpr,
     GROUP: tl.constexpr,
-    GROUP_PAD: tl.constexpr,
+    SLOTS: tl.constexpr,
+    TILE_M: tl.constexpr,
     D: tl.constexpr,
     SPLIT: tl.constexpr,
     BLOCK_T: tl.constexpr,
     IEEE: tl.constexpr,
 ):
-    row = tl.program_id(0)
+    # tile row i = (slot, query head of the GQA group): up to SLOTS consecutive rows of one
+    # sequence share each K/V block; every tile row keeps its own length, mask and softmax state
+    pack = tl.program_id(0)
     kv_head = tl.program_id(1)
     split = tl.program_id(2)
-    seq_len = tl.load(seq_lens_ptr + row)
-    kv_b = tl.load(kv_index_ptr + row).to(tl.int64)
-    offs_g = tl.arange(0, GROUP_PAD)
+    packs_per_seq = tl.cdiv(rows_per_seq, SLOTS)
+    seq = pack // packs_per_seq
+    offs_i = tl.arange(0, TILE_M)
     offs_d = tl.arange(0, D)
-    g_mask = offs_g < GROUP
-    heads = kv_head * GROUP + offs_g
+    slot = offs_i // GROUP
+    step = (pack % packs_per_seq) * SLOTS + slot
+    valid = (slot < SLOTS) & (step < rows_per_seq)
+    row = seq * rows_per_seq + step
+    heads = kv_head * GROUP + offs_i % GROUP
     q = tl.load(
-        q_ptr + row * stride_qr + heads[:, None] * stride_qh + offs_d[None, :],
-        mask=g_mask[:, None],
+        q_ptr + row[:, None] * stride_qr + heads[:, None] * stride_qh + offs_d[None, :],
+        mask=valid[:, None],
         other=0.0,
     )
-    k_base = k_ptr + kv_b * stride_kb + kv_head * stride_kh
-    v_base = v_ptr + kv_b * stride_vb + kv_head * stride_vh
-    m_i = tl.full((GROUP_PAD,), float("-inf"), dtype=tl.float32)
-    l_i = tl.zeros((GROUP_PAD,), dtype=tl.float32)
-    acc = tl.zeros((GROUP_PAD, D), dtype=tl.float32)
     start = split * SPLIT
-    end = tl.minimum(start + SPLIT, seq_len)
-    for t0 in range(start, end, BLOCK_T):
+    end = tl.minimum(start + SPLIT, tl.load(seq_lens_ptr + row, mask=valid, other=0))
+    k_base = k_ptr + seq.to(tl.int64) * stride_kb + kv_head * stride_kh
+    v_base = v_ptr + seq.to(tl.int64) * stride_vb + kv_head * stride_vh
+    m_i = tl.full((TILE_M,), float("-inf"), dtype=tl.float32)
+    l_i = tl.zeros((TILE_M,), dtype=tl.float32)
+    acc = tl.zeros((TILE_M, D), dtype=tl.float32)
+    block_end = tl.max(end)
+    for t0 in range(start, block_end, BLOCK_T):
+        # a block past a tile row's end is an exact identity for it: alpha = 1, p = 0
         offs_t = t0 + tl.arange(0, BLOCK_T)
-        t_mask = offs_t < end
+        t_mask = offs_t < block_end
         kt = tl.load(
             k_base + offs_t[:, None] * stride_kt + offs_d[None, :], mask=t_mask[:, None], other=0.0
         )
@@ -96,7 +110,7 @@ def _split_kernel(
             s = tl.dot(q, tl.trans(kt), input_precision="ieee")
         else:
             s = tl.dot(q, tl.trans(kt))
-        s = tl.where(t_mask[None, :], s * scale, float("-inf"))
+        s = tl.where(offs_t[None, :] < end[:, None], s * scale, float("-inf"))
         m_new = tl.maximum(m_i, tl.max(s, axis=1))
         alpha = tl.exp(m_i - m_new)
         p = tl.exp(s - m_new[:, None])
@@ -107,9 +121,9 @@ def _split_kernel(
             acc = acc * alpha[:, None] + tl.dot(p.to(vt.dtype), vt)
         m_i = m_new
     part = (row * HQ + heads) * max_splits + split
-    tl.store(m_ptr + part, m_i, mask=g_mask)
-    tl.store(l_ptr + part, l_i, mask=g_mask)
-    tl.store(acc_ptr + part[:, None] * D + offs_d[None, :], acc, mask=g_mask[:, None])
+    tl.store(m_ptr + part, m_i, mask=valid)
+    tl.store(l_ptr + part, l_i, mask=valid)
+    tl.store(acc_ptr + part[:, None] * D + offs_d[None, :], acc, mask=valid[:, None])
 
 
 @triton.jit(do_not_specialize=["max_splits"])
@@ -146,19 +160,20 @@ def _merge_kernel(
     tl.store(out_ptrs, out.to(out_ptr.dtype.element_ty))
 
 
-def _decode_rows(
+def _attention_rows(
     q: torch.Tensor,
     k_cache: torch.Tensor,
     v_cache: torch.Tensor,
     seq_lens: torch.Tensor,
-    kv_index: torch.Tensor,
+    rows_per_seq: int,
     scale: float,
     split_size: int,
 ) -> torch.Tensor:
-    """Attention of rows q[R,Hq,D] over cache batch kv_index[R], first seq_lens[R] tokens."""
+    """Rows q[B*T,Hq,D] (T = rows_per_seq per sequence, sequence-major), row r over cache batch
+    r // T, first seq_lens[r] tokens."""
     rows, hq, d = q.shape
-    _, hkv, lmax, dk = k_cache.shape
-    if dk != d or v_cache.shape != k_cache.shape:
+    bsz, hkv, lmax, dk = k_cache.shape
+    if dk != d or v_cache.shape != k_cache.shape or rows != bsz * rows_per_seq:
         raise ValueError(f"q {tuple(q.shape)}, k {tuple(k_cache.shape)}, v {tuple(v_cache.shape)}")
     if hq % hkv:
         raise ValueError(f"Hq={hq} is not a multiple of Hkv={hkv}")
@@ -170,24 +185,25 @@ def _decode_rows(
     if q.stride(-1) != 1 or k_cache.stride(-1) != 1 or v_cache.stride(-1) != 1:
         raise ValueError("q, k_cache and v_cache need a contiguous last dimension")
     group = hq // hkv
+    tile_m = max(cfg.tile_m, triton.next_power_of_2(group))
+    slots = tile_m // group
     max_splits = triton.cdiv(lmax, split_size)
     dev = q.device
     m = torch.empty((rows, hq, max_splits), device=dev, dtype=torch.float32)
     lse_sum = torch.empty_like(m)
     acc = torch.empty((rows, hq, max_splits, d), device=dev, dtype=torch.float32)
     seq_lens = seq_lens.to(device=dev, dtype=torch.int32)
-    kv_index = kv_index.to(device=dev, dtype=torch.int32)
-    _split_kernel[(rows, hkv, max_splits)](
+    _split_kernel[(bsz * triton.cdiv(rows_per_seq, slots), hkv, max_splits)](
         q,
         k_cache,
         v_cache,
         seq_lens,
-        kv_index,
         m,
         lse_sum,
         acc,
         float(scale),
         max_splits,
+        rows_per_seq,
         q.stride(0),
         q.stride(1),
         k_cache.stride(0),
@@ -198,7 +214,8 @@ def _decode_rows(
         v_cache.stride(2),
         HQ=hq,
         GROUP=group,
-        GROUP_PAD=max(16, triton.next_power_of_2(group)),
+        SLOTS=slots,
+        TILE_M=tile_m,
         D=d,
         SPLIT=split_size,
         BLOCK_T=cfg.block_t,
@@ -235,8 +252,7 @@ def decode_attention(
 
     No host sync: the grid covers Lmax, and programs past a row's length do no work.
     """
-    index = torch.arange(q.shape[0], device=q.device, dtype=torch.int32)
-    return _decode_rows(q, k_cache, v_cache, seq_lens, index, scale, split_size)
+    return _attention_rows(q, k_cache, v_cache, seq_lens, 1, scale, split_size)
 
 
 def verify_as_decode_rows(
@@ -249,12 +265,12 @@ def verify_as_decode_rows(
 ) -> torch.Tensor:
     """Verify attention q[B,T,Hq,D] as B*T decode rows of lengths L+1, ..., L+T.
 
-    The K/V of the T tokens must already be in the cache at positions L..L+T-1.
+    The K/V of the T tokens must already be in the cache at positions L..L+T-1. Up to
+    AttentionConfig.tile_m // GQA-group consecutive rows share each K/V block load; a block past
+    a row's own end leaves that row's state exactly unchanged (alpha = 1, p = 0).
     """
     b, t, hq, d = q.shape
     steps = torch.arange(1, t + 1, device=q.device, dtype=torch.int32)
     lens = (seq_lens_before.to(device=q.device, dtype=torch.int32)[:, None] + steps).reshape(-1)
-    index = torch.arange(b, device=q.device, dtype=torch.int32).repeat_interleave(t)
-    rows = q.reshape(b * t, hq, d)
-    out = _decode_rows(rows, k_cache, v_cache, lens, index, scale, split_size)
+    out = _attention_rows(q.reshape(b * t, hq, d), k_cache, v_cache, lens, t, scale, split_size)
     return out.reshape(b, t, hq, d)
