@@ -22,7 +22,7 @@ from textual.widgets import DataTable, Footer, Input, Static
 
 from specdash.controls import Controls
 from specdash.dashboard_model import DashboardModel
-from specdash.events import ControlChange, EngineError, Event, SessionStart
+from specdash.events import ControlChange, EngineError, Event, SessionStart, Summary
 from specdash.settings import MAX_K, SessionSettings
 from specdash.sources import EventBuffer, EventSource, LiveSession
 from specdash.widgets.acceptance import AcceptancePanel
@@ -81,7 +81,7 @@ class SpecdashApp(App[int]):
         self._ui_hz, self._plot_hz = ui_hz, plot_hz
         self._shown_revision = -1
         self._plotted_revision = -1
-        self._recording_note = "no trace recording"
+        self._recording_note = ""
 
     # -- layout ------------------------------------------------------------------------
 
@@ -138,7 +138,9 @@ class SpecdashApp(App[int]):
             if self.trace_writer is not None:
                 self.trace_writer(event)
             if isinstance(event, EngineError):
-                self._close_trace(f"engine error ({event.message})")
+                self._close_trace("an engine error")
+            elif isinstance(event, Summary):
+                self._close_trace("the session finished")
         if self.trace_writer is not None and self.trace_writer.stopped_reason:
             self.notify(f"recording stopped: {self.trace_writer.stopped_reason}", severity="error")
             self._close_trace(f"recording stopped: {self.trace_writer.stopped_reason}")
@@ -147,7 +149,7 @@ class SpecdashApp(App[int]):
         self._shown_revision = self.model.revision
         m = self.model
         with self.batch_update():
-            self.query_one(StatusBar).show(m)
+            self.query_one(StatusBar).show(m, self._recording_note)
             self.query_one(ErrorPanel).show(m.errors, self._recording_note)
             self.query_one(ThroughputPanel).show_numbers(m)
             self.query_one(AcceptancePanel).show_numbers(m)

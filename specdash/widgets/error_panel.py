@@ -13,5 +13,5 @@ class ErrorPanel(Static):
         if errors:
             text = Text("engine error: ", style="bold")
             text.append(errors[-1])
-            text.append(f"\n{recording}", style="dim")
+            text.append(f"\n{recording or 'no trace was recording'}", style="dim")
             self.update(text)

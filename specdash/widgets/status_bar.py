@@ -1,5 +1,5 @@
-"""Status bar: what is running (engine, model, drafter, k, verify mode, GEMM backend, device)
-and the exactness verdict so far."""
+"""Status bar: the exactness verdict so far and the session's progress on the first line,
+what is running (engine, model, drafter, k, verify mode, GEMM backend, device) on the second."""
 
 from __future__ import annotations
 
@@ -10,12 +10,25 @@ from specdash.dashboard_model import DashboardModel
 
 
 class StatusBar(Static):
-    def show(self, m: DashboardModel) -> None:
+    def show(self, m: DashboardModel, recording: str = "") -> None:
         text = Text()
+        verdict_style = "bold white on red" if m.first_divergence else "bold black on green"
+        text.append(f" {m.exactness} ", style=verdict_style)
+        text.append("  ")
+        for flag, on in (("PAUSED", m.paused), ("FINISHED", m.finished)):
+            if on:
+                text.append(f" {flag} ", style="bold black on yellow")
+                text.append("  ")
+        prompt = "–" if m.prompt_index is None else str(m.prompt_index)
+        text.append("prompt ", style="dim")
+        text.append(f"{prompt}  ", style="bold")
+        text.append(f"{m.prompts_done} done, {m.exact_prompts} exact (session)  ")
+        text.append(recording, style="dim")
+        text.append("\n")
         fields = [
             ("engine", m.engine),
             ("model", m.model),
-            ("drafter", m.drafter if m.speculation else "off"),
+            ("drafter", m.drafter if m.speculation else "off (no speculation)"),
             ("k", str(m.k)),
             ("verify", m.verify_mode),
             ("GEMM", m.gemm_backend),
@@ -24,15 +37,4 @@ class StatusBar(Static):
         for name, value in fields:
             text.append(f"{name} ", style="dim")
             text.append(f"{value}  ", style="bold")
-        prompt = "–" if m.prompt_index is None else str(m.prompt_index)
-        text.append("prompt ", style="dim")
-        text.append(f"{prompt} ({m.prompts_done} done, {m.exact_prompts} exact)  ")
-        if m.paused:
-            text.append(" PAUSED ", style="bold black on yellow")
-            text.append(" ")
-        if m.finished:
-            text.append(" FINISHED ", style="bold black on bright_white")
-            text.append(" ")
-        verdict_style = "bold white on red" if m.first_divergence else "bold black on green"
-        text.append(f" {m.exactness} ", style=verdict_style)
         self.update(text)
