@@ -1,0 +1,60 @@
+"""A real terminal run: `specdash` in tmux on the shipped model, keys sent as a user would,
+the screen read back with capture-pane, and `q` exits 0."""
+
+from __future__ import annotations
+
+import shutil
+import subprocess
+import sys
+import time
+import uuid
+from pathlib import Path
+
+import pytest
+
+pytestmark = pytest.mark.skipif(shutil.which("tmux") is None, reason="needs tmux (CI installs it)")
+
+SPECDASH = Path(sys.executable).parent / "specdash"
+
+
+def tmux(*args: str) -> str:
+    return subprocess.run(["tmux", *args], check=True, capture_output=True, text=True).stdout
+
+
+def wait_for(session: str, predicate, timeout: float = 90) -> str:
+    deadline = time.monotonic() + timeout
+    screen = ""
+    while time.monotonic() < deadline:
+        screen = tmux("capture-pane", "-p", "-t", session)
+        if predicate(screen):
+            return screen
+        time.sleep(0.5)
+    raise AssertionError(f"timed out; last screen:\n{screen}")
+
+
+def test_specdash_in_a_real_terminal(tmp_path):
+    session = f"specdash-test-{uuid.uuid4().hex[:8]}"
+    status = tmp_path / "exit_status"
+    command = f"{SPECDASH} --max-new-tokens 24; echo $? > {status}"
+    tmux("new-session", "-d", "-s", session, "-x", "160", "-y", "48", "-c", str(tmp_path), command)
+    try:
+        screen = wait_for(session, lambda s: "steps " in s and "steps 0" not in s)
+        assert "t/s (1 s, wall)" in screen and "t/s (session, wall)" in screen
+        assert "acceptance rate" in screen and "mean accepted length" in screen
+        assert "EXACT so far" in screen or "DIVERGED at token" in screen
+        assert "divergences (session):" in screen
+        assert "GPU:" in screen or "DRAM BW" in screen or "mem busy" in screen
+        assert " k 4 " in screen
+        tmux("send-keys", "-t", session, "+")
+        wait_for(session, lambda s: " k 5 " in s, timeout=30)  # applied by the engine
+        tmux("send-keys", "-t", session, "?")
+        wait_for(session, lambda s: "specdash help" in s, timeout=10)
+        tmux("send-keys", "-t", session, "Escape")
+        wait_for(session, lambda s: "specdash help" not in s, timeout=10)
+        tmux("send-keys", "-t", session, "q")
+        deadline = time.monotonic() + 20
+        while not status.exists() and time.monotonic() < deadline:
+            time.sleep(0.2)
+        assert status.read_text().strip() == "0"
+    finally:
+        subprocess.run(["tmux", "kill-session", "-t", session], capture_output=True)
