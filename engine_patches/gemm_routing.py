@@ -50,12 +50,17 @@ def active_backend() -> str:
 
 
 def set_backend(name: str) -> None:
-    """Select the backend for the next GEMM in this process; unknown names raise ValueError."""
+    """Select the backend for the next GEMM in this process.
+
+    A bare specdash.kernels name (`triton`) means `specdash-triton`; an unknown or unavailable
+    backend raises (specdash.errors.EnvironmentProblem, with the reason).
+    """
     global _active
     if name not in SGLANG_BACKENDS:
-        if not name.startswith(SPECDASH_PREFIX):
-            raise ValueError(f"unknown GEMM backend {name!r}; known: {', '.join(backends())}")
         from specdash.kernels import registry
+
+        if not name.startswith(SPECDASH_PREFIX):
+            name = SPECDASH_PREFIX + name
 
         registry.get_backend(name.removeprefix(SPECDASH_PREFIX))
     _active = name

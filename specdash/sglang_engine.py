@@ -1,0 +1,533 @@
+"""SGLang backend: a patched `sglang.Engine` in-process, speaking specdash's event stream.
+
+Why a subclass: SGLang spawns its scheduler with `mp.set_start_method("spawn")`, so patches
+made in this process are not inherited. `PatchedEngine.run_scheduler_process_func` is the
+module-level `scheduler_entry`, which applies `specdash.engine_patches` in the scheduler
+process before the Scheduler (and its CUDA graphs) exist, then runs SGLang's own entry.
+
+Defaults make greedy speculative output comparable bit for bit with plain decoding:
+deterministic inference, Triton attention and Triton GDN kernels, fp32 SSM state, chain
+drafts (topk=1). Every `sglang.Engine` argument can still be overridden (`--sglang-arg
+key=value`). The shadow run (no speculation) is a second engine on the same weights with
+the GPU memory split between the two, or, when memory is short, runs after the speculative
+engine has shut down (`sequential`).
+"""
+
+from __future__ import annotations
+
+import argparse
+import ast
+import contextlib
+import os
+import struct
+import tempfile
+import threading
+import time
+import uuid
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass, field
+from typing import Any, Literal
+
+from specdash.controls import Controls
+from specdash.engine_patches import telemetry
+from specdash.errors import EnvironmentProblem, UsageError
+from specdash.events import (
+    ControlChange,
+    Divergence,
+    EngineError,
+    Event,
+    PromptDone,
+    PromptStart,
+    SessionStart,
+    Summary,
+    Token,
+    VerifyStep,
+)
+from specdash.settings import SessionSettings
+
+Sink = Callable[[Event], None]
+ALGORITHMS = ("NEXTN", "EAGLE3", "DFLASH", "STANDALONE", "NGRAM")
+PATCHES_ENV = "SPECDASH_SGLANG_PATCHES"
+"""Comma-separated patch names the scheduler entry applies; unset: all of them."""
+
+EXACT_DEFAULTS: dict[str, Any] = {
+    "enable_deterministic_inference": True,
+    "attention_backend": "triton",
+    "linear_attn_backend": "triton",
+    "mamba_ssm_dtype": "float32",
+    "speculative_eagle_topk": 1,
+}
+SPLIT_MEM_FRACTION = 0.4
+"""mem_fraction_static of each engine when spec and shadow engines share the GPU."""
+
+
+@dataclass(frozen=True)
+class SGLangOptions:
+    """What `--engine sglang` needs beyond SessionSettings."""
+
+    speculative_algorithm: str = "NEXTN"
+    engine_args: dict[str, Any] = field(default_factory=dict)
+    shadow_mode: Literal["split", "sequential"] = "split"
+    force_patches: bool = False
+
+
+def parse_engine_arg(text: str) -> tuple[str, Any]:
+    """`key=value` -> (key, value); the value as a Python literal when it is one, else str."""
+    key, sep, raw = text.partition("=")
+    key = key.strip().replace("-", "_")
+    if not sep or not key.isidentifier():
+        raise UsageError(f"--sglang-arg {text!r}: expected KEY=VALUE, e.g. mem_fraction_static=0.4")
+    lowered = {"true": True, "false": False, "none": None}
+    if raw.strip().lower() in lowered:
+        return key, lowered[raw.strip().lower()]
+    try:
+        return key, ast.literal_eval(raw)
+    except (ValueError, SyntaxError):
+        return key, raw
+
+
+def options_from_args(args: argparse.Namespace) -> SGLangOptions:
+    return SGLangOptions(
+        speculative_algorithm=args.speculative_algorithm,
+        engine_args=dict(parse_engine_arg(a) for a in args.sglang_arg),
+        shadow_mode=args.sglang_shadow,
+        force_patches=args.force_patches,
+    )
+
+
+def engine_kwargs(
+    settings: SessionSettings, options: SGLangOptions, *, speculative: bool, split: bool
+) -> dict[str, Any]:
+    """sglang.Engine keyword arguments: exactness defaults < session settings < --sglang-arg."""
+    if settings.model is None:
+        raise UsageError("--engine sglang needs --model DIR (an HF checkpoint SGLang can load)")
+    kw: dict[str, Any] = {
+        **EXACT_DEFAULTS,
+        "model_path": str(settings.model),
+        "random_seed": settings.seed,
+        "skip_tokenizer_init": False,
+    }
+    if settings.dtype is not None:
+        kw["dtype"] = settings.dtype
+    if split:
+        kw["mem_fraction_static"] = SPLIT_MEM_FRACTION
+    if speculative:
+        kw["speculative_algorithm"] = options.speculative_algorithm
+        if options.speculative_algorithm != "NGRAM":
+            kw["speculative_num_steps"] = settings.k
+            kw["speculative_num_draft_tokens"] = settings.k + 1
+        if options.speculative_algorithm == "NEXTN":
+            kw["speculative_draft_model_path"] = str(settings.draft or settings.model)
+        elif settings.draft is not None:
+            kw["speculative_draft_model_path"] = str(settings.draft)
+    else:
+        kw.pop("speculative_eagle_topk")
+    user = dict(options.engine_args)
+    if not speculative:
+        user = {k: v for k, v in user.items() if not k.startswith("speculative_")}
+    return {**kw, **user}
+
+
+def scheduler_entry(*args: Any, **kwargs: Any) -> Any:
+    """SGLang's scheduler process entry with the specdash patches applied first."""
+    from specdash.engine_patches import registry
+
+    names = os.environ.get(PATCHES_ENV)
+    registry.apply_all(names.split(",") if names else None)
+    from sglang.srt.managers.scheduler import run_scheduler_process
+
+    return run_scheduler_process(*args, **kwargs)
+
+
+def patched_engine_class() -> type:
+    import sglang
+
+    class PatchedEngine(sglang.Engine):
+        run_scheduler_process_func = staticmethod(scheduler_entry)
+
+    return PatchedEngine
+
+
+def check_environment(options: SGLangOptions) -> None:
+    """Install hint, CUDA, patch targets and the algorithm name, before anything is started."""
+    from specdash.engine_patches.check import ensure_patchable, require_sglang
+
+    require_sglang()
+    import torch
+
+    if not torch.cuda.is_available():
+        raise EnvironmentProblem("--engine sglang needs a CUDA GPU; none is visible to torch")
+    if options.speculative_algorithm not in ALGORITHMS:
+        raise UsageError(
+            f"--speculative-algorithm {options.speculative_algorithm!r}: "
+            f"one of {', '.join(ALGORITHMS)}"
+        )
+    ensure_patchable(options.force_patches)
+
+
+def start_engine(kwargs: dict[str, Any]) -> Any:
+    """A PatchedEngine, with SGLang's own refusal (unknown argument, unsupported algorithm for
+    this model, ...) as a one-line error."""
+    try:
+        return patched_engine_class()(**kwargs)
+    except TypeError as e:
+        raise UsageError(f"sglang.Engine rejected an argument: {e}") from None
+    except (ValueError, NotImplementedError, AssertionError, RuntimeError) as e:
+        reason = str(e).strip().splitlines()[0] if str(e).strip() else type(e).__name__
+        algo = kwargs.get("speculative_algorithm")
+        what = f"speculative algorithm {algo}" if algo else "the shadow engine"
+        raise UsageError(f"sglang refused {what}: {reason}") from None
+
+
+class TelemetryReceiver:
+    """PULL end of the scheduler's telemetry; binds before the engine starts (env var)."""
+
+    def __init__(self) -> None:
+        import zmq
+
+        self._zmq = zmq
+        path = os.path.join(tempfile.gettempdir(), f"specdash-telemetry-{uuid.uuid4().hex}")
+        self.address = f"ipc://{path}"
+        self._sock = zmq.Context.instance().socket(zmq.PULL)
+        self._sock.setsockopt(zmq.LINGER, 0)
+        self._sock.bind(self.address)
+        self._path = path
+
+    def drain(self, timeout_ms: int = 0) -> list[dict[str, Any]]:
+        """Every record waiting now (waiting up to timeout_ms for the first)."""
+        out = []
+        if timeout_ms and not self._sock.poll(timeout_ms):
+            return out
+        while True:
+            try:
+                out.append(self._sock.recv_json(flags=self._zmq.NOBLOCK))
+            except self._zmq.Again:
+                return out
+
+    def close(self) -> None:
+        self._sock.close()
+        with contextlib.suppress(FileNotFoundError):
+            os.unlink(self._path)
+
+
+def verify_step_event(
+    record: dict[str, Any], prompt_index: int, step: int, verify_mode: str, gemm_backend: str
+) -> VerifyStep:
+    """A telemetry record as the VerifyStep the native engine emits.
+
+    SGLang's draft proposals arrive only when their async copy finished before the step was
+    resolved; otherwise the rejected drafts are unknown and reported as -1 (the accepted ones
+    are the emitted tokens), so `len(draft_tokens)` is still k.
+    """
+    k, accepted, emitted = record["k"], record["accepted"], record["emitted"]
+    drafts = record.get("drafts")
+    if drafts is None or len(drafts) != k:
+        drafts = emitted[:accepted] + [-1] * (k - accepted)
+    return VerifyStep(
+        prompt_index=prompt_index,
+        step=step,
+        k=k,
+        accepted=accepted,
+        draft_tokens=drafts,
+        emitted_tokens=emitted,
+        verify_mode=verify_mode,
+        gemm_backend=gemm_backend,
+        draft_s=(record.get("draft_s") or 0.0) + (record.get("draft_extend_s") or 0.0),
+        verify_s=record.get("verify_s") or 0.0,
+        shadow_s=0.0,
+        rollback_s=0.0,
+    )
+
+
+def token_sources(accepted_per_step: list[int], n_tokens: int) -> Iterator[tuple[str, int]]:
+    """(source, step) per output token: the prefill's token, then each verify step's accepted
+    drafts and its bonus token."""
+    if n_tokens == 0:
+        return
+    yield "decode", -1
+    produced = 1
+    for step, accepted in enumerate(accepted_per_step):
+        for i in range(accepted + 1):
+            if produced == n_tokens:
+                return
+            yield ("bonus" if i == accepted else "draft"), step
+            produced += 1
+    while produced < n_tokens:  # steps whose telemetry was dropped
+        yield "decode", -1
+        produced += 1
+
+
+def same_bits(a: float | None, b: float | None) -> bool:
+    if a is None or b is None:
+        return a is b
+    return struct.pack("<f", a) == struct.pack("<f", b)
+
+
+@dataclass
+class _Output:
+    ids: list[int]
+    logprobs: list[float | None]
+    texts: list[str]
+    seconds: float
+    meta: dict[str, Any]
+
+
+def _count_tokens(engine: Any, text: str) -> int:
+    tokenizer = getattr(engine.tokenizer_manager, "tokenizer", None)
+    return len(tokenizer.encode(text)) if tokenizer is not None else 0
+
+
+def _generate(engine: Any, text: str, rid: str, max_new_tokens: int) -> _Output:
+    t0 = time.monotonic()
+    out = engine.generate(
+        prompt=text,
+        sampling_params={"temperature": 0.0, "max_new_tokens": max_new_tokens},
+        return_logprob=True,
+        rid=rid,
+    )
+    meta = out["meta_info"]
+    triples = meta.get("output_token_logprobs") or []
+    return _Output(
+        ids=[int(t) for t in out["output_ids"]],
+        logprobs=[lp for lp, _, _ in triples],
+        texts=[tx or "" for _, _, tx in triples],
+        seconds=time.monotonic() - t0,
+        meta=meta,
+    )
+
+
+class SGLangSession:
+    """One session on SGLang engines; `run()` returns the Summary after emitting everything."""
+
+    def __init__(
+        self,
+        settings: SessionSettings,
+        sink: Sink,
+        controls: Controls | None,
+        stop: threading.Event | None,
+        options: SGLangOptions,
+    ) -> None:
+        self.settings, self.sink, self.options = settings, sink, options
+        self.controls, self.stop = controls, stop or threading.Event()
+        self.gemm_backend = "auto"
+        self.steps: dict[int, list[int]] = {}
+        self.receiver: TelemetryReceiver | None = None
+        from specdash.stats import SessionStats
+
+        self.stats = SessionStats()
+
+    def emit(self, event: Event) -> None:
+        self.stats.consume(event)
+        self.sink(event)
+
+    def run(self) -> Summary:
+        from specdash.prompts import load_prompts
+
+        check_environment(self.options)
+        prompts = load_prompts(self.settings.prompts)
+        spec_on = self.settings.speculation
+        compare = self.settings.shadow and spec_on
+        split = compare and self.options.shadow_mode == "split"
+        with contextlib.ExitStack() as stack:
+            self.receiver = TelemetryReceiver()
+            stack.callback(self.receiver.close)
+            os.environ[telemetry.ADDRESS_ENV] = self.receiver.address
+            spec = stack.enter_context(self._engine(speculative=spec_on, split=split))
+            shadow = (
+                stack.enter_context(self._engine(speculative=False, split=True)) if split else None
+            )
+            if self.settings.gemm_backend != "auto":
+                self._set_gemm_backend(spec, shadow, self.settings.gemm_backend, step=0)
+            self.emit(self._session_start())
+            spec_outputs = []
+            for index, prompt in enumerate(prompts):
+                if self.stop.is_set():
+                    break
+                self._apply_controls(spec, shadow, index)
+                self.emit(
+                    PromptStart(
+                        prompt_index=index,
+                        prompt_tokens=_count_tokens(spec, prompt.text),
+                        text=prompt.text,
+                    )
+                )
+                out = self._run_spec(spec, index, prompt.text)
+                spec_outputs.append(out)
+                if shadow is not None:
+                    self._compare(index, out, self._run_shadow(shadow, index, prompt.text))
+                elif not compare:
+                    self._done(index, out, exact=False)
+        if compare and not split:  # sequential: the spec engine has released the GPU
+            with self._engine(speculative=False, split=False) as shadow:
+                for index, (prompt, out) in enumerate(zip(prompts, spec_outputs, strict=False)):
+                    self._compare(index, out, self._run_shadow(shadow, index, prompt.text))
+        return self.stats.summary()
+
+    @contextlib.contextmanager
+    def _engine(self, *, speculative: bool, split: bool) -> Iterator[Any]:
+        engine = start_engine(
+            engine_kwargs(self.settings, self.options, speculative=speculative, split=split)
+        )
+        try:
+            yield engine
+        finally:
+            engine.shutdown()
+
+    def _session_start(self) -> SessionStart:
+        import torch
+
+        from specdash.engine_patches.registry import sglang_version
+
+        return SessionStart(
+            config={
+                **self.settings.model_dump(mode="json"),
+                "speculative_algorithm": self.options.speculative_algorithm,
+                "sglang_args": {k: repr(v) for k, v in self.options.engine_args.items()},
+                "shadow_mode": self.options.shadow_mode,
+            },
+            versions={"sglang": sglang_version() or "?", "torch": torch.__version__},
+            device=f"cuda {torch.cuda.get_device_name()}",
+            gemm_backend=self.gemm_backend,
+        )
+
+    def _run_spec(self, engine: Any, index: int, text: str) -> _Output:
+        rid = f"specdash-{index}-{uuid.uuid4().hex[:8]}"
+        self.steps[index] = []
+        done = threading.Event()
+        pump = threading.Thread(target=self._pump, args=(rid, index, done), daemon=True)
+        pump.start()
+        try:
+            out = _generate(engine, text, rid, self.settings.max_new_tokens)
+        finally:
+            done.set()
+            pump.join()
+        sources = token_sources(self.steps[index], len(out.ids))
+        for pos, ((source, step), tok) in enumerate(zip(sources, out.ids, strict=True)):
+            lp = out.logprobs[pos] if pos < len(out.logprobs) else None
+            self.emit(
+                Token(
+                    prompt_index=index,
+                    position=pos,
+                    token_id=tok,
+                    logprob=lp if lp is not None else float("nan"),
+                    text=out.texts[pos] if pos < len(out.texts) else "",
+                    source=source,
+                    step=step,
+                )
+            )
+        return out
+
+    def _pump(self, rid: str, index: int, done: threading.Event) -> None:
+        """Telemetry -> VerifyStep events while the prompt decodes, then a final drain."""
+        assert self.receiver is not None
+        while True:
+            finished = done.is_set()
+            for record in self.receiver.drain(timeout_ms=20):
+                if record.get("rid") != rid:
+                    continue
+                step = len(self.steps[index])
+                self.steps[index].append(record["accepted"])
+                self.emit(
+                    verify_step_event(record, index, step, self.settings.verify, self.gemm_backend)
+                )
+            if finished:
+                return
+
+    def _run_shadow(self, engine: Any, index: int, text: str) -> _Output:
+        return _generate(engine, text, f"specdash-shadow-{index}", self.settings.max_new_tokens)
+
+    def _compare(self, index: int, spec: _Output, shadow: _Output) -> None:
+        """First position where ids or fp32 logprob bits differ -> Divergence."""
+        for pos, (a, b) in enumerate(zip(spec.ids, shadow.ids, strict=False)):
+            la = spec.logprobs[pos] if pos < len(spec.logprobs) else None
+            lb = shadow.logprobs[pos] if pos < len(shadow.logprobs) else None
+            if a != b or not same_bits(la, lb):
+                self.emit(
+                    Divergence(
+                        prompt_index=index,
+                        position=pos,
+                        step=-1,
+                        k=self.settings.k,
+                        verify_mode=self.settings.verify,
+                        gemm_backend=self.gemm_backend,
+                        what="token" if a != b else "logprob",
+                        spec_token=a,
+                        shadow_token=b,
+                        spec_logprob=la if la is not None else float("nan"),
+                        shadow_logprob=lb if lb is not None else float("nan"),
+                        spec_text=spec.texts[pos] if pos < len(spec.texts) else "",
+                        shadow_text=shadow.texts[pos] if pos < len(shadow.texts) else "",
+                    )
+                )
+                self._done(index, spec, exact=False)
+                return
+        self._done(index, spec, exact=len(spec.ids) == len(shadow.ids))
+
+    def _done(self, index: int, out: _Output, exact: bool) -> None:
+        steps = self.steps.get(index, [])
+        k = self.settings.k
+        self.emit(
+            PromptDone(
+                prompt_index=index,
+                new_tokens=len(out.ids),
+                seconds=out.seconds,
+                verify_steps=int(out.meta.get("spec_verify_ct", len(steps)) or 0),
+                accepted_drafts=int(out.meta.get("spec_num_correct_drafts", sum(steps)) or 0),
+                proposed_drafts=int(out.meta.get("spec_num_proposed_drafts", k * len(steps)) or 0),
+                exact=exact,
+            )
+        )
+
+    def _apply_controls(self, spec: Any, shadow: Any, index: int) -> None:
+        """Between prompts: pause, and the live GEMM switch on every scheduler rank."""
+        if self.controls is None:
+            return
+        self.controls.wait_while_paused(self.stop)
+        state = self.controls.snapshot()
+        if state.gemm_backend != self.gemm_backend:
+            self._set_gemm_backend(spec, shadow, state.gemm_backend, step=index)
+        unsupported = {
+            "k": state.k != self.settings.k,
+            "speculation": state.speculation != self.settings.speculation,
+            "verify_mode": state.verify_mode != self.settings.verify,
+        }
+        for name, changed in unsupported.items():
+            if changed:
+                self.emit(
+                    EngineError(
+                        message=f"--engine sglang cannot change {name} live; restart the session",
+                        fatal=False,
+                    )
+                )
+                self.controls.update(
+                    **{name: getattr(self.settings, "verify" if name == "verify_mode" else name)}
+                )
+
+    def _set_gemm_backend(self, spec: Any, shadow: Any, name: str, step: int) -> None:
+        if name == self.gemm_backend and step > 0:
+            return
+        for engine in (spec, shadow):
+            if engine is None:
+                continue
+            try:
+                engine.collective_rpc("specdash_set_gemm_backend", name=name)
+            except AssertionError as e:  # collective_rpc asserts the RPC's success
+                raise EnvironmentProblem(f"GEMM backend {name!r} refused by SGLang: {e}") from None
+        if name != self.gemm_backend:
+            self.emit(
+                ControlChange(
+                    name="gemm_backend", old=self.gemm_backend, new=name, applied_step=step
+                )
+            )
+        self.gemm_backend = name
+
+
+def run_sglang_session(
+    settings: SessionSettings,
+    sink: Sink,
+    controls: Controls | None = None,
+    stop: threading.Event | None = None,
+    options: SGLangOptions | None = None,
+) -> Summary:
+    """The SGLang counterpart of `specdash.session.run_session` (same events, same Summary)."""
+    return SGLangSession(settings, sink, controls, stop, options or SGLangOptions()).run()

@@ -1,0 +1,1 @@
+from torchvision.transforms.functional import __getattr__  # noqa: F401
