@@ -110,18 +110,27 @@ class GpmSampler(threading.Thread):
             self.error = f"{type(e).__name__}: {e}"
 
 
-def plain_decode(engine: Engine, prompt: list[int], n: int) -> tuple[list[int], float]:
+def plain_decode(
+    engine: Engine, prompt: list[int], n: int, gpm: GpmSampler | None = None
+) -> tuple[list[int], float]:
     seq, _ = engine.start(0, prompt, n, 16, shadow=False)
     torch.cuda.synchronize()
     engine.spec_step(seq, 0, "exact", n)  # captures the decode graph on a new slot
+    if gpm is not None:
+        gpm.start()
+        time.sleep(0.25)  # the first GPM window opens before the timed steps
     t0 = time.perf_counter()
     steps = 0
     while not seq.done:
         engine.spec_step(seq, 0, "exact", n)
         steps += 1
     torch.cuda.synchronize()
+    elapsed = time.perf_counter() - t0
+    if gpm is not None:
+        gpm.stop.set()
+        gpm.join()
     engine.release(seq)
-    return seq.ids, steps / (time.perf_counter() - t0)
+    return seq.ids, steps / elapsed
 
 
 def main() -> int:
@@ -158,15 +167,26 @@ def main() -> int:
     def rand_prompt(n: int) -> list[int]:
         return torch.randint(0, cfg.vocab_size, (n,), generator=gen).tolist()
 
+    if args.long_prefill:
+        torch.cuda.empty_cache()
+        try:
+            state = SeqState.empty(cfg, args.long_prefill + 8, model.dtype, dev)
+            p = torch.tensor(rand_prompt(args.long_prefill), device=dev)
+            torch.cuda.synchronize()
+            t1 = time.perf_counter()
+            model.forward(p, state, "prefill")
+            torch.cuda.synchronize()
+            out["long_prefill"] = {"tokens": args.long_prefill, "s": time.perf_counter() - t1}
+        except torch.OutOfMemoryError as e:
+            out["long_prefill"] = {"tokens": args.long_prefill, "error": str(e)[:200]}
+        print(out["long_prefill"], flush=True)
+        state = p = None
+        torch.cuda.empty_cache()
     plain = Engine(model, lambda: RandomDrafter(cfg.vocab_size), [])  # k=0: never asked
     out["decode"] = []
     for ctx in [int(c) for c in args.contexts.split(",")]:
         gpm = GpmSampler()
-        gpm.start()
-        time.sleep(0.3)
-        _, tps = plain_decode(plain, rand_prompt(ctx), args.decode_tokens)
-        gpm.stop.set()
-        gpm.join()
+        _, tps = plain_decode(plain, rand_prompt(ctx), args.decode_tokens, gpm)
         kv_bytes = ctx * 64 * 1024  # 16 attention layers x 4 KiB/token x K and V, bf16
         row = {
             "context": ctx,
@@ -247,20 +267,6 @@ def main() -> int:
         out["spec"].append(row)
         print(row, flush=True)
 
-    if args.long_prefill:
-        state = None
-        torch.cuda.empty_cache()
-        try:
-            state = SeqState.empty(cfg, args.long_prefill + 8, model.dtype, dev)
-            p = torch.tensor(rand_prompt(args.long_prefill), device=dev)
-            torch.cuda.synchronize()
-            t1 = time.perf_counter()
-            model.forward(p, state, "prefill")
-            torch.cuda.synchronize()
-            out["long_prefill"] = {"tokens": args.long_prefill, "s": time.perf_counter() - t1}
-        except torch.OutOfMemoryError as e:
-            out["long_prefill"] = {"tokens": args.long_prefill, "error": str(e)[:200]}
-        print(out["long_prefill"], flush=True)
     if args.json:
         with open(args.json, "w") as f:
             json.dump(out, f, indent=1)

@@ -292,6 +292,10 @@ class Model:
         return self.gemm(x, w, mode == "exact")
 
     def _norm(self, x: Tensor, w: Tensor, exact: bool) -> Tensor:
+        if exact and self.triton_rows:
+            from specdash.kernels.rmsnorm import rms_norm_rows
+
+            return rms_norm_rows(x, w, self.cfg.rms_norm_eps, self.cfg.zero_centred_norm)
         return ops.rms_norm(x, w, self.cfg.rms_norm_eps, self.cfg.zero_centred_norm, exact)
 
     def _attention(
@@ -383,9 +387,15 @@ class Model:
                 o, steps = ops.gdn_recurrent_steps(q, k, v.float(), decay, beta, st.ssm)
                 state.pending[i] = GdnSteps(conv_seq, steps)
         o = obs(i, "recurrent", o)
-        o = ops.gated_rms_norm(
-            o.to(h.dtype), z.view(t_len, nv, dv), w.norm, cfg.rms_norm_eps, exact
-        )
+        o, z = o.to(h.dtype), z.view(t_len, nv, dv)
+        if exact and self.triton_rows:
+            from specdash.kernels.rmsnorm import rms_norm_rows
+
+            o = (w.norm * rms_norm_rows(o, None, cfg.rms_norm_eps) * ops.silu(z.float())).to(
+                o.dtype
+            )
+        else:
+            o = ops.gated_rms_norm(o, z, w.norm, cfg.rms_norm_eps, exact)
         o = obs(i, "gated_norm", o.reshape(t_len, nv * dv))
         return obs(i, "out_proj", self._linear(o, w.out, mode))
 
