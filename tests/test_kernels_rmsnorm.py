@@ -6,7 +6,6 @@ import pytest
 import torch
 from specdash.kernels.rmsnorm import rms_norm_rows
 
-
 DEVICE = "cuda" if torch.cuda.is_available() else "cpu"
 
 
