@@ -88,18 +88,30 @@ def graph_time_us(fn, ws: list[torch.Tensor], x: torch.Tensor) -> float:
     return statistics.median(times)
 
 
+# The default search space, and a wider one (--wide) for the tall-K, N=5120 shapes.
+SPACES = {
+    "default": dict(
+        bn=(32, 64, 128), bk=(64, 128, 256), split=(1, 2, 4, 8), stages=(3, 4, 6), warps=(4,)
+    ),
+    "wide": dict(
+        bn=(16, 32, 64), bk=(128, 256, 512), split=(1, 2, 3), stages=(4, 6, 8), warps=(2, 4)
+    ),
+}
+SPACE = SPACES["default"]
+
+
 def candidate_configs(n: int, k: int) -> list[GemmConfig]:
     out = []
-    for bn, bk, tma in itertools.product((32, 64, 128), (64, 128, 256), (False, True)):
-        for split in (1, 2, 4, 8):
-            if k % (split * bk) or k // split < 512:
-                continue
-            if split > 1 and triton.cdiv(n, bn) * split > 8 * 132:
-                continue
-            for stages in (3, 4, 6):
-                if stages * (bn + 16) * bk * 2 > 200 * 1024:  # shared memory
-                    continue
-                out.append(GemmConfig(bn, bk, split, 4, stages, tma))
+    for bn, bk, tma, split, stages, warps in itertools.product(
+        SPACE["bn"], SPACE["bk"], (False, True), SPACE["split"], SPACE["stages"], SPACE["warps"]
+    ):
+        if k % (split * bk) or k // split < 512:
+            continue
+        if split > 1 and triton.cdiv(n, bn) * split > 8 * 132:
+            continue
+        if stages * (bn + 16) * bk * 2 > 200 * 1024:  # shared memory
+            continue
+        out.append(GemmConfig(bn, bk, split, warps, stages, tma))
     return out
 
 
@@ -254,6 +266,7 @@ def main() -> None:
     ap = argparse.ArgumentParser()
     ap.add_argument("--sweep", default="", help="comma-separated SHAPES indices to tune at M=16")
     ap.add_argument("--compile-workers", type=int, default=12)
+    ap.add_argument("--wide", action="store_true", help="the wider sweep space (SPACES)")
     ap.add_argument("--json", default=None)
     ap.add_argument("--nvml", action="store_true")
     ap.add_argument("--shapes", default=None, help="comma-separated indices into SHAPES")
@@ -275,6 +288,8 @@ def main() -> None:
         backends["deepgemm"] = dg
     picked = [SHAPES[int(i)] for i in args.shapes.split(",")] if args.shapes else SHAPES
     swept = {SHAPES[int(i)][0] for i in args.sweep.split(",") if i}
+    global SPACE
+    SPACE = SPACES["wide" if args.wide else "default"]
     if swept:
         precompile([s for s in SHAPES if s[0] in swept], args.compile_workers)
     results = []
