@@ -66,26 +66,33 @@ def set_backend(name: str) -> None:
     _active = name
 
 
-def _routed(original: Callable[..., Any]) -> Callable[..., Any]:
+def route(
+    original: Callable[..., Any], a: Any, b: Any, bias: Any = None, out_dtype: Any = None
+) -> Any:
+    """`matmul_persistent(a[M,K], b[K,N])` on the active backend; `original` is SGLang's own
+    (also what diffs/ puts into SGLang's source)."""
     import torch
 
+    name = _active
+    if name == "auto" or a.dtype != torch.bfloat16 or b.dtype != torch.bfloat16:
+        return original(a, b, bias=bias, out_dtype=out_dtype)
+    out_dtype = out_dtype or a.dtype
     ops = original.__globals__
+    if name == "deepgemm":
+        return ops["_matmul_persistent_deepgemm"](a=a, b=b, bias=bias, out_dtype=out_dtype)
+    if name == "sglang-triton":
+        return ops["_matmul_persistent_triton"](a=a, b=b, bias=bias, out_dtype=out_dtype)
+    from specdash.kernels import registry
 
+    out = registry.get_backend(name.removeprefix(SPECDASH_PREFIX))(a, b.transpose(0, 1))
+    if bias is not None:
+        out = out + bias
+    return out.to(out_dtype)
+
+
+def _routed(original: Callable[..., Any]) -> Callable[..., Any]:
     def matmul_persistent(a, b, bias=None, out_dtype=None):
-        name = _active
-        if name == "auto" or a.dtype != torch.bfloat16 or b.dtype != torch.bfloat16:
-            return original(a, b, bias=bias, out_dtype=out_dtype)
-        out_dtype = out_dtype or a.dtype
-        if name == "deepgemm":
-            return ops["_matmul_persistent_deepgemm"](a=a, b=b, bias=bias, out_dtype=out_dtype)
-        if name == "sglang-triton":
-            return ops["_matmul_persistent_triton"](a=a, b=b, bias=bias, out_dtype=out_dtype)
-        from specdash.kernels import registry
-
-        out = registry.get_backend(name.removeprefix(SPECDASH_PREFIX))(a, b.transpose(0, 1))
-        if bias is not None:
-            out = out + bias
-        return out.to(out_dtype)
+        return route(original, a, b, bias=bias, out_dtype=out_dtype)
 
     matmul_persistent.__specdash_original__ = original  # type: ignore[attr-defined]
     return matmul_persistent

@@ -134,6 +134,29 @@ ROW_KERNELS: dict[str, Callable[..., Any]] = {
 }
 
 
+def verify_as_decode_rows(
+    hybrid: Any,
+    layer: Any,
+    forward_batch: Any,
+    save_kv_cache: bool,
+    q: Any,
+    k: Any,
+    v: Any,
+    **kwargs: Any,
+) -> Any:
+    """The TARGET_VERIFY full-attention branch (also what diffs/ puts into SGLang's source)."""
+    backend = hybrid.full_attn_backend
+    rows = ROW_KERNELS.get(type(backend).__name__)
+    if rows is None:
+        raise RuntimeError(
+            f"verify_attention_as_decode_rows: no decode-row path for "
+            f"{type(backend).__name__}; use attention_backend=triton or fa3"
+        )
+    if save_kv_cache:
+        _save_kv(backend, layer, forward_batch, k, v)
+    return rows(backend, q, layer, forward_batch, sinks=kwargs.get("sinks"))
+
+
 def _as_decode_rows(original: Callable[..., Any]) -> Callable[..., Any]:
     def forward_extend(
         self,
@@ -151,16 +174,9 @@ def _as_decode_rows(original: Callable[..., Any]) -> Callable[..., Any]:
         if forward_batch.forward_mode.is_target_verify() and self._is_full_attn(
             layer, kwargs.get("layer_id")
         ):
-            backend = self.full_attn_backend
-            rows = ROW_KERNELS.get(type(backend).__name__)
-            if rows is None:
-                raise RuntimeError(
-                    f"verify_attention_as_decode_rows: no decode-row path for "
-                    f"{type(backend).__name__}; use attention_backend=triton or fa3"
-                )
-            if save_kv_cache:
-                _save_kv(backend, layer, forward_batch, k, v)
-            return rows(backend, q, layer, forward_batch, sinks=kwargs.get("sinks"))
+            return verify_as_decode_rows(
+                self, layer, forward_batch, save_kv_cache, q, k, v, **kwargs
+            )
         return original(
             self, layer, forward_batch, save_kv_cache, q, k, v, mixed_qkv, a, b, **kwargs
         )

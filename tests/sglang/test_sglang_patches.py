@@ -1,0 +1,151 @@
+"""Patch targets against the real sglang 0.5.23 source: they resolve with the recorded hashes,
+apply/remove/re-apply leaves SGLang's objects exactly as found, `patches check` reports a
+renamed target as missing, and the bad-input paths give one line, not a traceback."""
+
+from __future__ import annotations
+
+import subprocess
+
+import pytest
+from specdash.engine_patches import check, registry
+
+from specdash.cli import main
+from specdash.errors import EnvironmentProblem
+
+ALL_TARGETS = {t.path for p in registry.all_patches() for t in p.targets}
+
+IDENTITY_SCRIPT = """
+from specdash.cli import main
+from specdash.engine_patches import registry
+
+print("EXIT", main(["patches", "check"]))
+
+ABSENT = object()
+
+def snapshot():
+    out = {}
+    for p in registry.all_patches():
+        for r in p.rebindings:
+            owner = registry.resolve(r.owner_path)
+            out[(r.owner_path, r.name)] = (vars(owner).get(r.name, ABSENT),
+                                           getattr(owner, r.name, ABSENT))
+    return out
+
+def same(x, y):
+    return all(x[key][0] is y[key][0] and x[key][1] is y[key][1] for key in x)
+
+found = snapshot()
+registry.apply_all()
+first = snapshot()
+registry.apply_all()  # idempotent: a second apply changes nothing
+assert same(first, snapshot()), "second apply_all rebound something"
+assert all(first[key][1] is not found[key][1] for key in found), "a rebinding did not take"
+assert all(p.applied for p in registry.all_patches())
+registry.remove_all()
+assert same(found, snapshot()), "remove_all did not restore the original objects"
+registry.remove_all()  # idempotent
+registry.apply_all()
+assert all(snapshot()[key][1] is not found[key][1] for key in found)
+registry.remove_all()
+assert same(found, snapshot()), "re-apply + remove did not restore the original objects"
+print("IDENTITY-OK", len(found))
+"""
+
+RENAMED_SCRIPT = """
+import sys
+from sglang.srt.managers.scheduler_components import batch_result_processor as m
+from sglang.kernels.ops.attention.linear import fused_sigmoid_gating_recurrent as g
+from specdash.engine_patches import check
+from specdash.errors import EnvironmentProblem
+
+P = m.SchedulerBatchResultProcessor
+P._resolve_spec_v2_tokens_v2 = P._resolve_spec_v2_tokens
+del P._resolve_spec_v2_tokens  # an upstream rename
+g._select_recurrent_launch_config = lambda *a, **k: (32, 1)  # an upstream rewrite
+try:
+    check.ensure_patchable(force=True)
+except EnvironmentProblem as e:
+    print("REFUSED", e)
+from specdash.cli import main
+sys.exit(main(["patches", "check"]))
+"""
+
+
+def report_rows(stdout: str) -> dict[str, str]:
+    """`patches check` table: target path -> status."""
+    return {
+        line.split()[1]: line.split()[0] for line in stdout.splitlines() if line.startswith("  ")
+    }
+
+
+def test_targets_resolve_and_patches_restore_sglang_exactly(run_sglang) -> None:
+    out = run_sglang(IDENTITY_SCRIPT).stdout
+    assert out.startswith("sglang 0.5.23 (known good; patches checked against: 0.5.23)")
+    rows = report_rows(out)
+    assert set(rows) == ALL_TARGETS
+    assert set(rows.values()) == {"OK"}, rows
+    assert f"{len(ALL_TARGETS)} OK, 0 changed, 0 missing" in out
+    assert "EXIT 0" in out
+    assert "IDENTITY-OK 9" in out  # every rebinding of the four patches
+
+
+def test_patches_check_reports_renamed_target_missing(run_sglang) -> None:
+    proc = run_sglang(RENAMED_SCRIPT, check=False)
+    assert proc.returncode == 4, proc.stderr[-3000:]
+    rows = report_rows(proc.stdout)
+    renamed = (
+        "sglang.srt.managers.scheduler_components.batch_result_processor."
+        "SchedulerBatchResultProcessor._resolve_spec_v2_tokens"
+    )
+    rewritten = (
+        "sglang.kernels.ops.attention.linear.fused_sigmoid_gating_recurrent."
+        "_select_recurrent_launch_config"
+    )
+    assert rows[renamed] == "missing"
+    assert rows[rewritten] == "changed"
+    assert {s for p, s in rows.items() if p not in (renamed, rewritten)} == {"OK"}
+    assert "1 missing" in proc.stdout and "1 changed" in proc.stdout
+    assert "REFUSED sglang 0.5.23: 1 patch targets missing, 1 changed" in proc.stdout
+
+
+def test_patches_check_without_sglang_prints_install_hint(monkeypatch, capsys) -> None:
+    monkeypatch.setattr(registry, "sglang_version", lambda: None)
+    assert main(["patches", "check"]) == 4
+    err = capsys.readouterr().err
+    assert err == "specdash: error: SGLang is not installed: pip install 'specdash[sglang]'\n"
+
+
+def _all_ok(monkeypatch) -> None:
+    monkeypatch.setattr(
+        check,
+        "check_targets",
+        lambda: [check.TargetStatus("p", t, "replaced", "OK") for t in sorted(ALL_TARGETS)],
+    )
+
+
+def test_unchecked_sglang_version_is_refused_unless_forced(monkeypatch) -> None:
+    monkeypatch.setattr(registry, "sglang_version", lambda: "0.6.0")
+    _all_ok(monkeypatch)
+    with pytest.raises(EnvironmentProblem, match="checked against 0.5.23.*--force-patches"):
+        check.ensure_patchable(force=False)
+    assert len(check.ensure_patchable(force=True)) == len(ALL_TARGETS)
+
+
+def test_sglang_session_without_cuda_is_a_clear_error(monkeypatch, capsys, tmp_path) -> None:
+    torch = pytest.importorskip("torch")
+    if torch.cuda.is_available():
+        pytest.skip("this machine has CUDA")
+    monkeypatch.setattr(registry, "sglang_version", lambda: "0.5.23")
+    _all_ok(monkeypatch)
+    code = main(["run", "--headless", "--engine", "sglang", "--model", str(tmp_path)])
+    assert code == 4
+    assert capsys.readouterr().err == (
+        "specdash: error: --engine sglang needs a CUDA GPU; none is visible to torch\n"
+    )
+
+
+def test_subprocess_exit_code_is_checked(run_sglang) -> None:
+    """The helper itself: a failing child fails the test (no silent pass)."""
+    with pytest.raises(AssertionError, match="exit 3"):
+        run_sglang("import sys; sys.exit(3)")
+    assert isinstance(run_sglang("pass"), subprocess.CompletedProcess)
