@@ -41,9 +41,9 @@ _WORKER = "sglang.srt.speculative.eagle_worker_v2"
 class _Sender:
     """Bounded queue + daemon thread pushing records; every overflow is a counted drop."""
 
-    def __init__(self, address: str) -> None:
-        self.address = address
-        self.queue: queue.Queue[dict[str, Any]] = queue.Queue(maxsize=QUEUE_SIZE)
+    def __init__(self, address: str, capacity: int = QUEUE_SIZE) -> None:
+        self.address, self.capacity = address, capacity
+        self.queue: queue.Queue[dict[str, Any]] = queue.Queue(maxsize=capacity)
         self.dropped = 0
         threading.Thread(target=self._run, name="specdash-telemetry", daemon=True).start()
 
@@ -57,7 +57,7 @@ class _Sender:
         import zmq
 
         sock = zmq.Context.instance().socket(zmq.PUSH)
-        sock.setsockopt(zmq.SNDHWM, QUEUE_SIZE)
+        sock.setsockopt(zmq.SNDHWM, self.capacity)
         sock.setsockopt(zmq.LINGER, 0)
         sock.connect(self.address)
         while True:
