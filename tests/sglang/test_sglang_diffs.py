@@ -1,0 +1,125 @@
+"""engine_patches/diffs/*.diff against the real sglang 0.5.23 files: each applies cleanly with
+`patch -p1`, and the patched-on-disk modules behave like the runtime patches (same launch
+configs, same packed-decode flag, same verify routing, same GEMM routing)."""
+
+from __future__ import annotations
+
+import json
+import shutil
+import subprocess
+from pathlib import Path
+
+import pytest
+from specdash.engine_patches import registry
+
+DIFFS = Path(registry.__file__).parent / "diffs"
+EXACTNESS_PATCHES = ("gdn_verify_as_decode", "verify_attention_as_decode_rows", "gemm_routing")
+
+
+def diff_files(diff: Path) -> list[str]:
+    return [ln[6:].strip() for ln in diff.read_text().splitlines() if ln.startswith("+++ b/")]
+
+
+@pytest.fixture(scope="module")
+def patched_tree(sglang_path: str, tmp_path_factory) -> Path:
+    """Copies of the files the diffs touch, patched with `patch -p1`."""
+    if shutil.which("patch") is None:
+        pytest.fail("GNU patch is needed to test engine_patches/diffs (apt-get install patch)")
+    wheel = Path(sglang_path.split(":")[-1])
+    tree = tmp_path_factory.mktemp("patched")
+    for name in EXACTNESS_PATCHES:
+        diff = DIFFS / f"{name}.diff"
+        for rel in diff_files(diff):
+            (tree / rel).parent.mkdir(parents=True, exist_ok=True)
+            shutil.copy(wheel / rel, tree / rel)
+        for dry in (["--dry-run"], []):
+            proc = subprocess.run(
+                ["patch", "-p1", "--forward", *dry, "-d", str(tree), "-i", str(diff)],
+                capture_output=True,
+                text=True,
+            )
+            assert proc.returncode == 0, f"{diff.name} does not apply:\n{proc.stdout}"
+    return tree
+
+
+def test_each_exactness_patch_has_a_diff_on_its_replaced_targets() -> None:
+    patches = {p.name: p for p in registry.all_patches()}
+    for name in EXACTNESS_PATCHES:
+        touched = {
+            f.removesuffix(".py").replace("/", ".") for f in diff_files(DIFFS / f"{name}.diff")
+        }
+        replaced = [t.path for t in patches[name].targets if t.role == "replaced"]
+        assert all(any(path.startswith(m + ".") for m in touched) for path in replaced), name
+
+
+EQUIVALENCE_SCRIPT = """
+import importlib.util, json, os
+from types import SimpleNamespace
+import torch
+
+from specdash.engine_patches import registry, verify_attention_as_decode_rows as rows_mod
+from specdash.engine_patches import gemm_routing
+from specdash.kernels import registry as kernels
+
+tree = os.environ["PATCHED_TREE"]
+
+def load(rel):
+    name = "ondisk_" + rel.replace("/", "_").removesuffix(".py")
+    spec = importlib.util.spec_from_file_location(name, f"{tree}/{rel}")
+    mod = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(mod)
+    return mod
+
+out = {}
+gdn_disk = load("sglang/srt/layers/attention/linear/kernels/gdn_triton.py")
+launch_disk = load("sglang/kernels/ops/attention/linear/fused_sigmoid_gating_recurrent.py")
+hybrid_disk = load("sglang/srt/layers/attention/hybrid_linear_attn_backend.py")
+ops_disk = load("sglang/srt/batch_invariant_ops/batch_invariant_ops.py")
+registry.apply_all()
+from sglang.srt.layers.attention.linear.kernels.gdn_triton import TritonGDNKernel
+from sglang.kernels.ops.attention.linear import fused_sigmoid_gating_recurrent as launch_rt
+from sglang.srt.layers.attention.hybrid_linear_attn_backend import HybridLinearAttnBackend
+from sglang.srt.batch_invariant_ops import batch_invariant_ops as ops_rt
+
+out["packed"] = [gdn_disk.TritonGDNKernel.supports_packed_decode,
+                 TritonGDNKernel.supports_packed_decode]
+
+grid = [(n, h, hv, k, v, kda, tv) for n in (1, 8, 80) for (h, hv) in ((4, 16), (8, 8))
+        for (k, v) in ((128, 128), (64, 64)) for kda in (False, True) for tv in (False, True)]
+configs = []
+for sm90 in (False, True):
+    launch_disk._is_sm90 = launch_rt._is_sm90 = sm90
+    for n, h, hv, k, v, kda, tv in grid:
+        configs.append([list(mod._select_recurrent_launch_config(n, h, hv, k, v, kda,
+                                                                  target_verify=tv))
+                        for mod in (launch_disk, launch_rt)])
+out["launch_pairs"] = configs
+
+calls = []
+rows_mod.verify_as_decode_rows = lambda *a, **kw: calls.append((a[1:5], kw)) or "rows"
+verify = SimpleNamespace(forward_mode=SimpleNamespace(is_target_verify=lambda: True))
+hybrid = SimpleNamespace(_is_full_attn=lambda layer, layer_id: True)
+out["verify_routing"] = [
+    cls.forward_extend(hybrid, "L", verify, True, "q", "k", "v", layer_id=3)
+    for cls in (hybrid_disk.HybridLinearAttnBackend, HybridLinearAttnBackend)
+]
+out["verify_calls_equal"] = calls[0] == calls[1] == (("L", verify, True, "q"), {"layer_id": 3})
+
+kernels.register_backend("cpu-test", lambda x, w: x.float() @ w.float().t() + 1.0)
+gemm_routing.set_backend("cpu-test")
+a = torch.randn(3, 8, dtype=torch.bfloat16)
+b = torch.randn(16, 8, dtype=torch.bfloat16).t()
+expected = (a.float() @ b.float() + 1.0).to(torch.bfloat16)
+out["gemm"] = [torch.equal(mod.matmul_persistent(a, b), expected) for mod in (ops_disk, ops_rt)]
+print("RESULT " + json.dumps(out))
+"""
+
+
+def test_patched_files_behave_like_the_runtime_patches(run_sglang, patched_tree: Path) -> None:
+    proc = run_sglang(EQUIVALENCE_SCRIPT, env={"PATCHED_TREE": str(patched_tree)})
+    r = json.loads(next(x for x in proc.stdout.splitlines() if x.startswith("RESULT "))[7:])
+    assert r["packed"] == [False, False]
+    assert all(disk == runtime for disk, runtime in r["launch_pairs"]), r["launch_pairs"]
+    assert [32, 1] in [disk for disk, _ in r["launch_pairs"]]
+    assert r["verify_routing"] == ["rows", "rows"] and r["verify_calls_equal"]
+    assert r["gemm"] == [True, True]
