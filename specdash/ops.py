@@ -2,10 +2,10 @@
 
 Two rules make a verify row bit-identical to the decode row at the same position:
 
-* **Row ops** (anything that reduces: GEMM, norms, attention, log_softmax) run in exact
-  mode once per row with the same shapes decode uses, unless the GEMM backend is
-  batch-invariant by construction (the Triton tile on GPU). Same op, same shape, same
-  input bits: same output bits.
+* **Row ops** (GEMM, attention, log_softmax) run in exact mode once per row with the
+  shapes decode uses, unless the GEMM backend is batch-invariant by construction (the
+  Triton tile on GPU). Same op, same shape, same input bits: same output bits. Norms
+  reduce with `fixed_order_sum`, a pairwise tree of elementwise adds, so they batch.
 * **Elementwise ops** run batched. They are exact per element only if every element takes
   the same code path, so sigmoid / SiLU / softplus are composed from `exp` and `log1p`
   here: torch's own CPU kernels for those switch between a vector and a scalar formula
@@ -140,37 +140,50 @@ def per_row(fn: Callable[[Tensor], Tensor], x: Tensor, exact: bool) -> Tensor:
     return fn(x)
 
 
+def fixed_order_sum(x: Tensor) -> Tensor:
+    """Sum over the last dim (keepdim) by pairwise halving with elementwise adds.
+
+    Every row gets the same sequence of IEEE additions whatever the leading dims hold, so
+    rows can be batched and still match decode bit for bit; torch's own reductions choose
+    their vectorisation and threading from the whole tensor's shape.
+    """
+    width = 1 << max(x.shape[-1] - 1, 0).bit_length()
+    if width != x.shape[-1]:
+        x = F.pad(x, (0, width - x.shape[-1]))
+    while width > 1:
+        width //= 2
+        x = x[..., :width] + x[..., width:]
+    return x
+
+
+def _inv_rms(xf: Tensor, eps: float, exact: bool) -> Tensor:
+    """1 / sqrt(mean(x^2) + eps), fixed-order in exact mode, torch's mean otherwise."""
+    if exact:
+        return 1.0 / torch.sqrt(fixed_order_sum(xf * xf) / xf.shape[-1] + eps)
+    return torch.rsqrt(xf.pow(2).mean(-1, keepdim=True) + eps)
+
+
 def rms_norm(x: Tensor, w: Tensor, eps: float, zero_centred: bool, exact: bool) -> Tensor:
     """Qwen3 RMSNorm (`w * norm(x)`) or the zero-centred Qwen3-Next one (`norm(x) * (1 + w)`)."""
-
-    def norm(r: Tensor) -> Tensor:
-        rf = r.float()
-        rf = rf * torch.rsqrt(rf.pow(2).mean(-1, keepdim=True) + eps)
-        if zero_centred:
-            return (rf * (1.0 + w.float())).to(r.dtype)
-        return w * rf.to(r.dtype)
-
-    return per_row(norm, x, exact)
+    xf = x.float()
+    xf = xf * _inv_rms(xf, eps, exact)
+    if zero_centred:
+        return (xf * (1.0 + w.float())).to(x.dtype)
+    return w * xf.to(x.dtype)
 
 
 def gated_rms_norm(x: Tensor, z: Tensor, w: Tensor, eps: float, exact: bool) -> Tensor:
     """GDN output norm: `w * rmsnorm(x) * silu(z)`, x and z: [T, HV, Dv]."""
-
-    def norm(r: Tensor) -> Tensor:
-        rf = r.float()
-        return (rf * torch.rsqrt(rf.pow(2).mean(-1, keepdim=True) + eps)).to(r.dtype)
-
-    return (w * per_row(norm, x, exact) * silu(z.float())).to(x.dtype)
+    xf = x.float()
+    normed = (xf * _inv_rms(xf, eps, exact)).to(x.dtype)
+    return (w * normed * silu(z.float())).to(x.dtype)
 
 
 def l2norm(x: Tensor, exact: bool) -> Tensor:
     """FLA/SGLang form `x / sqrt(sum(x^2) + 1e-6)` over the last dim, in fp32."""
-
-    def norm(r: Tensor) -> Tensor:
-        rf = r.float()
-        return rf / torch.sqrt((rf * rf).sum(-1, keepdim=True) + 1e-6)
-
-    return per_row(norm, x, exact)
+    xf = x.float()
+    sq = fixed_order_sum(xf * xf) if exact else (xf * xf).sum(-1, keepdim=True)
+    return xf / torch.sqrt(sq + 1e-6)
 
 
 def log_softmax(logits: Tensor, exact: bool) -> Tensor:
