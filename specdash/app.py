@@ -1,8 +1,8 @@
 """The specdash dashboard: one Textual app over any event source (live session or replay).
 
 Threads never touch widgets. Producers (engine, GPU sampler, replay) put events into an
-`EventBuffer`; a 12 Hz timer drains it into the `DashboardModel` and updates the numbers, a
-3 Hz timer redraws the plots, and each only when something changed. Keys write `Controls`,
+`EventBuffer`; a 10 Hz timer drains it into the `DashboardModel` and updates the numbers, a
+2 Hz timer redraws the plots, and each only when something changed. Keys write `Controls`,
 which the engine reads at its next step and answers with a `ControlChange` event.
 """
 
@@ -34,8 +34,8 @@ from specdash.widgets.status_bar import StatusBar
 from specdash.widgets.throughput import ThroughputPanel
 from specdash.widgets.token_stream import TokenStream
 
-UI_HZ = 12
-PLOT_HZ = 3
+UI_HZ = 10
+PLOT_HZ = 2
 MIN_SIZE = (100, 30)
 """Below this the panels cannot show their numbers; the app says so instead of drawing."""
 

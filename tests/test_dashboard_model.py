@@ -3,6 +3,9 @@ same events."""
 
 from __future__ import annotations
 
+import subprocess
+import sys
+
 from fake_events import STEP_NS, fake_session
 
 from specdash.dashboard_model import DashboardModel
@@ -83,8 +86,15 @@ def test_controls_errors_and_summary():
     assert m.errors == ["boom"]
     m.consume(
         Summary(
-            prompts=1, exact_prompts=1, new_tokens=9, seconds=1.0, tokens_per_s=9.0,
-            mean_accepted_length=3.0, acceptance_rate=0.5, verify_steps=3, divergences=0,
+            prompts=1,
+            exact_prompts=1,
+            new_tokens=9,
+            seconds=1.0,
+            tokens_per_s=9.0,
+            mean_accepted_length=3.0,
+            acceptance_rate=0.5,
+            verify_steps=3,
+            divergences=0,
         )
     )
     assert m.finished and m.summary.new_tokens == 9
@@ -94,3 +104,13 @@ def test_bounded_series():
     m = folded(fake_session(prompts=1, steps_per_prompt=800))
     assert len(m.accepted_series) == m.accepted_series.maxlen < 800
     assert len(m.tps_series) == m.tps_series.maxlen
+
+
+def test_dashboard_core_never_imports_textual():
+    """The model, sources and sampler are core: the live engine and replay use them headless."""
+    code = (
+        "import sys, specdash.dashboard_model, specdash.sources, specdash.telemetry; "
+        "print('textual' in sys.modules)"
+    )
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
+    assert out.stdout.strip() == "False"

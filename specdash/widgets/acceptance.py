@@ -5,10 +5,10 @@ from __future__ import annotations
 
 from textual.app import ComposeResult
 from textual.containers import Horizontal, Vertical
-from textual.widgets import Static
 
 from specdash.dashboard_model import DashboardModel
 from specdash.widgets.numbers import bar, num, pct
+from specdash.widgets.readout import Readout
 from specdash.widgets.series_plot import SeriesPlot
 
 ACCEPTED_COLOUR = "green"
@@ -17,15 +17,15 @@ BAR_WIDTH = 16
 
 class AcceptancePanel(Vertical):
     def compose(self) -> ComposeResult:
-        yield Static(id="acceptance-numbers")
+        yield Readout(id="acceptance-numbers")
         with Horizontal():
             yield SeriesPlot(
                 "accepted drafts per verify step", "step", "drafts", id="acceptance-plot"
             )
-            yield Static(id="acceptance-bars")
+            yield Readout(id="acceptance-bars")
 
     def show_numbers(self, m: DashboardModel) -> None:
-        self.query_one("#acceptance-numbers", Static).update(
+        self.query_one("#acceptance-numbers", Readout).show_text(
             f"mean accepted length [b]{num(m.mean_accepted_length_window, '.2f')}[/b] (1 s) "
             f"[b]{num(m.mean_accepted_length, '.2f')}[/b] (session)   "
             f"acceptance rate [b]{pct(m.acceptance_rate)}[/b] (session)   "
@@ -40,7 +40,7 @@ class AcceptancePanel(Vertical):
         lines.append("[b]by draft position[/b] (session)")
         for position, rate in enumerate(m.acceptance_by_position(), start=1):
             lines.append(f"{position:>2} [{ACCEPTED_COLOUR}]{bar(rate, BAR_WIDTH)}[/] {pct(rate)}")
-        self.query_one("#acceptance-bars", Static).update("\n".join(lines))
+        self.query_one("#acceptance-bars", Readout).show_text("\n".join(lines))
 
     def show_plot(self, m: DashboardModel) -> None:
         ys = list(m.accepted_series)

@@ -16,6 +16,7 @@ from textual.widgets import DataTable, Static
 
 from specdash.dashboard_model import DashboardModel
 from specdash.events import Divergence
+from specdash.widgets.readout import Readout
 
 COLUMNS = ("prompt", "token", "what", "spec", "shadow", "k", "verify", "GEMM", "root cause")
 
@@ -33,7 +34,7 @@ class DivergencePanel(Vertical):
     """Divergences ever added to the table (its row keys are 0.._shown-1)."""
 
     def compose(self) -> ComposeResult:
-        yield Static("divergences (session): none", id="divergence-count")
+        yield Readout("divergences (session): none", id="divergence-count")
         table = DataTable(id="divergence-table", cursor_type="row", zebra_stripes=True)
         table.add_columns(*COLUMNS)
         yield table
@@ -66,7 +67,7 @@ class DivergencePanel(Vertical):
             table.remove_row(str(self._shown - table.row_count))
         count = m.divergence_count
         label = "none" if count == 0 else f"{count} (Enter on a row for detail)"
-        self.query_one("#divergence-count", Static).update(f"divergences (session): {label}")
+        self.query_one("#divergence-count", Readout).show_text(f"divergences (session): {label}")
 
     def selected(self, m: DashboardModel) -> Divergence | None:
         table = self.query_one(DataTable)

@@ -4,14 +4,15 @@ so far stay on screen."""
 from __future__ import annotations
 
 from rich.text import Text
-from textual.widgets import Static
+
+from specdash.widgets.readout import Readout
 
 
-class ErrorPanel(Static):
+class ErrorPanel(Readout):
     def show(self, errors: list[str], recording: str) -> None:
         self.display = bool(errors)
         if errors:
             text = Text("engine error: ", style="bold")
             text.append(errors[-1])
             text.append(f"\n{recording or 'no trace was recording'}", style="dim")
-            self.update(text)
+            self.show_text(text)

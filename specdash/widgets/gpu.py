@@ -9,10 +9,10 @@ from __future__ import annotations
 from rich.markup import escape
 from textual.app import ComposeResult
 from textual.containers import Vertical
-from textual.widgets import Static
 
 from specdash.dashboard_model import DashboardModel
 from specdash.widgets.numbers import num
+from specdash.widgets.readout import Readout
 from specdash.widgets.series_plot import SeriesPlot
 
 BANDWIDTH_COLOUR = "magenta"
@@ -20,19 +20,19 @@ BANDWIDTH_COLOUR = "magenta"
 
 class GpuPanel(Vertical):
     def compose(self) -> ComposeResult:
-        yield Static("GPU: waiting for the first sample", id="gpu-numbers")
+        yield Readout("GPU: waiting for the first sample", id="gpu-numbers")
         yield SeriesPlot("DRAM GB/s (GPM)", "s (session)", id="gpu-plot")
 
     def show_numbers(self, m: DashboardModel) -> None:
         t = m.telemetry
-        numbers = self.query_one("#gpu-numbers", Static)
+        numbers = self.query_one("#gpu-numbers", Readout)
         plot = self.query_one(SeriesPlot)
         if t is None:
             return
         plot.display = t.source != "none"
         window = f"{t.window_s * 1000:.0f} ms"
         if t.source == "none":
-            numbers.update(f"GPU: {escape(t.note)}")
+            numbers.show_text(f"GPU: {escape(t.note)}")
             return
         if t.source == "gpm":
             bandwidth = (
@@ -43,7 +43,7 @@ class GpuPanel(Vertical):
         else:
             bandwidth = f"mem busy [b]{num(t.mem_busy_pct, '.0f')}[/b] % ({window})"
             sm = "SM util – (needs GPM)"
-        numbers.update(
+        numbers.show_text(
             f"{bandwidth}\n{sm}   power {num(t.power_w, '.0f')} W (now)   "
             f"mem used {num(t.mem_used_gb, '.2f')} GB (now)\n[dim]{escape(t.note)}[/dim]"
         )

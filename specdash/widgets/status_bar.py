@@ -4,12 +4,12 @@ what is running (engine, model, drafter, k, verify mode, GEMM backend, device) o
 from __future__ import annotations
 
 from rich.text import Text
-from textual.widgets import Static
 
 from specdash.dashboard_model import DashboardModel
+from specdash.widgets.readout import Readout
 
 
-class StatusBar(Static):
+class StatusBar(Readout):
     def show(self, m: DashboardModel, recording: str = "") -> None:
         text = Text()
         verdict_style = "bold white on red" if m.first_divergence else "bold black on green"
@@ -37,4 +37,4 @@ class StatusBar(Static):
         for name, value in fields:
             text.append(f"{name} ", style="dim")
             text.append(f"{value}  ", style="bold")
-        self.update(text)
+        self.show_text(text)

@@ -5,10 +5,10 @@ from __future__ import annotations
 
 from textual.app import ComposeResult
 from textual.containers import Vertical
-from textual.widgets import Static
 
 from specdash.dashboard_model import DashboardModel
 from specdash.widgets.numbers import num
+from specdash.widgets.readout import Readout
 from specdash.widgets.series_plot import SeriesPlot
 
 SPEC_COLOUR = "cyan"
@@ -21,12 +21,12 @@ def _speedup(spec: float | None, shadow: float | None) -> str:
 
 class ThroughputPanel(Vertical):
     def compose(self) -> ComposeResult:
-        yield Static(id="throughput-numbers")
+        yield Readout(id="throughput-numbers")
         yield SeriesPlot("t/s (each point: last 1 s)", "s (session)", "t/s", id="throughput-plot")
 
     def show_numbers(self, m: DashboardModel) -> None:
         w, s = m.window_steps, m.session_steps
-        self.query_one("#throughput-numbers", Static).update(
+        self.query_one("#throughput-numbers", Readout).show_text(
             f"[b]{num(m.tokens_per_s_window)}[/b] t/s (1 s, wall)   "
             f"[b]{num(m.tokens_per_s_session)}[/b] t/s (session, wall)\n"
             f"[{SPEC_COLOUR}]spec[/] {num(w.spec_tps)} (1 s) {num(s.spec_tps)} (session)   "

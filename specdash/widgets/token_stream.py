@@ -8,12 +8,13 @@ from textual.containers import VerticalScroll
 from textual.widgets import Static
 
 from specdash.dashboard_model import DashboardModel
+from specdash.widgets.readout import Readout
 
 STYLES = {"draft": "green", "bonus": "bold cyan", "decode": "default"}
 DIVERGED = "bold white on red"
 PROMPT_CHARS = 400
-SHOWN_TOKENS = 800
-"""Tokens rendered: enough to fill the panel; re-rendering thousands at 12 Hz costs the engine."""
+SHOWN_TOKENS = 300
+"""Tokens rendered: enough to fill the panel; re-wrapping thousands at 10 Hz costs the engine."""
 
 
 def legend() -> Text:
@@ -29,7 +30,7 @@ def legend() -> Text:
 class TokenStream(VerticalScroll):
     def compose(self):
         yield Static(legend(), id="token-legend")
-        yield Static(id="token-text")
+        yield Readout(id="token-text")
 
     def show(self, m: DashboardModel) -> None:
         text = Text()
@@ -43,5 +44,5 @@ class TokenStream(VerticalScroll):
             text.append("…")
         for token in tokens:
             text.append(token.text, style=DIVERGED if token.diverged else STYLES[token.source])
-        self.query_one("#token-text", Static).update(text)
+        self.query_one("#token-text", Readout).show_text(text)
         self.scroll_end(animate=False)
