@@ -18,6 +18,7 @@ from __future__ import annotations
 import argparse
 import ast
 import contextlib
+import logging
 import os
 import struct
 import tempfile
@@ -49,6 +50,8 @@ Sink = Callable[[Event], None]
 ALGORITHMS = ("NEXTN", "EAGLE3", "DFLASH", "STANDALONE", "NGRAM")
 PATCHES_ENV = "SPECDASH_SGLANG_PATCHES"
 """Comma-separated patch names the scheduler entry applies; unset: all of them."""
+ERROR_FILE_ENV = "SPECDASH_SGLANG_ERROR_FILE"
+"""Where a scheduler process writes the one-line reason it failed."""
 
 EXACT_DEFAULTS: dict[str, Any] = {
     "enable_deterministic_inference": True,
@@ -106,6 +109,7 @@ def engine_kwargs(
         "model_path": str(settings.model),
         "random_seed": settings.seed,
         "skip_tokenizer_init": False,
+        "custom_sigquit_handler": scheduler_failed,
     }
     if settings.dtype is not None:
         kw["dtype"] = settings.dtype
@@ -128,15 +132,82 @@ def engine_kwargs(
     return {**kw, **user}
 
 
+class SchedulerFailed(RuntimeError):
+    """A scheduler process died; the message is its own last line (e.g. SGLang's ValueError)."""
+
+
+def _last_line(text: str) -> str:
+    lines = [ln.strip() for ln in text.strip().splitlines() if ln.strip()]
+    return lines[-1] if lines else text.strip()
+
+
+class _ReasonToFile(logging.Handler):
+    """In the scheduler: SGLang logs "Scheduler hit an exception: <traceback>" before it sends
+    SIGQUIT to the parent; keep the traceback's last line for the parent to show."""
+
+    def __init__(self, path: str) -> None:
+        super().__init__(logging.ERROR)
+        self.path = path
+
+    def emit(self, record: logging.LogRecord) -> None:
+        message = record.getMessage()
+        if "hit an exception" in message:
+            write_reason(self.path, _last_line(message))
+
+
+def write_reason(path: str, reason: str) -> None:
+    with contextlib.suppress(OSError), open(path, "w", encoding="utf-8") as f:
+        f.write(reason)
+
+
+def read_reason(path: str | None) -> str | None:
+    if not path:
+        return None
+    try:
+        with open(path, encoding="utf-8") as f:
+            return f.read().strip() or None
+    except OSError:
+        return None
+
+
+def new_error_file() -> str:
+    fd, path = tempfile.mkstemp(prefix="specdash-sglang-error-")
+    os.close(fd)
+    return path
+
+
 def scheduler_entry(*args: Any, **kwargs: Any) -> Any:
     """SGLang's scheduler process entry with the specdash patches applied first."""
-    from specdash.engine_patches import registry
+    error_file = os.environ.get(ERROR_FILE_ENV)
+    if error_file:
+        logging.getLogger("sglang.srt.managers.scheduler").addHandler(_ReasonToFile(error_file))
+    try:
+        from specdash.engine_patches import registry
 
-    names = os.environ.get(PATCHES_ENV)
-    registry.apply_all(names.split(",") if names else None)
+        names = os.environ.get(PATCHES_ENV)
+        registry.apply_all(names.split(",") if names else None)
+    except Exception as e:
+        if error_file:
+            write_reason(error_file, f"specdash patches failed: {type(e).__name__}: {e}")
+        raise
     from sglang.srt.managers.scheduler import run_scheduler_process
 
     return run_scheduler_process(*args, **kwargs)
+
+
+def scheduler_failed(signum: int, frame: Any) -> None:
+    """`custom_sigquit_handler`: SGLang's default kills this whole process tree when a
+    scheduler dies; raise its reason in the main thread instead."""
+    from sglang.srt.utils.common import kill_process_tree
+
+    reason = read_reason(os.environ.get(ERROR_FILE_ENV))
+    kill_process_tree(os.getpid(), include_parent=False)
+    raise SchedulerFailed(reason or "an SGLang scheduler process died (see its log above)")
+
+
+def _remove(path: str) -> None:
+    with contextlib.suppress(OSError):
+        os.unlink(path)
 
 
 def patched_engine_class() -> type:
@@ -166,17 +237,18 @@ def check_environment(options: SGLangOptions) -> None:
 
 
 def start_engine(kwargs: dict[str, Any]) -> Any:
-    """A PatchedEngine, with SGLang's own refusal (unknown argument, unsupported algorithm for
-    this model, ...) as a one-line error."""
+    """A PatchedEngine, with SGLang's own refusal (unknown argument, a speculative algorithm
+    the model does not support, ...) as a one-line error."""
+    error_file = os.environ.setdefault(ERROR_FILE_ENV, new_error_file())
     try:
         return patched_engine_class()(**kwargs)
     except TypeError as e:
         raise UsageError(f"sglang.Engine rejected an argument: {e}") from None
     except (ValueError, NotImplementedError, AssertionError, RuntimeError) as e:
-        reason = str(e).strip().splitlines()[0] if str(e).strip() else type(e).__name__
+        reason = read_reason(error_file) or _last_line(str(e)) or type(e).__name__
         algo = kwargs.get("speculative_algorithm")
-        what = f"speculative algorithm {algo}" if algo else "the shadow engine"
-        raise UsageError(f"sglang refused {what}: {reason}") from None
+        what = f"with --speculative-algorithm {algo}" if algo else "(shadow, no speculation)"
+        raise UsageError(f"sglang could not start {what}: {reason}") from None
 
 
 class TelemetryReceiver:
@@ -206,8 +278,7 @@ class TelemetryReceiver:
 
     def close(self) -> None:
         self._sock.close()
-        with contextlib.suppress(FileNotFoundError):
-            os.unlink(self._path)
+        _remove(self._path)
 
 
 def verify_step_event(
@@ -328,40 +399,50 @@ class SGLangSession:
         spec_on = self.settings.speculation
         compare = self.settings.shadow and spec_on
         split = compare and self.options.shadow_mode == "split"
-        with contextlib.ExitStack() as stack:
+        with contextlib.ExitStack() as session:
             self.receiver = TelemetryReceiver()
-            stack.callback(self.receiver.close)
+            session.callback(self.receiver.close)
             os.environ[telemetry.ADDRESS_ENV] = self.receiver.address
-            spec = stack.enter_context(self._engine(speculative=spec_on, split=split))
-            shadow = (
-                stack.enter_context(self._engine(speculative=False, split=True)) if split else None
-            )
-            if self.settings.gemm_backend != "auto":
-                self._set_gemm_backend(spec, shadow, self.settings.gemm_backend, step=0)
-            self.emit(self._session_start())
-            spec_outputs = []
-            for index, prompt in enumerate(prompts):
-                if self.stop.is_set():
-                    break
-                self._apply_controls(spec, shadow, index)
-                self.emit(
-                    PromptStart(
-                        prompt_index=index,
-                        prompt_tokens=_count_tokens(spec, prompt.text),
-                        text=prompt.text,
-                    )
-                )
-                out = self._run_spec(spec, index, prompt.text)
-                spec_outputs.append(out)
-                if shadow is not None:
-                    self._compare(index, out, self._run_shadow(shadow, index, prompt.text))
-                elif not compare:
-                    self._done(index, out, exact=False)
-        if compare and not split:  # sequential: the spec engine has released the GPU
-            with self._engine(speculative=False, split=False) as shadow:
-                for index, (prompt, out) in enumerate(zip(prompts, spec_outputs, strict=False)):
-                    self._compare(index, out, self._run_shadow(shadow, index, prompt.text))
+            os.environ[ERROR_FILE_ENV] = new_error_file()
+            session.callback(_remove, os.environ[ERROR_FILE_ENV])
+            with contextlib.ExitStack() as engines:
+                spec = engines.enter_context(self._engine(speculative=spec_on, split=split))
+                shadow = None
+                if split:
+                    shadow = engines.enter_context(self._engine(speculative=False, split=True))
+                spec_outputs = self._run_prompts(prompts, spec, shadow, compare)
+            if compare and not split:  # sequential: the spec engine has released the GPU
+                with self._engine(speculative=False, split=False) as shadow:
+                    if self.gemm_backend != "auto":
+                        _switch_gemm(shadow, self.gemm_backend)
+                    for index, (prompt, out) in enumerate(zip(prompts, spec_outputs, strict=False)):
+                        self._compare(index, out, self._run_shadow(shadow, index, prompt.text))
         return self.stats.summary()
+
+    def _run_prompts(
+        self, prompts: list[Any], spec: Any, shadow: Any, compare: bool
+    ) -> list[_Output]:
+        self._set_gemm_backend(spec, shadow, self.settings.gemm_backend, step=0, announce=False)
+        self.emit(self._session_start())
+        spec_outputs = []
+        for index, prompt in enumerate(prompts):
+            if self.stop.is_set():
+                break
+            self._apply_controls(spec, shadow, index)
+            self.emit(
+                PromptStart(
+                    prompt_index=index,
+                    prompt_tokens=_count_tokens(spec, prompt.text),
+                    text=prompt.text,
+                )
+            )
+            out = self._run_spec(spec, index, prompt.text)
+            spec_outputs.append(out)
+            if shadow is not None:
+                self._compare(index, out, self._run_shadow(shadow, index, prompt.text))
+            elif not compare:
+                self._done(index, out, exact=False)
+        return spec_outputs
 
     @contextlib.contextmanager
     def _engine(self, *, speculative: bool, split: bool) -> Iterator[Any]:
@@ -386,7 +467,9 @@ class SGLangSession:
                 "shadow_mode": self.options.shadow_mode,
             },
             versions={"sglang": sglang_version() or "?", "torch": torch.__version__},
-            device=f"cuda {torch.cuda.get_device_name()}",
+            device=(
+                f"cuda {torch.cuda.get_device_name()}" if torch.cuda.is_available() else "no CUDA"
+            ),
             gemm_backend=self.gemm_backend,
         )
 
@@ -503,23 +586,29 @@ class SGLangSession:
                     **{name: getattr(self.settings, "verify" if name == "verify_mode" else name)}
                 )
 
-    def _set_gemm_backend(self, spec: Any, shadow: Any, name: str, step: int) -> None:
-        if name == self.gemm_backend and step > 0:
+    def _set_gemm_backend(
+        self, spec: Any, shadow: Any, name: str, step: int, announce: bool = True
+    ) -> None:
+        """Switch every scheduler rank of both engines; a ControlChange unless at session start."""
+        if name == self.gemm_backend:
             return
         for engine in (spec, shadow):
-            if engine is None:
-                continue
-            try:
-                engine.collective_rpc("specdash_set_gemm_backend", name=name)
-            except AssertionError as e:  # collective_rpc asserts the RPC's success
-                raise EnvironmentProblem(f"GEMM backend {name!r} refused by SGLang: {e}") from None
-        if name != self.gemm_backend:
+            if engine is not None:
+                _switch_gemm(engine, name)
+        if announce:
             self.emit(
                 ControlChange(
                     name="gemm_backend", old=self.gemm_backend, new=name, applied_step=step
                 )
             )
         self.gemm_backend = name
+
+
+def _switch_gemm(engine: Any, name: str) -> None:
+    try:
+        engine.collective_rpc("specdash_set_gemm_backend", name=name)
+    except AssertionError as e:  # collective_rpc asserts the RPC's success
+        raise EnvironmentProblem(f"GEMM backend {name!r} refused by SGLang: {e}") from None
 
 
 def run_sglang_session(

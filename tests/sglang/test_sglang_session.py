@@ -1,0 +1,156 @@
+"""`run_sglang_session` around a stand-in for `sglang.Engine` (the real one needs CUDA): the
+event stream the dashboard sees, telemetry over the real ZMQ path, the shadow comparison on
+fp32 logprob bits, and SGLang's own refusal reason as the one-line error."""
+
+from __future__ import annotations
+
+import json
+import logging
+import os
+
+import pytest
+
+from specdash import sglang_engine
+from specdash.errors import UsageError
+
+SESSION_SCRIPT = r"""
+import json, os, struct, time
+from pathlib import Path
+from specdash import sglang_engine
+from specdash.engine_patches import telemetry
+from specdash.settings import SessionSettings
+
+def next_float(x):
+    bits = struct.unpack("<I", struct.pack("<f", x))[0]
+    return struct.unpack("<f", struct.pack("<I", bits + 1))[0]
+
+IDS = [[5, 6, 7, 8, 9], [1, 2, 3]]
+STEPS = [[(2, [6, 7, 8]), (0, [9])], [(1, [2, 3])]]  # (accepted drafts, emitted) per step
+LOGPROBS = [[-0.5, -1.25, -0.75, -2.0, -0.125], [-0.25, -3.0, -1.5]]
+
+class StandInEngine:
+    def __init__(self, **kw):
+        self.kw = kw
+        self.tokenizer_manager = type("TM", (), {"tokenizer": None})()
+        self.rpcs = []
+        ENGINES.append(self)
+
+    def generate(self, prompt, sampling_params, return_logprob, rid):
+        i = PROMPTS.index(prompt)
+        lps = list(LOGPROBS[i])
+        if "speculative_algorithm" in self.kw:
+            for accepted, emitted in STEPS[i]:
+                telemetry._emit({"rid": rid, "k": 2, "accepted": accepted, "emitted": emitted,
+                                 "drafts": None, "verify_s": 0.002, "draft_s": None})
+            time.sleep(0.2)
+        elif i == 1:
+            lps[2] = next_float(lps[2])  # shadow differs in one logprob's last bit
+        triples = [(lp, t, f"<{t}>") for lp, t in zip(lps, IDS[i])]
+        return {"output_ids": IDS[i], "meta_info": {"output_token_logprobs": triples}}
+
+    def collective_rpc(self, method, **kw):
+        self.rpcs.append((method, kw))
+
+    def shutdown(self):
+        self.kw["shut"] = True
+
+ENGINES = []
+PROMPTS = ["first prompt", "second prompt"]
+prompts = Path(os.environ["WORKDIR"]) / "p.jsonl"
+prompts.write_text("".join(json.dumps({"prompt": p}) + "\n" for p in PROMPTS))
+sglang_engine.patched_engine_class = lambda: StandInEngine
+sglang_engine.check_environment = lambda options: None
+events = []
+settings = SessionSettings(engine="sglang", model=Path("/models/m"), k=2, prompts=prompts,
+                           gemm_backend="deepgemm", max_new_tokens=8)
+options = sglang_engine.SGLangOptions(speculative_algorithm="EAGLE3",
+                                      engine_args={"mem_fraction_static": 0.3},
+                                      shadow_mode=os.environ["SHADOW_MODE"])
+summary = sglang_engine.run_sglang_session(settings, events.append, None, None, options)
+print("RESULT " + json.dumps({
+    "events": [json.loads(e.model_dump_json()) for e in events],
+    "summary": json.loads(summary.model_dump_json()),
+    "engines": [{k: v for k, v in e.kw.items() if k != "custom_sigquit_handler"}
+                for e in ENGINES],
+    "rpcs": [e.rpcs for e in ENGINES],
+}))
+"""
+
+
+@pytest.mark.parametrize("shadow_mode", ["split", "sequential"])
+def test_session_events_from_a_stand_in_engine(run_sglang, tmp_path, shadow_mode) -> None:
+    proc = run_sglang(SESSION_SCRIPT, env={"WORKDIR": str(tmp_path), "SHADOW_MODE": shadow_mode})
+    r = json.loads(next(x for x in proc.stdout.splitlines() if x.startswith("RESULT "))[7:])
+    kinds = [e["kind"] for e in r["events"]]
+    assert kinds[0] == "session_start"
+    spec_kw, shadow_kw = r["engines"]
+    assert spec_kw["speculative_algorithm"] == "EAGLE3" and spec_kw["speculative_num_steps"] == 2
+    assert spec_kw["enable_deterministic_inference"] and spec_kw["mamba_ssm_dtype"] == "float32"
+    assert spec_kw["mem_fraction_static"] == 0.3  # --sglang-arg wins over the split default
+    assert "speculative_algorithm" not in shadow_kw and spec_kw["shut"] and shadow_kw["shut"]
+    switch = [["specdash_set_gemm_backend", {"name": "deepgemm"}]]
+    assert r["rpcs"] == [switch, switch]  # both engines decode with the same GEMM backend
+
+    steps = [e for e in r["events"] if e["kind"] == "verify_step"]
+    assert [(s["prompt_index"], s["step"], s["accepted"], s["emitted_tokens"]) for s in steps] == [
+        (0, 0, 2, [6, 7, 8]),
+        (0, 1, 0, [9]),
+        (1, 0, 1, [2, 3]),
+    ]
+    assert all(s["gemm_backend"] == "deepgemm" and s["verify_s"] == 0.002 for s in steps)
+    tokens = [
+        (e["prompt_index"], e["token_id"], e["source"], e["step"])
+        for e in r["events"]
+        if e["kind"] == "token"
+    ]
+    assert tokens == [
+        (0, 5, "decode", -1),
+        (0, 6, "draft", 0),
+        (0, 7, "draft", 0),
+        (0, 8, "bonus", 0),
+        (0, 9, "bonus", 1),
+        (1, 1, "decode", -1),
+        (1, 2, "draft", 0),
+        (1, 3, "bonus", 0),
+    ]
+    div = [e for e in r["events"] if e["kind"] == "divergence"]
+    assert len(div) == 1 and (div[0]["prompt_index"], div[0]["position"]) == (1, 2)
+    assert div[0]["what"] == "logprob" and div[0]["spec_token"] == div[0]["shadow_token"] == 3
+    done = [(e["prompt_index"], e["exact"]) for e in r["events"] if e["kind"] == "prompt_done"]
+    assert done == [(0, True), (1, False)]
+    assert r["summary"]["exact_prompts"] == 1 and r["summary"]["verify_steps"] == 3
+    assert r["summary"]["divergences"] == 1
+
+
+def test_engine_refusal_shows_sglang_reason(monkeypatch, tmp_path) -> None:
+    class RefusingEngine:
+        def __init__(self, **kw):  # what a scheduler process does when the model says no
+            handler = sglang_engine._ReasonToFile(os.environ[sglang_engine.ERROR_FILE_ENV])
+            log = logging.getLogger("test.scheduler")
+            log.addHandler(handler)
+            log.error(
+                "Scheduler hit an exception: Traceback (most recent call last):\n"
+                '  File "x.py", line 1, in <module>\n'
+                "ValueError: DFLASH is not supported for Qwen3NextForCausalLM\n"
+            )
+            log.removeHandler(handler)
+            raise RuntimeError("Initialization failed. Please see the error messages above.")
+
+    monkeypatch.setattr(sglang_engine, "patched_engine_class", lambda: RefusingEngine)
+    monkeypatch.setenv(sglang_engine.ERROR_FILE_ENV, str(tmp_path / "reason"))
+    with pytest.raises(UsageError) as e:
+        sglang_engine.start_engine({"speculative_algorithm": "DFLASH"})
+    assert str(e.value) == (
+        "sglang could not start with --speculative-algorithm DFLASH: "
+        "ValueError: DFLASH is not supported for Qwen3NextForCausalLM"
+    )
+
+
+def test_sglang_args_parse_as_python_literals() -> None:
+    parse = sglang_engine.parse_engine_arg
+    assert parse("mem_fraction_static=0.4") == ("mem_fraction_static", 0.4)
+    assert parse("disable-cuda-graph=true") == ("disable_cuda_graph", True)
+    assert parse("attention_backend=fa3") == ("attention_backend", "fa3")
+    assert parse('cuda_graph_config={"decode": {"max_bs": 8}}')[1] == {"decode": {"max_bs": 8}}
+    with pytest.raises(UsageError, match="expected KEY=VALUE"):
+        parse("no_equals_sign")
