@@ -22,9 +22,11 @@ from textual.widgets import DataTable, Footer, Input, Static
 
 from specdash.controls import Controls
 from specdash.dashboard_model import DashboardModel
+from specdash.errors import EnvironmentProblem
 from specdash.events import ControlChange, EngineError, Event, SessionStart, Summary
 from specdash.settings import MAX_K, SessionSettings
 from specdash.sources import EventBuffer, EventSource, LiveSession
+from specdash.trace import TraceWriter
 from specdash.widgets.acceptance import AcceptancePanel
 from specdash.widgets.divergence import DivergenceDetail, DivergencePanel
 from specdash.widgets.error_panel import ErrorPanel
@@ -67,6 +69,7 @@ class SpecdashApp(App[int]):
         self,
         source: EventSource,
         trace_dir: Path | None = None,
+        trace_writer: TraceWriter | None = None,
         ui_hz: float = UI_HZ,
         plot_hz: float = PLOT_HZ,
     ) -> None:
@@ -76,12 +79,15 @@ class SpecdashApp(App[int]):
         self.buffer = EventBuffer()
         self.model = DashboardModel()
         self.log_events: list[Event] = []
-        """Every event so far, so `export trace` can write the whole session."""
-        self.trace_writer = None
+        """Every event so far, so a trace started mid-session still holds the whole session."""
+        self.trace_writer: TraceWriter | None = None
+        self._trace_has_header = False
         self._ui_hz, self._plot_hz = ui_hz, plot_hz
         self._shown_revision = -1
         self._plotted_revision = -1
         self._recording_note = ""
+        if trace_writer is not None:
+            self._attach_trace(trace_writer)
 
     # -- layout ------------------------------------------------------------------------
 
@@ -135,15 +141,7 @@ class SpecdashApp(App[int]):
         for event in drained:
             self.model.consume(event)
             self.log_events.append(event)
-            if self.trace_writer is not None:
-                self.trace_writer(event)
-            if isinstance(event, EngineError):
-                self._close_trace("an engine error")
-            elif isinstance(event, Summary):
-                self._close_trace("the session finished")
-        if self.trace_writer is not None and self.trace_writer.stopped_reason:
-            self.notify(f"recording stopped: {self.trace_writer.stopped_reason}", severity="error")
-            self._close_trace(f"recording stopped: {self.trace_writer.stopped_reason}")
+            self._record(event)
         if self.model.revision == self._shown_revision:
             return
         self._shown_revision = self.model.revision
@@ -250,32 +248,53 @@ class SpecdashApp(App[int]):
         if self.trace_writer is not None:
             self.notify(f"already recording to {self.trace_writer.path}")
             return
-        try:
-            from specdash.trace import TraceWriter
-        except ImportError:
-            self.notify("trace export is not available in this build", severity="error")
-            return
-        header = next((e for e in self.log_events if isinstance(e, SessionStart)), None)
-        if header is None:
-            self.notify("nothing to export yet: the session has not started", severity="warning")
-            return
         path = self.trace_dir / time.strftime("specdash-%Y%m%d-%H%M%S.jsonl")
         try:
-            writer = TraceWriter(path, header=header)
-        except Exception as e:  # EnvironmentProblem: unwritable directory
+            writer = TraceWriter(path)
+        except EnvironmentProblem as e:
             self.notify(f"cannot export trace: {e}", severity="error")
             return
-        for event in self.log_events:
-            if event is not header:
-                writer(event)
-        self.trace_writer = writer
-        self._recording_note = f"recording {path}"
+        self._attach_trace(writer)
         self.buffer.put(
             ControlChange(
                 name="trace", old="off", new=str(path), applied_step=self.model.verify_steps
             )
         )
         self.notify(f"trace: {path} (recording continues)")
+
+    def _record(self, event: Event) -> None:
+        """Append to the trace if one is recording; it closes when the session ends."""
+        writer = self.trace_writer
+        if writer is None:
+            return
+        if self._trace_has_header:
+            writer(event)
+        elif isinstance(event, SessionStart):
+            self._write_backlog()
+        if writer.stopped_reason:
+            self.notify(f"recording stopped: {writer.stopped_reason}", severity="error")
+            self._close_trace(f"recording stopped ({writer.stopped_reason})")
+        elif isinstance(event, EngineError):
+            self._close_trace("an engine error")
+        elif isinstance(event, Summary):
+            self._close_trace("the session finished")
+
+    def _attach_trace(self, writer: TraceWriter) -> None:
+        """Record from now on; everything seen so far is written once the header is known."""
+        self.trace_writer = writer
+        self._recording_note = f"recording {writer.path}"
+        self._trace_has_header = False
+        if any(isinstance(e, SessionStart) for e in self.log_events):
+            self._write_backlog()
+
+    def _write_backlog(self) -> None:
+        writer = self.trace_writer
+        header = next(e for e in self.log_events if isinstance(e, SessionStart))
+        writer(header)
+        for event in self.log_events:
+            if event is not header:
+                writer(event)
+        self._trace_has_header = True
 
     def _close_trace(self, why: str) -> None:
         if self.trace_writer is None:
@@ -317,5 +336,8 @@ class SpecdashApp(App[int]):
 def run_dashboard(args: argparse.Namespace) -> int:
     """`specdash [flags]` / `specdash run [flags]`: the dashboard over a live session."""
     settings = SessionSettings.from_args(args)
-    trace_dir = settings.trace.parent if settings.trace else None
-    return SpecdashApp(LiveSession(settings), trace_dir=trace_dir).run() or 0
+    if settings.trace is None:
+        return SpecdashApp(LiveSession(settings)).run() or 0
+    writer = TraceWriter(settings.trace)  # an unwritable path fails here, before the UI
+    app = SpecdashApp(LiveSession(settings), settings.trace.parent, writer)
+    return app.run() or 0

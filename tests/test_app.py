@@ -260,3 +260,29 @@ async def test_divergence_table_follows_a_model_reset(tmp_path):
             app.buffer.put(event)
         await settle(pilot)
         assert table.row_count == 0
+
+
+async def test_trace_given_up_front_records_from_the_header(tmp_path):
+    """`specdash --trace PATH`: events before session_start (GPU samples) are kept too."""
+    from specdash.events import TelemetrySample
+    from specdash.trace import TraceWriter
+
+    events = fake_session()
+    early = TelemetrySample(t_ns=1, window_s=0.0, source="none", note="no NVIDIA GPU")
+    path = tmp_path / "run.jsonl"
+    app = SpecdashApp(ScriptedSource.live_like([early, *events]), tmp_path, TraceWriter(path))
+    async with app.run_test(size=SIZE) as pilot:
+        await settle(pilot)
+        assert app.trace_writer is not None  # no summary yet: still recording; quit closes it
+    header, recorded, _ = read_trace(path)
+    assert header.model_copy(update={"git_revision": None}) == events[0]
+    assert recorded[0] == early and recorded[1:] == events[1:]
+
+
+async def test_unwritable_export_directory_is_a_notification(tmp_path):
+    app = make_app(tmp_path / "missing")
+    async with app.run_test(size=SIZE) as pilot:
+        await settle(pilot)
+        await pilot.press("e")
+        assert app.trace_writer is None
+        assert any("cannot export trace" in n for n in app.notes)
