@@ -29,7 +29,7 @@ class AcceptancePanel(Vertical):
             f"mean accepted length [b]{num(m.mean_accepted_length_window, '.2f')}[/b] (1 s) "
             f"[b]{num(m.mean_accepted_length, '.2f')}[/b] (session)   "
             f"acceptance rate [b]{pct(m.acceptance_rate)}[/b] (session)   "
-            f"steps {m.verify_steps}"
+            f"verify steps {m.verify_steps} (session)"
         )
         steps = sum(m.histogram.values())
         lines = ["[b]histogram[/b] (session)"]
