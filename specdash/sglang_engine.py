@@ -58,8 +58,10 @@ EXACT_DEFAULTS: dict[str, Any] = {
     "attention_backend": "triton",
     "linear_attn_backend": "triton",
     "mamba_ssm_dtype": "float32",
-    "speculative_eagle_topk": 1,
 }
+CHAIN_ALGORITHMS = ("NEXTN", "EAGLE3", "STANDALONE")
+"""Algorithms whose draft length specdash sets from -k (steps=k, topk=1, k+1 verify tokens);
+DFLASH takes its block size from the draft model, NGRAM its own defaults."""
 SPLIT_MEM_FRACTION = 0.4
 """mem_fraction_static of each engine when spec and shadow engines share the GPU."""
 
@@ -117,15 +119,14 @@ def engine_kwargs(
         kw["mem_fraction_static"] = SPLIT_MEM_FRACTION
     if speculative:
         kw["speculative_algorithm"] = options.speculative_algorithm
-        if options.speculative_algorithm != "NGRAM":
+        if options.speculative_algorithm in CHAIN_ALGORITHMS:
             kw["speculative_num_steps"] = settings.k
+            kw["speculative_eagle_topk"] = 1
             kw["speculative_num_draft_tokens"] = settings.k + 1
         if options.speculative_algorithm == "NEXTN":
             kw["speculative_draft_model_path"] = str(settings.draft or settings.model)
         elif settings.draft is not None:
             kw["speculative_draft_model_path"] = str(settings.draft)
-    else:
-        kw.pop("speculative_eagle_topk")
     user = dict(options.engine_args)
     if not speculative:
         user = {k: v for k, v in user.items() if not k.startswith("speculative_")}

@@ -154,3 +154,29 @@ def test_sglang_args_parse_as_python_literals() -> None:
     assert parse('cuda_graph_config={"decode": {"max_bs": 8}}')[1] == {"decode": {"max_bs": 8}}
     with pytest.raises(UsageError, match="expected KEY=VALUE"):
         parse("no_equals_sign")
+
+
+def test_engine_kwargs_per_algorithm(tmp_path) -> None:
+    from specdash.settings import SessionSettings
+
+    settings = SessionSettings(engine="sglang", model=tmp_path, k=3)
+
+    def kwargs(algo: str, **extra) -> dict:
+        options = sglang_engine.SGLangOptions(speculative_algorithm=algo, engine_args=extra)
+        return sglang_engine.engine_kwargs(settings, options, speculative=True, split=False)
+
+    nextn = kwargs("NEXTN")
+    assert (nextn["speculative_num_steps"], nextn["speculative_eagle_topk"]) == (3, 1)
+    assert nextn["speculative_num_draft_tokens"] == 4
+    assert nextn["speculative_draft_model_path"] == str(tmp_path)  # MTP: the target itself
+    assert nextn["linear_attn_backend"] == "triton" and nextn["attention_backend"] == "triton"
+    for algo in ("DFLASH", "NGRAM"):  # their draft length is not -k's to set
+        assert not {"speculative_num_steps", "speculative_eagle_topk"} & set(kwargs(algo))
+    assert kwargs("EAGLE3", attention_backend="fa3")["attention_backend"] == "fa3"
+    with pytest.raises(UsageError, match="needs --model"):
+        sglang_engine.engine_kwargs(
+            SessionSettings(engine="sglang"),
+            sglang_engine.SGLangOptions(),
+            speculative=True,
+            split=False,
+        )
