@@ -9,6 +9,7 @@ CPU-only machine works for every target (see docs in the README's "SGLang backen
 from __future__ import annotations
 
 import argparse
+import sys
 from dataclasses import dataclass
 
 from specdash.engine_patches import registry
@@ -79,12 +80,16 @@ def problems(version: str, statuses: list[TargetStatus]) -> str | None:
 
 
 def ensure_patchable(force: bool) -> list[TargetStatus]:
-    """Refuse (EnvironmentProblem) an unchecked SGLang unless forced; missing targets always."""
+    """Refuse (EnvironmentProblem) an unchecked SGLang unless forced; missing targets always.
+
+    On any problem the `patches check` table goes to stderr first, so the refusal is explained.
+    """
     version = require_sglang()
     statuses = check_targets()
     reason = problems(version, statuses)
     if reason is None:
         return statuses
+    print(format_report(version, statuses), file=sys.stderr)
     if any(s.status == "missing" for s in statuses) or not force:
         hint = "" if force else "; --force-patches to try anyway"
         raise EnvironmentProblem(reason + hint)

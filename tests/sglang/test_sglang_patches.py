@@ -123,11 +123,12 @@ def _all_ok(monkeypatch) -> None:
     )
 
 
-def test_unchecked_sglang_version_is_refused_unless_forced(monkeypatch) -> None:
+def test_unchecked_sglang_version_is_refused_unless_forced(monkeypatch, capsys) -> None:
     monkeypatch.setattr(registry, "sglang_version", lambda: "0.6.0")
     _all_ok(monkeypatch)
     with pytest.raises(EnvironmentProblem, match="checked against 0.5.23.*--force-patches"):
         check.ensure_patchable(force=False)
+    assert capsys.readouterr().err.startswith("sglang 0.6.0 (NOT checked; patches checked")
     assert len(check.ensure_patchable(force=True)) == len(ALL_TARGETS)
 
 
