@@ -10,6 +10,7 @@ from __future__ import annotations
 import contextlib
 import platform
 import threading
+from collections import deque
 from collections.abc import Callable
 from dataclasses import dataclass
 from importlib import metadata, resources
@@ -27,6 +28,7 @@ from specdash.events import (
     ControlChange,
     Divergence,
     Draft,
+    EngineError,
     Event,
     Prefill,
     PromptDone,
@@ -40,7 +42,7 @@ from specdash.model import Model, random_tensors
 from specdash.model_config import ModelConfig, preset
 from specdash.prompts import load_prompts
 from specdash.root_cause import find_root_cause
-from specdash.settings import SessionSettings
+from specdash.settings import MAX_K, SessionSettings
 from specdash.stats import SessionStats
 from specdash.tokenizer import ByteTokenizer, TextTokenizer
 
@@ -63,7 +65,12 @@ class Loaded:
 
 
 def _device(settings: SessionSettings) -> torch.device:
-    dev = torch.device(settings.device)
+    try:
+        dev = torch.device(settings.device)
+    except RuntimeError:
+        raise UsageError(f"--device {settings.device!r}: expected cpu, cuda or cuda:N") from None
+    if dev.type not in ("cpu", "cuda"):
+        raise UsageError(f"--device {settings.device!r}: only cpu and cuda are supported")
     if dev.type == "cuda" and not torch.cuda.is_available():
         raise EnvironmentProblem(f"--device {settings.device}: no CUDA device is available")
     return dev
@@ -171,6 +178,7 @@ class SessionRunner:
         self.stop = stop or threading.Event()
         self.applied = self.controls.snapshot()
         self.step_no = 0
+        self._next_index = 0  # prompt index for prompts typed in the dashboard
         self.engine = Engine(self.loaded.target, self._make_drafter, self.loaded.eos_ids)
 
     def emit(self, event: Event) -> None:
@@ -203,36 +211,57 @@ class SessionRunner:
                 )
         self.applied = new
 
-    def run(self) -> Summary:
-        s, tok = self.settings, self.loaded.tokenizer
-        prompts = load_prompts(s.prompts)
-        encoded = [tok.encode(p.text) for p in prompts]
+    def _encode(self, name: str, text: str) -> list[int]:
+        s = self.settings
+        ids = self.loaded.tokenizer.encode(text)
+        if not ids:
+            raise UsageError(f"prompt {name!r} is empty after tokenization")
         limit = self.loaded.target.cfg.max_position_embeddings
-        for p, ids in zip(prompts, encoded, strict=True):
-            if not ids:
-                raise UsageError(f"prompt {p.name!r} is empty after tokenization")
-            need = len(ids) + s.max_new_tokens + s.k + 1
-            if need > limit:
-                raise UsageError(
-                    f"prompt {p.name!r} is {len(ids)} tokens; with --max-new-tokens "
-                    f"{s.max_new_tokens} and k={s.k} it needs {need} positions, "
-                    f"the model has {limit}"
-                )
-        device = self.loaded.target.device
+        need = len(ids) + s.max_new_tokens
+        if need > limit:
+            raise UsageError(
+                f"prompt {name!r} is {len(ids)} tokens; with --max-new-tokens "
+                f"{s.max_new_tokens} it needs {need} positions, the model has {limit}"
+            )
+        return ids
+
+    def _next_group(
+        self, queue: deque[tuple[int, str, list[int]]]
+    ) -> list[tuple[int, str, list[int]]]:
+        """Up to `batch` prompts: typed ones (dashboard) first, then the prompt set's."""
+        group: list[tuple[int, str, list[int]]] = []
+        while len(group) < self.settings.batch:
+            typed = self.controls.take_user_prompt()
+            if typed is not None:
+                index = self._next_index
+                self._next_index += 1
+                try:
+                    group.append((index, typed, self._encode(f"typed-{index}", typed)))
+                except UsageError as e:  # a bad typed prompt must not end the session
+                    self.emit(EngineError(message=str(e), fatal=False))
+            elif queue:
+                group.append(queue.popleft())
+            else:
+                break
+        return group
+
+    def run(self) -> Summary:
+        s = self.settings
+        prompts = load_prompts(s.prompts)
+        queue = deque((i, p.text, self._encode(p.name, p.text)) for i, p in enumerate(prompts))
+        self._next_index = len(prompts)
+        self.engine.slot_capacity = max(len(q[2]) for q in queue) + s.max_new_tokens + MAX_K + 1
         self.emit(
             SessionStart(
                 config=s.model_dump(mode="json") | {"loaded": self.loaded.description},
                 versions=versions(),
-                device=device_name(device),
+                device=device_name(self.loaded.target.device),
                 gemm_backend=self.loaded.target.gemm.name,
             )
         )
         with torch.inference_mode():
-            for b in range(0, len(prompts), s.batch):
-                if self.stop.is_set():
-                    break
-                group = list(range(b, min(b + s.batch, len(prompts))))
-                self._run_group([(i, prompts[i].text, encoded[i]) for i in group])
+            while not self.stop.is_set() and (group := self._next_group(queue)):
+                self._run_group(group)
         summary = self.stats.summary()
         self.emit(summary)
         return summary
@@ -243,7 +272,7 @@ class SessionRunner:
         decode_s: dict[int, float] = {}
         for index, text, ids in group:
             self.emit(PromptStart(prompt_index=index, prompt_tokens=len(ids), text=text))
-            seq, prefill_s = eng.start(index, ids, s.max_new_tokens, 16, s.shadow)
+            seq, prefill_s = eng.start(index, ids, s.max_new_tokens, MAX_K, s.shadow)
             self.emit(Prefill(prompt_index=index, tokens=len(ids), seconds=prefill_s, run="spec"))
             self._emit_tokens(seq, 0, "decode", 0)
             seqs.append(seq)
@@ -305,6 +334,7 @@ class SessionRunner:
                     exact=s.shadow and seq.diverged_at is None and seq.compared == len(seq.ids),
                 )
             )
+            eng.release(seq)
 
     def _emit_tokens(self, seq: Sequence, start: int, source: str, accepted: int) -> None:
         tok = self.loaded.tokenizer

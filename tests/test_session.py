@@ -1,0 +1,58 @@
+"""Session behaviour around the prompt set: typed prompts, live controls, slots."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+from tiny_models import write_pair
+
+from specdash.controls import Controls, ControlState
+from specdash.events import ControlChange, EngineError, Event, PromptDone, PromptStart
+from specdash.session import SessionRunner
+from specdash.settings import SessionSettings
+
+
+@pytest.fixture(scope="module")
+def pair(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, Path, Path]:
+    return write_pair(tmp_path_factory.mktemp("tiny"))
+
+
+def _settings(pair: tuple[Path, Path, Path], **kw: object) -> SessionSettings:
+    return SessionSettings(model=pair[0], draft=pair[1], prompts=pair[2], max_new_tokens=8, **kw)
+
+
+def test_typed_prompts_run_first_and_a_bad_one_does_not_end_the_session(pair) -> None:  # noqa: ANN001
+    controls = Controls(
+        ControlState(gemm_backend="torch", speculation=True, k=3, verify_mode="exact")
+    )
+    controls.submit_prompt("def typed():")
+    controls.submit_prompt("x" * 20000)  # longer than the model's context
+    events: list[Event] = []
+    SessionRunner(_settings(pair, k=3), events.append, controls).run()
+    starts = [e for e in events if isinstance(e, PromptStart)]
+    assert starts[0].text == "def typed():" and starts[0].prompt_index == 8
+    errors = [e for e in events if isinstance(e, EngineError)]
+    assert len(errors) == 1 and not errors[0].fatal and "positions" in errors[0].message
+    done = [e for e in events if isinstance(e, PromptDone)]
+    assert len(done) == 9 and all(d.exact for d in done)
+
+
+def test_control_changes_apply_between_steps_and_are_events(pair) -> None:  # noqa: ANN001
+    controls = Controls(
+        ControlState(gemm_backend="torch", speculation=True, k=2, verify_mode="exact")
+    )
+    events: list[Event] = []
+
+    def sink(e: Event) -> None:
+        events.append(e)
+        if e.kind == "verify_step" and e.step == 3:
+            controls.update(k=5, verify_mode="fast", speculation=False)
+
+    SessionRunner(_settings(pair, k=2), sink, controls).run()
+    changes = {e.name: e for e in events if isinstance(e, ControlChange)}
+    assert set(changes) == {"k", "verify_mode", "speculation"}
+    assert all(c.applied_step == 4 for c in changes.values())
+    steps = [e for e in events if e.kind == "verify_step"]
+    assert all(s.k == 2 for s in steps if s.step <= 3)
+    assert all(s.k == 0 and s.draft_tokens == [] for s in steps if s.step >= 4)
