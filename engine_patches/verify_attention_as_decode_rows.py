@@ -32,11 +32,52 @@ def row_lengths(seq_lens: Any, n: int) -> Any:
     return (seq_lens[:, None] + steps).reshape(-1)
 
 
-def _save_kv(backend: Any, layer: Any, forward_batch: Any, k: Any, v: Any) -> None:
-    if k is not None:
-        backend.token_to_kv_pool.set_kv_buffer(
-            layer, forward_batch.out_cache_loc, k, v, layer.k_scale, layer.v_scale
+def row_kv_indices(
+    prefix_indptr: Any, prefix_indices: Any, candidate_locs: Any, seq_lens: Any, n: int
+) -> tuple[Any, Any]:
+    """CSR (indptr, indices) of the bs*n decode rows: row (b, i) reads request b's prefix
+    slots (the verify metadata's own, already in the kernel's id space) and then the KV
+    slots of candidates 0..i, in position order, exactly the slots a plain decode of that
+    position reads."""
+    import torch
+
+    lens = row_lengths(seq_lens, n)
+    rows = lens.shape[0]
+    device = prefix_indices.device
+    indptr = torch.zeros(rows + 1, dtype=torch.int32, device=device)
+    indptr[1:] = torch.cumsum(lens, 0)
+    width = int(lens.max())
+    pos = torch.arange(width, device=device)[None, :]
+    req = torch.arange(rows, device=device) // n
+    prefix_len = seq_lens.repeat_interleave(n)[:, None]
+    in_prefix = pos < prefix_len
+    prefix_at = (prefix_indptr[:-1].repeat_interleave(n)[:, None] + pos).clamp(
+        max=max(prefix_indices.numel() - 1, 0)
+    )
+    cand_at = (req[:, None] * n + pos - prefix_len).clamp(0, candidate_locs.numel() - 1)
+    slots = torch.where(
+        in_prefix, prefix_indices[prefix_at], candidate_locs.to(prefix_indices.dtype)[cand_at]
+    )
+    return indptr, slots[pos < lens[:, None]]
+
+
+def _save_kv_triton(backend: Any, layer: Any, forward_batch: Any, k: Any, v: Any) -> None:
+    """As `TritonAttnBackend.forward_extend` saves the candidates' KV (SGLang 0.5.23)."""
+    from sglang.srt.mem_cache.memory_pool import KVWriteLoc
+
+    loc = KVWriteLoc.for_batch(forward_batch, swa_loc=backend.forward_metadata.swa_out_cache_loc)
+    if layer.k_scale is None:
+        backend._set_kv_buffer(forward_batch, layer, loc, k, v)
+    else:
+        backend._set_kv_buffer(
+            forward_batch, layer, loc, k.clone(), v.clone(), layer.k_scale, layer.v_scale
         )
+
+
+def _save_kv_fa3(backend: Any, layer: Any, forward_batch: Any, k: Any, v: Any) -> None:
+    backend.token_to_kv_pool.set_kv_buffer(
+        layer, forward_batch.out_cache_loc, k, v, layer.k_scale, layer.v_scale
+    )
 
 
 def triton_rows(backend: Any, q: Any, layer: Any, forward_batch: Any, sinks: Any = None) -> Any:
@@ -53,18 +94,15 @@ def triton_rows(backend: Any, q: Any, layer: Any, forward_batch: Any, sinks: Any
     bs = forward_batch.batch_size
     n = q.shape[0] // bs
     heads, dq, dv = layer.tp_q_head_num, layer.qk_head_dim, layer.v_head_dim
-    lens = row_lengths(forward_batch.seq_lens, n)
-    rows = lens.shape[0]
-    kv_indptr = torch.zeros(rows + 1, dtype=torch.int32, device=q.device)
-    kv_indptr[1:] = torch.cumsum(lens, 0)
-    pool_rows = forward_batch.req_pool_indices.repeat_interleave(n)
-    width = int(lens.max())
-    table = backend.req_to_token_pool.req_to_token[pool_rows, :width]
-    in_row = torch.arange(width, device=q.device)[None, :] < lens[:, None]
-    kv_indices = table[in_row].to(torch.int64)
-    num_kv_splits = ((lens + backend.split_tile_size - 1) // backend.split_tile_size).to(
-        torch.int32
+    meta = backend.forward_metadata
+    seq_lens = forward_batch.seq_lens[:bs]
+    kv_indptr, kv_indices = row_kv_indices(
+        meta.kv_indptr[: bs + 1], meta.kv_indices, forward_batch.out_cache_loc, seq_lens, n
     )
+    lens = row_lengths(seq_lens, n)
+    rows = lens.shape[0]
+    tile = backend.split_tile_size
+    num_kv_splits = ((lens + tile - 1) // tile).to(torch.int32)
     max_splits = backend.max_kv_splits
     attn_logits = torch.empty(rows, heads, max_splits, dv, dtype=torch.float32, device=q.device)
     attn_lse = torch.empty(rows, heads, max_splits, dtype=torch.float32, device=q.device)
@@ -128,10 +166,11 @@ def fa3_rows(backend: Any, q: Any, layer: Any, forward_batch: Any, sinks: Any = 
     return out.reshape(bs * n, heads * dv)
 
 
-ROW_KERNELS: dict[str, Callable[..., Any]] = {
-    "TritonAttnBackend": triton_rows,
-    "FlashAttentionBackend": fa3_rows,
+ROW_KERNELS: dict[str, tuple[Callable[..., Any], Callable[..., None]]] = {
+    "TritonAttnBackend": (triton_rows, _save_kv_triton),
+    "FlashAttentionBackend": (fa3_rows, _save_kv_fa3),
 }
+"""Full-attention backend class name -> (decode rows, how that backend saves the verify KV)."""
 
 
 def verify_as_decode_rows(
@@ -146,14 +185,15 @@ def verify_as_decode_rows(
 ) -> Any:
     """The TARGET_VERIFY full-attention branch (also what diffs/ puts into SGLang's source)."""
     backend = hybrid.full_attn_backend
-    rows = ROW_KERNELS.get(type(backend).__name__)
-    if rows is None:
+    paths = ROW_KERNELS.get(type(backend).__name__)
+    if paths is None:
         raise RuntimeError(
             f"verify_attention_as_decode_rows: no decode-row path for "
             f"{type(backend).__name__}; use attention_backend=triton or fa3"
         )
-    if save_kv_cache:
-        _save_kv(backend, layer, forward_batch, k, v)
+    rows, save_kv = paths
+    if save_kv_cache and k is not None:
+        save_kv(backend, layer, forward_batch, k, v)
     return rows(backend, q, layer, forward_batch, sinks=kwargs.get("sinks"))
 
 
@@ -201,6 +241,16 @@ PATCH = Patch(
         Target(
             "sglang.srt.layers.attention.triton_backend.TritonAttnBackend.forward_decode",
             "7577d9e3055af8a4aebeaeb1ede2a66742e830cb11630936a7647ccd2b61e69f",
+            role="relied on",
+        ),
+        Target(
+            "sglang.srt.layers.attention.triton_backend.TritonAttnBackend.forward_extend",
+            "3dfe4c158fa799b1bacd290eca44c283175e161a95f35222c5858d3d7108756b",
+            role="relied on",
+        ),
+        Target(
+            "sglang.srt.layers.attention.triton_backend.TritonAttnBackend._set_kv_buffer",
+            "5b11c98941c9b742b5ff65e65ddcd5370933395bec971a4ebeed988fba0bd892",
             role="relied on",
         ),
         Target(

@@ -134,8 +134,19 @@ layer = SimpleNamespace(tp_q_head_num=H, qk_head_dim=D, v_head_dim=D, scaling=D*
 bs, n = 2, 3
 seq_lens, pools = torch.tensor([5, 9]), torch.tensor([1, 0])
 q = torch.randn(bs * n, H * D)
+# What SGLang hands the verify forward: the prefix slots in the TARGET_VERIFY metadata
+# (kv_indptr/kv_indices), the candidates' slots in out_cache_loc (also in req_to_token).
+prefix = [req_to_token[pools[b], : seq_lens[b]] for b in range(bs)]
+backend.forward_metadata = SimpleNamespace(
+    kv_indptr=torch.tensor([0, 5, 14], dtype=torch.int32),
+    kv_indices=torch.cat(prefix).to(torch.int64),
+)
+out_cache_loc = torch.cat(
+    [req_to_token[pools[b], seq_lens[b] : seq_lens[b] + n] for b in range(bs)]
+).to(torch.int64)
 verify = triton_rows(backend, q, layer,
-                     SimpleNamespace(batch_size=bs, seq_lens=seq_lens, req_pool_indices=pools))
+                     SimpleNamespace(batch_size=bs, seq_lens=seq_lens, req_pool_indices=pools,
+                                     out_cache_loc=out_cache_loc))
 
 # Plain decode: every row its own request, the way TritonAttnBackend.forward_decode runs it.
 lengths = [int(seq_lens[b]) + i + 1 for b in range(bs) for i in range(n)]
