@@ -75,9 +75,13 @@ def _save_kv_triton(backend: Any, layer: Any, forward_batch: Any, k: Any, v: Any
 
 
 def _save_kv_fa3(backend: Any, layer: Any, forward_batch: Any, k: Any, v: Any) -> None:
-    backend.token_to_kv_pool.set_kv_buffer(
-        layer, forward_batch.out_cache_loc, k, v, layer.k_scale, layer.v_scale
+    """As `FlashAttentionBackend.forward_extend` saves KV for bf16 caches (SGLang 0.5.23)."""
+    from sglang.srt.mem_cache.memory_pool import KVWriteLoc
+
+    loc = KVWriteLoc.for_layer(
+        forward_batch, layer, swa_loc=backend.forward_metadata.swa_out_cache_loc
     )
+    backend.token_to_kv_pool.set_kv_buffer(layer, loc, k, v, layer.k_scale, layer.v_scale)
 
 
 def triton_rows(backend: Any, q: Any, layer: Any, forward_batch: Any, sinks: Any = None) -> Any:
@@ -137,20 +141,20 @@ def _logit_cap(layer: Any) -> float:
 
 
 def fa3_rows(backend: Any, q: Any, layer: Any, forward_batch: Any, sinks: Any = None) -> Any:
-    """FlashAttentionBackend: `flash_attn_with_kvcache` with max_seqlen_q=1 per row."""
+    """FlashAttentionBackend: `flash_attn_with_kvcache` with max_seqlen_q=1 per row.
+
+    Not covered by `patches check` or CI: flashattention_backend imports sgl_kernel at module
+    level, which does not load without CUDA."""
+    import torch
     from sglang.srt.layers.attention.flashattention_backend import flash_attn_with_kvcache
 
     bs = forward_batch.batch_size
     n = q.shape[0] // bs
     heads, dq, dv = layer.tp_q_head_num, layer.head_dim, layer.v_head_dim
     metadata = backend.forward_metadata
-    key_cache, value_cache = backend.token_to_kv_pool.get_kv_buffer(layer.layer_id)
-    key_cache = key_cache.view(-1, backend.page_size, layer.tp_k_head_num, layer.head_dim)
-    value_cache = value_cache.view(-1, backend.page_size, layer.tp_v_head_num, dv)
-    import torch
-
+    key_cache, value_cache = backend.get_paged_mha_kv_cache(layer)
     out = flash_attn_with_kvcache(
-        q=q.reshape(bs * n, 1, heads, dq),
+        q=q.reshape(bs * n, 1, heads, dq).contiguous(),
         k_cache=key_cache,
         v_cache=value_cache,
         page_table=metadata.page_table.repeat_interleave(n, 0),
