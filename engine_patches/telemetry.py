@@ -9,8 +9,8 @@ when full); a daemon thread sends records over ZMQ PUSH with `NOBLOCK`, dropping
 socket is full. The parent binds the PULL side and exports its address in
 `SPECDASH_TELEMETRY_ADDR` before `sglang.Engine` spawns the scheduler.
 
-GPU time comes from `torch.cuda.Event` pairs around `EAGLEWorkerV2.verify`,
-`EagleDraftWorker.draft` and `EagleDraftWorker._draft_extend_for_decode`; the hook reads
+GPU time comes from `torch.cuda.Event` pairs around `verify`, `draft` and
+`_draft_extend_for_decode` of the EAGLE v2 workers (single- and multi-layer); the hook reads
 `elapsed_time` only from events that already completed (`query()`), so it never synchronizes.
 The draft tokens are copied to pinned memory asynchronously in the same way.
 """
@@ -36,6 +36,7 @@ _PROCESSOR = (
     "sglang.srt.managers.scheduler_components.batch_result_processor.SchedulerBatchResultProcessor"
 )
 _WORKER = "sglang.srt.speculative.eagle_worker_v2"
+_MULTI = "sglang.srt.speculative.multi_layer_eagle_worker_v2"
 
 
 class _Sender:
@@ -232,11 +233,28 @@ PATCH = Patch(
             f"{_WORKER}.EagleDraftWorker._draft_extend_for_decode",
             "d7858851c429dd624820066fafd1555a66b1940642207aa03ba79fb158b7f434",
         ),
+        Target(
+            f"{_MULTI}.MultiLayerEagleWorkerV2.verify",
+            "3ca0cb8deba81edaef55f6b2c7b512882a45ddaf7634ecc1b8e36727f2d360c6",
+        ),
+        Target(
+            f"{_MULTI}.MultiLayerEagleDraftWorker.draft",
+            "43160192e566bd30de530ff3550b7a624f04bb0cf91c4c46cd8146b9907294d9",
+        ),
+        Target(
+            f"{_MULTI}.MultiLayerEagleDraftWorker._draft_extend_for_decode",
+            "27edc3abab2aaedea6b7a822ad5bd19948d03761f2bbb3c04c991b4cf0b54fa1",
+        ),
     ),
     rebindings=(
         Rebinding(_PROCESSOR, "_resolve_spec_v2_tokens", _report_after),
         Rebinding(f"{_WORKER}.EAGLEWorkerV2", "verify", _timed_verify),
         Rebinding(f"{_WORKER}.EagleDraftWorker", "draft", _timed_draft),
         Rebinding(f"{_WORKER}.EagleDraftWorker", "_draft_extend_for_decode", _timed_draft_extend),
+        Rebinding(f"{_MULTI}.MultiLayerEagleWorkerV2", "verify", _timed_verify),
+        Rebinding(f"{_MULTI}.MultiLayerEagleDraftWorker", "draft", _timed_draft),
+        Rebinding(
+            f"{_MULTI}.MultiLayerEagleDraftWorker", "_draft_extend_for_decode", _timed_draft_extend
+        ),
     ),
 )

@@ -86,7 +86,7 @@ def test_targets_resolve_and_patches_restore_sglang_exactly(run_sglang) -> None:
     assert set(rows.values()) == {"OK"}, rows
     assert f"{len(ALL_TARGETS)} OK, 0 changed, 0 missing" in out
     assert "EXIT 0" in out
-    assert "IDENTITY-OK 9" in out  # every rebinding of the four patches
+    assert "IDENTITY-OK 12" in out  # every rebinding of the four patches
 
 
 def test_patches_check_reports_renamed_target_missing(run_sglang) -> None:
