@@ -1,0 +1,184 @@
+"""Engine throughput with the dashboard open vs headless, and where the engine should run.
+
+One run, interleaved repeats, median after a warm-up:
+  headless          engine on a thread, events into an EventBuffer nobody draws
+  dashboard-thread  the same engine thread inside SpecdashApp (Textual headless driver,
+                    160x48, UI 12 Hz, plots 3 Hz: every widget is rendered, only the final
+                    terminal write is skipped)
+  dashboard-process the engine in a child process, events pickled over a multiprocessing
+                    queue into the dashboard's EventBuffer
+Engine t/s = emitted tokens / engine wall time (first to last event). Dashboard CPU share =
+the UI process's CPU time not spent on the engine thread, per second of wall time.
+
+  python benchmarks/bench_dashboard.py [--repeats 3] [--max-new-tokens 32]
+
+The engine is `specdash.session.run_session` on the embedded default pair (CPU).
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import multiprocessing as mp
+import statistics
+import threading
+import time
+
+import torch
+
+from specdash.app import SpecdashApp
+from specdash.controls import Controls
+from specdash.events import Event, Token
+from specdash.session import run_session
+from specdash.settings import SessionSettings
+from specdash.sources import EventBuffer, Sink, initial_controls
+
+SIZE = (160, 48)
+
+
+class Measured:
+    """Wraps a sink: counts tokens and stamps the engine's first and last event."""
+
+    def __init__(self, sink: Sink) -> None:
+        self.sink = sink
+        self.tokens = 0
+        self.first = self.last = 0.0
+
+    def __call__(self, event: Event) -> None:
+        now = time.perf_counter()
+        self.first = self.first or now
+        self.last = now
+        self.tokens += isinstance(event, Token)
+        self.sink(event)
+
+    @property
+    def tps(self) -> float:
+        return self.tokens / (self.last - self.first)
+
+
+class ThreadEngine:
+    """EventSource: the engine on a thread of this process (what LiveSession does)."""
+
+    def __init__(self, settings: SessionSettings) -> None:
+        self.controls: Controls | None = initial_controls(settings)
+        self.settings = settings
+        self.done = threading.Event()
+        self.engine_cpu_s = 0.0
+
+    def start(self, sink: Sink) -> None:
+        self.measured = Measured(sink)
+        threading.Thread(target=self._run, daemon=True).start()
+
+    def _run(self) -> None:
+        cpu0 = time.thread_time()
+        run_session(self.settings, self.measured, self.controls, threading.Event())
+        self.engine_cpu_s = time.thread_time() - cpu0
+        self.done.set()
+
+    def stop(self) -> None:
+        self.done.wait(timeout=120)
+
+
+def _child(settings_json: str, queue: mp.Queue) -> None:
+    settings = SessionSettings.model_validate_json(settings_json)
+    measured = Measured(queue.put)
+    run_session(settings, measured, initial_controls(settings), threading.Event())
+    queue.put(("tps", measured.tps))
+    queue.put(None)
+
+
+class ProcessEngine:
+    """EventSource: the engine in a child process; a pump thread feeds the parent's sink.
+
+    (Controls would need a pipe to the child; the benchmark does not press keys.)"""
+
+    def __init__(self, settings: SessionSettings) -> None:
+        self.controls: Controls | None = None
+        self.settings = settings
+        self.done = threading.Event()
+        self.tps = 0.0
+        # Created before the app starts: multiprocessing's resource tracker needs a real
+        # stderr file descriptor, which Textual replaces while it runs.
+        ctx = mp.get_context("spawn")
+        self.queue = ctx.Queue()
+        self.process = ctx.Process(
+            target=_child, args=(self.settings.model_dump_json(), self.queue)
+        )
+
+    def start(self, sink: Sink) -> None:
+        self.process.start()
+        threading.Thread(target=self._pump, args=(sink,), daemon=True).start()
+
+    def _pump(self, sink: Sink) -> None:
+        while (item := self.queue.get()) is not None:
+            if isinstance(item, tuple):
+                self.tps = item[1]
+            else:
+                sink(item)
+        self.process.join()
+        self.done.set()
+
+    def stop(self) -> None:
+        self.done.wait(timeout=120)
+
+
+def run_headless(settings: SessionSettings) -> tuple[float, float]:
+    source = ThreadEngine(settings)
+    source.start(EventBuffer().put)
+    source.done.wait()
+    return source.measured.tps, 0.0
+
+
+async def _run_app(source, done: threading.Event) -> tuple[float, float]:
+    app = SpecdashApp(source)
+    wall0, cpu0 = time.perf_counter(), time.process_time()
+    async with app.run_test(size=SIZE) as pilot:
+        while not done.is_set():
+            await pilot.pause(0.05)
+        await pilot.pause(0.2)
+        cpu, wall = time.process_time() - cpu0, time.perf_counter() - wall0
+    return cpu, wall
+
+
+def run_dashboard(settings: SessionSettings, where: str) -> tuple[float, float]:
+    if where == "thread":
+        source = ThreadEngine(settings)
+        cpu, wall = asyncio.run(_run_app(source, source.done))
+        return source.measured.tps, (cpu - source.engine_cpu_s) / wall
+    source = ProcessEngine(settings)
+    cpu, wall = asyncio.run(_run_app(source, source.done))
+    return source.tps, cpu / wall
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--repeats", type=int, default=3)
+    parser.add_argument("--max-new-tokens", type=int, default=32)
+    parser.add_argument("--no-process", action="store_true", help="skip dashboard-process")
+    args = parser.parse_args()
+    settings = SessionSettings(max_new_tokens=args.max_new_tokens)
+    runs = {
+        "headless": lambda: run_headless(settings),
+        "dashboard-thread": lambda: run_dashboard(settings, "thread"),
+    }
+    if not args.no_process:
+        runs["dashboard-process"] = lambda: run_dashboard(settings, "process")
+    for run in runs.values():  # warm-up: imports, allocator, first render
+        run()
+    results: dict[str, list[tuple[float, float]]] = {name: [] for name in runs}
+    for _ in range(args.repeats):
+        for name, run in runs.items():
+            results[name].append(run())
+    base = statistics.median(t for t, _ in results["headless"])
+    threads = torch.get_num_threads()
+    print(f"max_new_tokens={args.max_new_tokens} repeats={args.repeats} torch_threads={threads}")
+    print(f"{'mode':<18} {'engine t/s':>10} {'vs headless':>11} {'UI CPU':>8}   runs t/s")
+    for name, rows in results.items():
+        tps = statistics.median(t for t, _ in rows)
+        cpu = statistics.median(c for _, c in rows)
+        runs_text = " ".join(f"{t:.1f}" for t, _ in rows)
+        print(f"{name:<18} {tps:>10.1f} {tps / base:>11.3f} {cpu:>7.0%}   {runs_text}")
+
+
+if __name__ == "__main__":
+    main()
