@@ -147,7 +147,9 @@ class SpecdashApp(App[int]):
         self._shown_revision = self.model.revision
         m = self.model
         with self.batch_update():
-            self.query_one(StatusBar).show(m, self._recording_note)
+            controls = self.source.controls
+            paused = m.paused if controls is None else controls.snapshot().paused
+            self.query_one(StatusBar).show(m, paused, self._recording_note)
             self.query_one(ErrorPanel).show(m.errors, self._recording_note)
             self.query_one(ThroughputPanel).show_numbers(m)
             self.query_one(AcceptancePanel).show_numbers(m)
@@ -176,6 +178,7 @@ class SpecdashApp(App[int]):
         if controls is None:
             return
         controls.update(**changes)
+        self._shown_revision = -1  # redraw the status bar even if no event arrives (paused)
         said = ", ".join(f"{name} → {value}" for name, value in changes.items())
         self.notify(f"{said} (applies at the next step)")
 

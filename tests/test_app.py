@@ -202,6 +202,19 @@ async def test_terminal_too_small_shows_a_message(tmp_path):
         assert app.query_one("#main").display
 
 
+async def test_pause_shows_at_once(tmp_path):
+    """The engine blocks while paused, so the status bar follows the request, not an event."""
+    app = make_app(tmp_path)
+    async with app.run_test(size=SIZE) as pilot:
+        await settle(pilot)
+        await pilot.press("space")
+        await settle(pilot)
+        assert "PAUSED" in str(app.query_one("#status").render())
+        await pilot.press("space")
+        await settle(pilot)
+        assert "PAUSED" not in str(app.query_one("#status").render())
+
+
 async def test_status_bar_shows_verdict(tmp_path):
     app = make_app(tmp_path, events=fake_session(divergence_at=None))
     async with app.run_test(size=SIZE) as pilot:

@@ -10,12 +10,14 @@ from specdash.widgets.readout import Readout
 
 
 class StatusBar(Readout):
-    def show(self, m: DashboardModel, recording: str = "") -> None:
+    def show(self, m: DashboardModel, paused: bool, recording: str = "") -> None:
+        """`paused`: what the user asked for live (the engine pauses at its next step), or the
+        recorded state in a replay."""
         text = Text()
         verdict_style = "bold white on red" if m.first_divergence else "bold black on green"
         text.append(f" {m.exactness} ", style=verdict_style)
         text.append("  ")
-        for flag, on in (("PAUSED", m.paused), ("FINISHED", m.finished)):
+        for flag, on in (("PAUSED", paused), ("FINISHED", m.finished)):
             if on:
                 text.append(f" {flag} ", style="bold black on yellow")
                 text.append("  ")
