@@ -17,12 +17,11 @@ import json
 import statistics
 import sys
 import time
-from dataclasses import fields
 
 import torch
 
 from specdash import ops
-from specdash.model import Model, random_tensors
+from specdash.model import Model
 from specdash.model_config import preset
 from specdash.state import SeqState
 
@@ -50,14 +49,8 @@ def main() -> None:
     dev = torch.device("cuda")
     cfg = preset(args.preset)
     t0 = time.perf_counter()
-    tensors = random_tensors(cfg, seed=0, dtype=torch.bfloat16, device="cuda")
-    model = Model.from_tensors(cfg, tensors, ops.resolve_gemm_backend("triton", dev))
-    del tensors
-    torch.cuda.empty_cache()
-    mats = [model.lm_head]
-    for lw in model.layers:
-        mats += [lw.gate_up, lw.down, *(getattr(lw.mixer, f.name) for f in fields(lw.mixer))]
-    weight_bytes = sum(t.numel() * t.element_size() for t in mats if t.dim() == 2)
+    model = Model.random(cfg, 0, torch.bfloat16, dev, ops.resolve_gemm_backend("triton", dev))
+    weight_bytes = model.step_weight_bytes
     info = {
         "date": datetime.datetime.now(datetime.UTC).isoformat(timespec="seconds"),
         "device": torch.cuda.get_device_name(),

@@ -28,7 +28,7 @@ import torch
 
 from specdash import ops
 from specdash.engine import Engine
-from specdash.model import Model, random_tensors
+from specdash.model import Model
 from specdash.model_config import preset
 from specdash.state import SeqState
 
@@ -148,10 +148,7 @@ def main() -> int:
     dev = torch.device("cuda")
     cfg = preset(args.preset)
     t0 = time.perf_counter()
-    tensors = random_tensors(cfg, seed=0, dtype=torch.bfloat16, device="cuda")
-    model = Model.from_tensors(cfg, tensors, ops.resolve_gemm_backend("triton", dev))
-    del tensors
-    torch.cuda.empty_cache()
+    model = Model.random(cfg, 0, torch.bfloat16, dev, ops.resolve_gemm_backend("triton", dev))
     weight_bytes = model.step_weight_bytes
     out: dict = {
         "date": datetime.datetime.now(datetime.UTC).isoformat(timespec="seconds"),

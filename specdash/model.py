@@ -202,6 +202,21 @@ class Model:
         gemm = gemm or ops.resolve_gemm_backend("auto", embed.device)
         return cls(cfg, embed, layers, t[f"{p}norm.weight"], lm_head, gemm)
 
+    @classmethod
+    def random(
+        cls,
+        cfg: ModelConfig,
+        seed: int,
+        dtype: torch.dtype,
+        device: torch.device,
+        gemm: ops.GemmBackend | None = None,
+    ) -> Model:
+        """Random weights of `cfg` (a shape preset) built on `device`; for benchmarks."""
+        model = cls.from_tensors(cfg, random_tensors(cfg, seed, dtype, str(device)), gemm)
+        if device.type == "cuda":
+            torch.cuda.empty_cache()  # the unfused copies are gone
+        return model
+
     @property
     def step_weight_bytes(self) -> int:
         """Bytes of GEMM weights a decode step reads (the embedding is gathered, not read)."""

@@ -38,8 +38,8 @@ from specdash.events import (
     Token,
     VerifyStep,
 )
-from specdash.model import Model, random_tensors
-from specdash.model_config import ModelConfig, preset
+from specdash.model import Model
+from specdash.model_config import preset
 from specdash.prompts import load_prompts
 from specdash.root_cause import find_root_cause
 from specdash.settings import MAX_K, SessionSettings
@@ -89,22 +89,17 @@ def _load_one(
     gemm: ops.GemmBackend,
     seed: int,
 ) -> tuple[Model, TextTokenizer, list[int]]:
-    cfg: ModelConfig
     if preset_name is not None:
         cfg = preset(preset_name)
-        tensors = random_tensors(cfg, seed, dtype, str(device))
-        tok: TextTokenizer = ByteTokenizer(cfg.vocab_size)
-        eos: list[int] = []
-    else:
-        assert path is not None
-        cfg, tensors, hf_tok = load_checkpoint(path, dtype, str(device))
-        tok = TextTokenizer.from_hf(hf_tok)
-        eos = cfg.eos_token_ids
-        if tok.vocab_size > cfg.vocab_size:
-            raise CheckpointError(
-                f"{path}: tokenizer has {tok.vocab_size} tokens but the model only {cfg.vocab_size}"
-            )
-    return Model.from_tensors(cfg, tensors, gemm), tok, eos
+        return Model.random(cfg, seed, dtype, device, gemm), ByteTokenizer(cfg.vocab_size), []
+    assert path is not None
+    cfg, tensors, hf_tok = load_checkpoint(path, dtype, str(device))
+    tok = TextTokenizer.from_hf(hf_tok)
+    if tok.vocab_size > cfg.vocab_size:
+        raise CheckpointError(
+            f"{path}: tokenizer has {tok.vocab_size} tokens but the model only {cfg.vocab_size}"
+        )
+    return Model.from_tensors(cfg, tensors, gemm), tok, cfg.eos_token_ids
 
 
 def load_models(settings: SessionSettings) -> Loaded:
