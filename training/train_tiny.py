@@ -242,21 +242,22 @@ def write_manifest(out: Path, corpus: Corpus, record: dict) -> None:
 def parse_args(argv: list[str] | None) -> argparse.Namespace:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("--out", type=Path, default=Path("specdash/data"))
-    p.add_argument("--steps", type=int, default=300, help="target optimizer steps")
-    p.add_argument("--draft-steps", type=int, default=120)
+    p.add_argument("--steps", type=int, default=1500, help="target optimizer steps")
+    p.add_argument("--draft-steps", type=int, default=400)
     p.add_argument("--batch", type=int, default=1, help="sequences per step")
     p.add_argument("--seq-len", type=int, default=1024)
-    p.add_argument("--lr", type=float, default=3e-3)
+    p.add_argument("--lr", type=float, default=4e-3)
     p.add_argument("--vocab", type=int, default=2048)
     p.add_argument("--hidden", type=int, default=128)
     p.add_argument("--layers", type=int, default=8, help="target layers (every 4th attention)")
     p.add_argument("--max-pos", type=int, default=8192)
-    p.add_argument("--continuations", type=int, default=16, help="target greedy runs for the draft")
-    p.add_argument("--continuation-len", type=int, default=160)
+    p.add_argument("--continuations", type=int, default=24, help="target greedy runs for the draft")
+    p.add_argument("--continuation-len", type=int, default=192)
     p.add_argument("--max-files", type=int, default=None, help="corpus subset (CI)")
     p.add_argument("--prompts", type=int, default=24, help="held-out prompts to write (0: none)")
     p.add_argument("--seed", type=int, default=0)
-    p.add_argument("--threads", type=int, default=2)
+    # one thread: on a shared 2-core machine two OpenMP threads ran a step 5x slower
+    p.add_argument("--threads", type=int, default=1)
     return p.parse_args(argv)
 
 
