@@ -2,8 +2,8 @@
 
 Each target resolves to OK (same source hash as the release the patch was checked against),
 changed (it exists but its source differs: the patch may no longer be right), or missing
-(renamed or removed: the patch cannot apply). Needs no GPU; importing SGLang's modules on a
-CPU-only machine works for every target (see docs in the README's "SGLang backend").
+(renamed or removed: the patch cannot apply). Needs no GPU and no torch: the targets are read
+from SGLang's installed files, not imported.
 """
 
 from __future__ import annotations
@@ -12,7 +12,7 @@ import argparse
 import sys
 from dataclasses import dataclass
 
-from specdash.engine_patches import registry
+from specdash.engine_patches import installed_source, registry
 
 from specdash.errors import EXIT_ENVIRONMENT, EXIT_OK, EnvironmentProblem
 
@@ -30,15 +30,20 @@ class TargetStatus:
 
 
 def check_targets() -> list[TargetStatus]:
-    """Resolve and hash every target of every patch in this process."""
+    """Find and hash every target of every patch in the installed SGLang's source files."""
+    root = installed_source.sglang_root()
+    if root is None:
+        raise EnvironmentProblem(INSTALL_HINT)
     statuses = []
     for patch in registry.all_patches():
         for t in patch.targets:
-            try:
-                found = registry.source_hash(registry.resolve(t.path))
-            except (AttributeError, ImportError) as e:
-                statuses.append(TargetStatus(patch.name, t.path, t.role, "missing", str(e)))
+            text = installed_source.target_source(t.path, root)
+            if text is None:
+                statuses.append(
+                    TargetStatus(patch.name, t.path, t.role, "missing", f"not in {root}")
+                )
                 continue
+            found = installed_source.source_hash(text)
             status = "OK" if found == t.sha256 else "changed"
             detail = "" if status == "OK" else f"sha256 {found[:12]}, expected {t.sha256[:12]}"
             statuses.append(TargetStatus(patch.name, t.path, t.role, status, detail))

@@ -64,7 +64,7 @@ PATCH = Patch(
     targets=(
         Target(
             f"{_KERNEL}.supports_packed_decode",
-            "3cbc87c7681f34db4617feaa2c8801931bc5e42d8d0f560e756dd4cd92885f18",
+            "1ee3ea11f0d4259120747f17416013bcc980f83c88554c515f97fb19e3c40661",
         ),
         Target(
             f"{_KERNEL}.decode",

@@ -1,18 +1,15 @@
 """Patch bookkeeping: which SGLang functions each patch replaces, and applying them reversibly.
 
 Every patch names its targets by dotted path and records the sha256 of each target's source
-as found in a known-good SGLang release. `patches check` compares those hashes against the
-installed SGLang; `apply_all()` refuses to run on a mismatch unless forced. A patch is a set of
-attribute rebindings; removing it puts back the exact objects that were there, so
+(`installed_source.target_source`) in a known-good SGLang release; `patches check` compares
+them with the installed SGLang, and the engine refuses a mismatch unless forced. A patch is
+a set of attribute rebindings; removing it puts back the exact objects that were there, so
 apply/remove/apply leaves SGLang as found.
 """
 
 from __future__ import annotations
 
-import hashlib
 import importlib
-import inspect
-import textwrap
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from importlib import metadata
@@ -45,16 +42,6 @@ def resolve(path: str) -> Any:
             obj = getattr(obj, attr)
         return obj
     raise ModuleNotFoundError(path)
-
-
-def source_hash(obj: Any) -> str:
-    """sha256 of the object's dedented source; for plain values, of their repr."""
-    obj = inspect.unwrap(obj) if callable(obj) else obj
-    try:
-        text = textwrap.dedent(inspect.getsource(obj))
-    except (TypeError, OSError):
-        text = repr(obj)
-    return hashlib.sha256(text.encode()).hexdigest()
 
 
 def sglang_version() -> str | None:

@@ -22,6 +22,7 @@ from typing import Any
 from specdash.engine_patches.registry import Patch, Rebinding, Target
 
 _HYBRID = "sglang.srt.layers.attention.hybrid_linear_attn_backend.HybridLinearAttnBackend"
+_FA3 = "sglang.srt.layers.attention.flashattention_backend.FlashAttentionBackend"
 
 
 def row_lengths(seq_lens: Any, n: int) -> Any:
@@ -143,8 +144,8 @@ def _logit_cap(layer: Any) -> float:
 def fa3_rows(backend: Any, q: Any, layer: Any, forward_batch: Any, sinks: Any = None) -> Any:
     """FlashAttentionBackend: `flash_attn_with_kvcache` with max_seqlen_q=1 per row.
 
-    Not covered by `patches check` or CI: flashattention_backend imports sgl_kernel at module
-    level, which does not load without CUDA."""
+    Never run in CI: flashattention_backend imports sgl_kernel at module level, which does not
+    load without CUDA (`patches check` still hashes its targets, from the source files)."""
     import torch
     from sglang.srt.layers.attention.flashattention_backend import flash_attn_with_kvcache
 
@@ -260,6 +261,21 @@ PATCH = Patch(
         Target(
             "sglang.srt.layers.attention.triton_backend.TritonAttnBackend.get_num_kv_splits",
             "f2a2daa2fedaa129ab55f793dfbac41773f5b840a1f13a6e26fd95b9377e387d",
+            role="relied on",
+        ),
+        Target(
+            f"{_FA3}.forward_decode",
+            "8a467a1a32f93feedcb798ac4f85f642b9d32c82b4aab312aefc092f58f5b74c",
+            role="relied on",
+        ),
+        Target(
+            f"{_FA3}.forward_extend",
+            "626b79d522ad1e1acbe6bf3c274e78fd548c4a9b4f02aa4fe893a3033fe74d69",
+            role="relied on",
+        ),
+        Target(
+            f"{_FA3}.get_paged_mha_kv_cache",
+            "98aa973d321fed93bd923b25061f98bfd1834a431bb61692cfaf08f87838ba8d",
             role="relied on",
         ),
         Target(

@@ -4,10 +4,13 @@ renamed target as missing, and the bad-input paths give one line, not a tracebac
 
 from __future__ import annotations
 
+import os
+import shutil
 import subprocess
+from pathlib import Path
 
 import pytest
-from specdash.engine_patches import check, registry
+from specdash.engine_patches import check, installed_source, registry
 
 from specdash.cli import main
 from specdash.errors import EnvironmentProblem
@@ -19,6 +22,11 @@ from specdash.cli import main
 from specdash.engine_patches import registry
 
 print("EXIT", main(["patches", "check"]))
+for path in registry.target_table():
+    try:
+        registry.resolve(path)
+    except Exception as e:
+        print("UNRESOLVED", path, type(e).__name__, getattr(e, "name", ""))
 
 ABSENT = object()
 
@@ -51,25 +59,6 @@ assert same(found, snapshot()), "re-apply + remove did not restore the original 
 print("IDENTITY-OK", len(found))
 """
 
-RENAMED_SCRIPT = """
-import sys
-from sglang.srt.managers.scheduler_components import batch_result_processor as m
-from sglang.kernels.ops.attention.linear import fused_sigmoid_gating_recurrent as g
-from specdash.engine_patches import check
-from specdash.errors import EnvironmentProblem
-
-P = m.SchedulerBatchResultProcessor
-P._resolve_spec_v2_tokens_v2 = P._resolve_spec_v2_tokens
-del P._resolve_spec_v2_tokens  # an upstream rename
-g._select_recurrent_launch_config = lambda *a, **k: (32, 1)  # an upstream rewrite
-try:
-    check.ensure_patchable(force=True)
-except EnvironmentProblem as e:
-    print("REFUSED", e)
-from specdash.cli import main
-sys.exit(main(["patches", "check"]))
-"""
-
 
 def report_rows(stdout: str) -> dict[str, str]:
     """`patches check` table: target path -> status."""
@@ -86,26 +75,60 @@ def test_targets_resolve_and_patches_restore_sglang_exactly(run_sglang) -> None:
     assert set(rows.values()) == {"OK"}, rows
     assert f"{len(ALL_TARGETS)} OK, 0 changed, 0 missing" in out
     assert "EXIT 0" in out
+    # every target imports on CPU except FA3's, whose module needs sgl_kernel (CUDA)
+    unresolved = [line.split()[1:] for line in out.splitlines() if line.startswith("UNRESOLVED")]
+    assert unresolved and all(
+        ".flashattention_backend.FlashAttentionBackend." in path and kind == "ModuleNotFoundError"
+        for path, kind, *_ in unresolved
+    ), unresolved
     assert "IDENTITY-OK 12" in out  # every rebinding of the four patches
 
 
-def test_patches_check_reports_renamed_target_missing(run_sglang) -> None:
-    proc = run_sglang(RENAMED_SCRIPT, check=False)
-    assert proc.returncode == 4, proc.stderr[-3000:]
-    rows = report_rows(proc.stdout)
-    renamed = (
-        "sglang.srt.managers.scheduler_components.batch_result_processor."
-        "SchedulerBatchResultProcessor._resolve_spec_v2_tokens"
+RENAMED = (
+    "sglang.srt.managers.scheduler_components.batch_result_processor."
+    "SchedulerBatchResultProcessor._resolve_spec_v2_tokens"
+)
+REWRITTEN = (
+    "sglang.kernels.ops.attention.linear.fused_sigmoid_gating_recurrent."
+    "_select_recurrent_launch_config"
+)
+
+
+def _module_file(root: Path, path: str) -> Path:
+    parts = path.split(".")
+    return next(
+        f
+        for cut in range(len(parts) - 1, 0, -1)
+        if (f := installed_source.module_file(root, parts[:cut])) is not None
     )
-    rewritten = (
-        "sglang.kernels.ops.attention.linear.fused_sigmoid_gating_recurrent."
-        "_select_recurrent_launch_config"
-    )
-    assert rows[renamed] == "missing"
-    assert rows[rewritten] == "changed"
-    assert {s for p, s in rows.items() if p not in (renamed, rewritten)} == {"OK"}
-    assert "1 missing" in proc.stdout and "1 changed" in proc.stdout
-    assert "REFUSED sglang 0.5.23: 1 patch targets missing, 1 changed" in proc.stdout
+
+
+def test_patches_check_reports_renamed_target_missing(
+    sglang_path, tmp_path, monkeypatch, capsys
+) -> None:
+    """An SGLang whose files differ from 0.5.23 in two targets: one renamed, one rewritten."""
+    wheel = Path(sglang_path.split(os.pathsep)[-1])
+    for path in ALL_TARGETS:
+        src = _module_file(wheel, path)
+        dst = tmp_path / src.relative_to(wheel)
+        dst.parent.mkdir(parents=True, exist_ok=True)
+        shutil.copy(src, dst)
+    renamed = _module_file(tmp_path, RENAMED)
+    text = renamed.read_text()
+    renamed.write_text(text.replace("def _resolve_spec_v2_tokens(", "def _resolve_spec_tokens("))
+    rewritten = _module_file(tmp_path, REWRITTEN)
+    text = rewritten.read_text()
+    rewritten.write_text(text.replace("return 4, 1", "return 8, 1", 1))
+    monkeypatch.setattr(installed_source, "sglang_root", lambda: tmp_path)
+    monkeypatch.setattr(registry, "sglang_version", lambda: "0.5.23")
+
+    with pytest.raises(EnvironmentProblem, match="1 patch targets missing, 1 changed"):
+        check.ensure_patchable(force=True)  # a missing target is refused even when forced
+    capsys.readouterr()
+    assert main(["patches", "check"]) == 4
+    rows = report_rows(capsys.readouterr().out)
+    assert rows[RENAMED] == "missing" and rows[REWRITTEN] == "changed"
+    assert {s for p, s in rows.items() if p not in (RENAMED, REWRITTEN)} == {"OK"}
 
 
 def test_patches_check_without_sglang_prints_install_hint(monkeypatch, capsys) -> None:
