@@ -103,7 +103,10 @@ def _scheduler_method(_original: Any) -> Callable[..., None]:
         """Runs on every scheduler rank (collective_rpc); recaptures graphs using the old kernel."""
         previous = _active
         set_backend(name)
-        if getattr(self.server_args, "disable_cuda_graph", False):
+        args = self.server_args
+        if getattr(args, "disable_cuda_graph", False) or getattr(
+            args, "disable_decode_cuda_graph", False
+        ):
             return
         try:
             self.tp_worker.model_runner.recapture_decode_cuda_graph()

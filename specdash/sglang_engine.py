@@ -130,7 +130,13 @@ def engine_kwargs(
     user = dict(options.engine_args)
     if not speculative:
         user = {k: v for k, v in user.items() if not k.startswith("speculative_")}
-    return {**kw, **user}
+    merged = {**kw, **user}
+    graph_choice = any("cuda_graph" in key for key in user)
+    if speculative and merged["attention_backend"] == "triton" and not graph_choice:
+        # The Triton decode-row verify sizes its row index table from the batch (a host
+        # sync), so it cannot be captured: decode/verify graphs off unless asked for.
+        merged["disable_decode_cuda_graph"] = True
+    return merged
 
 
 class SchedulerFailed(RuntimeError):

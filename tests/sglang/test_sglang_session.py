@@ -172,7 +172,10 @@ def test_engine_kwargs_per_algorithm(tmp_path) -> None:
     assert nextn["linear_attn_backend"] == "triton" and nextn["attention_backend"] == "triton"
     for algo in ("DFLASH", "NGRAM"):  # their draft length is not -k's to set
         assert not {"speculative_num_steps", "speculative_eagle_topk"} & set(kwargs(algo))
-    assert kwargs("EAGLE3", attention_backend="fa3")["attention_backend"] == "fa3"
+    assert nextn["disable_decode_cuda_graph"]  # the Triton verify rows are eager-only
+    fa3 = kwargs("EAGLE3", attention_backend="fa3")
+    assert fa3["attention_backend"] == "fa3" and "disable_decode_cuda_graph" not in fa3
+    assert "disable_decode_cuda_graph" not in kwargs("NEXTN", cuda_graph_max_bs_decode=8)
     with pytest.raises(UsageError, match="needs --model"):
         sglang_engine.engine_kwargs(
             SessionSettings(engine="sglang"),
