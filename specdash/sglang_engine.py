@@ -532,11 +532,12 @@ class SGLangSession:
             la = spec.logprobs[pos] if pos < len(spec.logprobs) else None
             lb = shadow.logprobs[pos] if pos < len(shadow.logprobs) else None
             if a != b or not same_bits(la, lb):
+                sources = list(token_sources(self.steps.get(index, []), len(spec.ids)))
                 self.emit(
                     Divergence(
                         prompt_index=index,
                         position=pos,
-                        step=-1,
+                        step=sources[pos][1],
                         k=self.settings.k,
                         verify_mode=self.settings.verify,
                         gemm_backend=self.gemm_backend,

@@ -116,6 +116,7 @@ def test_session_events_from_a_stand_in_engine(run_sglang, tmp_path, shadow_mode
     div = [e for e in r["events"] if e["kind"] == "divergence"]
     assert len(div) == 1 and (div[0]["prompt_index"], div[0]["position"]) == (1, 2)
     assert div[0]["what"] == "logprob" and div[0]["spec_token"] == div[0]["shadow_token"] == 3
+    assert div[0]["step"] == 0  # position 2 of prompt 1 was verify step 0's bonus token
     done = [(e["prompt_index"], e["exact"]) for e in r["events"] if e["kind"] == "prompt_done"]
     assert done == [(0, True), (1, False)]
     assert r["summary"]["exact_prompts"] == 1 and r["summary"]["verify_steps"] == 3
