@@ -95,8 +95,7 @@ def test_shipped_pair_loads_through_the_default_path() -> None:
 
 
 def test_prompts_are_heldout_and_round_trip() -> None:
-    _, _, tok = load_checkpoint(DATA / "target", torch.float32, "cpu")
-    cfg, _, _ = load_checkpoint(DATA / "target", torch.float32, "cpu")
+    cfg, _, tok = load_checkpoint(DATA / "target", torch.float32, "cpu")
     corpus = json.loads((DATA / "corpus_manifest.json").read_text())
     heldout = {f["path"] for f in corpus["files"] if f["split"] == "heldout"}
     rows = [json.loads(line) for line in (DATA / "prompts.jsonl").read_text().splitlines()]
@@ -112,3 +111,21 @@ def test_prompts_are_heldout_and_round_trip() -> None:
         assert lo <= len(ids) <= hi, (r["name"], len(ids))
         assert len(ids) + 256 + 5 <= cfg.max_position_embeddings
         assert r["source"].rsplit(":", 1)[0] in heldout
+
+
+def test_shipped_target_is_a_transformers_checkpoint() -> None:
+    """Hugging Face transformers loads the shipped target as the same model (to fp32 noise)."""
+    transformers = pytest.importorskip("transformers")
+    hf = transformers.AutoModelForCausalLM.from_pretrained(
+        str(DATA / "target"), dtype=torch.float32
+    )
+    cfg, tensors, tok = load_checkpoint(DATA / "target", torch.float32, "cpu")
+    prompt = json.loads((DATA / "prompts.jsonl").read_text().splitlines()[0])["prompt"]
+    ids = torch.tensor(tok.encode(prompt).ids)
+    with torch.no_grad():
+        ref = torch.log_softmax(hf.eval()(ids[None]).logits[0].float(), -1)
+        state = SeqState.empty(cfg, ids.shape[0], torch.float32, torch.device("cpu"))
+        ours = Model.from_tensors(cfg, tensors).forward(ids, state, "prefill", all_logits=True)
+    assert type(hf).__name__ == "Qwen3_5ForCausalLM"
+    assert torch.equal(ref.argmax(-1), ours.argmax(-1))
+    assert (ref - ours).abs().max().item() < 1e-3
