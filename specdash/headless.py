@@ -52,7 +52,7 @@ def run_headless(args: argparse.Namespace) -> int:
             for s in sinks:
                 s(event)
 
-        summary = _run(settings, sink)
+        summary = _run(settings, sink, args)
         for writer in sinks:
             if writer.stopped_reason:
                 print(
@@ -70,11 +70,13 @@ def run_headless(args: argparse.Namespace) -> int:
     return EXIT_OK
 
 
-def _run(settings: SessionSettings, sink: Callable[[Event], None]) -> Summary:
+def _run(
+    settings: SessionSettings, sink: Callable[[Event], None], args: argparse.Namespace
+) -> Summary:
     if settings.engine == "sglang":
-        from specdash.sglang_engine import run_sglang_session
+        from specdash.sglang_engine import options_from_args, run_sglang_session
 
-        return run_sglang_session(settings, sink, None, None)
+        return run_sglang_session(settings, sink, None, None, options_from_args(args))
     from specdash.session import run_session
 
     return run_session(settings, sink)
