@@ -58,14 +58,11 @@ def test_missing_checkpoint(capsys, tmp_path) -> None:  # noqa: ANN001
     )
 
 
-def test_corrupt_safetensors(capsys, pair, tmp_path) -> None:  # noqa: ANN001
-    model = copy_target(pair, tmp_path)
-    data = (model / "model.safetensors").read_bytes()
-    (model / "model.safetensors").write_bytes(data[: len(data) // 3])
+def expect_model_error(capsys, pair, model: Path, fragment: str) -> None:  # noqa: ANN001
     expect(
         capsys,
         EXIT_CHECKPOINT,
-        "corrupt safetensors",
+        fragment,
         "--model",
         str(model),
         "--drafter",
@@ -73,6 +70,13 @@ def test_corrupt_safetensors(capsys, pair, tmp_path) -> None:  # noqa: ANN001
         "--prompts",
         str(pair[2]),
     )
+
+
+def test_corrupt_safetensors(capsys, pair, tmp_path) -> None:  # noqa: ANN001
+    model = copy_target(pair, tmp_path)
+    data = (model / "model.safetensors").read_bytes()
+    (model / "model.safetensors").write_bytes(data[: len(data) // 3])
+    expect_model_error(capsys, pair, model, "corrupt safetensors")
 
 
 def test_missing_tensor(capsys, pair, tmp_path) -> None:  # noqa: ANN001
@@ -80,70 +84,34 @@ def test_missing_tensor(capsys, pair, tmp_path) -> None:  # noqa: ANN001
     tensors = load_file(model / "model.safetensors")
     del tensors["model.layers.3.self_attn.o_proj.weight"]
     save_file(tensors, model / "model.safetensors")
-    expect(
-        capsys,
-        EXIT_CHECKPOINT,
-        "missing tensor model.layers.3.self_attn.o_proj.weight",
-        "--model",
-        str(model),
-        "--drafter",
-        "ngram",
-        "--prompts",
-        str(pair[2]),
-    )
+    expect_model_error(capsys, pair, model, "missing tensor model.layers.3.self_attn.o_proj.weight")
 
 
-def test_shape_mismatch(capsys, pair, tmp_path) -> None:  # noqa: ANN001
+@pytest.mark.parametrize(
+    "change,fragment",
+    [
+        ({"intermediate_size": 96}, "mlp.gate_proj.weight has shape"),
+        ({"architectures": ["LlamaForCausalLM"]}, "unsupported architecture"),
+        ({"architectures": []}, "unsupported architecture"),
+        (
+            {"architectures": ["Qwen3NextForCausalLM"], "num_experts": 8, "mlp_only_layers": []},
+            "mixture-of-experts",
+        ),
+        ({"use_sliding_window": True}, "sliding-window"),
+        ({"rope_parameters": {"rope_type": "yarn", "rope_theta": 1e6}}, "rope type 'yarn'"),
+    ],
+)
+def test_config_the_engine_cannot_run(capsys, pair, tmp_path, change, fragment) -> None:  # noqa: ANN001
     model = copy_target(pair, tmp_path)
     cfg = json.loads((model / "config.json").read_text())
-    cfg["intermediate_size"] = 96
-    (model / "config.json").write_text(json.dumps(cfg))
-    expect(
-        capsys,
-        EXIT_CHECKPOINT,
-        "mlp.gate_proj.weight has shape",
-        "--model",
-        str(model),
-        "--drafter",
-        "ngram",
-        "--prompts",
-        str(pair[2]),
-    )
-
-
-@pytest.mark.parametrize("arch", [["LlamaForCausalLM"], []])
-def test_unsupported_architecture(capsys, pair, tmp_path, arch) -> None:  # noqa: ANN001
-    model = copy_target(pair, tmp_path)
-    cfg = json.loads((model / "config.json").read_text())
-    cfg["architectures"] = arch
-    (model / "config.json").write_text(json.dumps(cfg))
-    expect(
-        capsys,
-        EXIT_CHECKPOINT,
-        "unsupported architecture",
-        "--model",
-        str(model),
-        "--drafter",
-        "ngram",
-        "--prompts",
-        str(pair[2]),
-    )
+    (model / "config.json").write_text(json.dumps(cfg | change))
+    expect_model_error(capsys, pair, model, fragment)
 
 
 def test_config_not_json(capsys, pair, tmp_path) -> None:  # noqa: ANN001
     model = copy_target(pair, tmp_path)
     (model / "config.json").write_text("{not json")
-    expect(capsys, EXIT_CHECKPOINT, "not valid JSON", "--model", str(model), "--drafter", "ngram")
-
-
-def test_mixture_of_experts_refused(capsys, pair, tmp_path) -> None:  # noqa: ANN001
-    model = copy_target(pair, tmp_path)
-    cfg = json.loads((model / "config.json").read_text())
-    cfg |= {"architectures": ["Qwen3NextForCausalLM"], "num_experts": 8, "mlp_only_layers": []}
-    (model / "config.json").write_text(json.dumps(cfg))
-    expect(
-        capsys, EXIT_CHECKPOINT, "mixture-of-experts", "--model", str(model), "--drafter", "ngram"
-    )
+    expect_model_error(capsys, pair, model, "not valid JSON")
 
 
 def test_draft_tokenizer_differs(capsys, pair, tmp_path) -> None:  # noqa: ANN001
