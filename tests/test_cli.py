@@ -1,0 +1,82 @@
+"""The command line's contract: `run --json` fields, `--fail-on-divergence`, `audit --json`."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+from tiny_models import write_pair
+
+from specdash.cli import main
+from specdash.errors import EXIT_DIVERGED, EXIT_OK
+
+
+@pytest.fixture(scope="module")
+def pair(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, Path, Path]:
+    return write_pair(tmp_path_factory.mktemp("tiny"))
+
+
+def _model_args(pair: tuple[Path, Path, Path]) -> list[str]:
+    return ["--model", str(pair[0]), "--draft", str(pair[1]), "--prompts", str(pair[2])]
+
+
+def test_run_json_prints_one_object_with_the_summary_fields(capsys, pair) -> None:  # noqa: ANN001
+    code = main(["run", "--headless", "--json", "--max-new-tokens", "8", *_model_args(pair)])
+    out = json.loads(capsys.readouterr().out)
+    assert code == EXIT_OK
+    assert {
+        "prompts",
+        "exact_prompts",
+        "tokens_per_s",
+        "mean_accepted_length",
+        "acceptance_rate",
+    } <= set(out)
+    assert out["prompts"] == out["exact_prompts"] == 8
+    assert out["tokens_per_s"] > 0 and 1.0 <= out["mean_accepted_length"] <= 5.0
+
+
+def test_fail_on_divergence_exits_1_only_when_something_diverged(capsys, pair) -> None:  # noqa: ANN001
+    args = [
+        "run",
+        "--headless",
+        "--fail-on-divergence",
+        "--max-new-tokens",
+        "8",
+        "-k",
+        "4",
+        *_model_args(pair),
+    ]
+    assert main([*args, "--verify", "exact"]) == EXIT_OK
+    capsys.readouterr()
+    assert main([*args, "--verify", "fast"]) == EXIT_DIVERGED
+    captured = capsys.readouterr()
+    assert "DIVERGED" in captured.out and "root cause" in captured.out
+    assert "divergence(s)" in captured.err
+
+
+def test_audit_json_reports_every_cell_and_exact_mode_is_all_exact(capsys, pair) -> None:  # noqa: ANN001
+    code = main(
+        [
+            "audit",
+            "--json",
+            "--ks",
+            "1,3",
+            "--num-prompts",
+            "3",
+            "--max-new-tokens",
+            "6",
+            *_model_args(pair),
+        ]
+    )
+    report = json.loads(capsys.readouterr().out)
+    assert code == EXIT_OK and report["exact_mode_all_exact"]
+    cells = report["cells"]
+    assert len(cells) == 2 * 2 * 2 * 2  # k x drafter x batch x verify
+    keys = {(c["k"], c["drafter"], c["batch"], c["verify"]) for c in cells}
+    assert len(keys) == len(cells)
+    for c in cells:
+        assert c["prompts"] == 3
+        if c["verify"] == "exact":
+            assert c["exact_prompts"] == 3
+            assert c["token_divergences"] == c["logprob_divergences"] == 0
