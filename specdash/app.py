@@ -9,6 +9,7 @@ which the engine reads at its next step and answers with a `ControlChange` event
 from __future__ import annotations
 
 import argparse
+import contextlib
 import time
 from collections.abc import Iterable
 from pathlib import Path
@@ -17,6 +18,7 @@ from textual import events, on
 from textual.app import App, ComposeResult, SystemCommand
 from textual.binding import Binding
 from textual.containers import Grid
+from textual.css.query import NoMatches
 from textual.screen import Screen
 from textual.widgets import DataTable, Footer, Input, Static
 
@@ -38,6 +40,8 @@ from specdash.widgets.token_stream import TokenStream
 
 UI_HZ = 10
 PLOT_HZ = 2
+TEARDOWN = contextlib.suppress(NoMatches)
+"""A timer tick while the app quits finds the panels gone: nothing left to draw."""
 MIN_SIZE = (100, 30)
 """Below this the panels cannot show their numbers; the app says so instead of drawing."""
 
@@ -104,6 +108,11 @@ class SpecdashApp(App[int]):
         yield Input(placeholder="/ to type a prompt, Enter queues it, Esc leaves", id="prompt")
         yield Footer()
 
+    @property
+    def dashboard(self) -> Screen:
+        """The screen with the panels (a modal may be on top of it)."""
+        return self.screen_stack[0]
+
     def on_mount(self) -> None:
         titles = {
             "#throughput": "throughput",
@@ -113,7 +122,7 @@ class SpecdashApp(App[int]):
             "#tokens": "token stream",
         }
         for selector, title in titles.items():
-            self.query_one(selector).border_title = title
+            self.dashboard.query_one(selector).border_title = title
         self._fit_to_terminal(self.size.width, self.size.height)
         self.set_interval(1 / self._ui_hz, self.refresh_numbers)
         self.set_interval(1 / self._plot_hz, self.refresh_plots)
@@ -124,8 +133,8 @@ class SpecdashApp(App[int]):
 
     def _fit_to_terminal(self, width: int, height: int) -> None:
         too_small = width < MIN_SIZE[0] or height < MIN_SIZE[1]
-        self.query_one("#main").display = not too_small
-        message = self.query_one("#too-small", Static)
+        self.dashboard.query_one("#main").display = not too_small
+        message = self.dashboard.query_one("#too-small", Static)
         message.display = too_small
         if too_small:
             message.update(
@@ -145,26 +154,28 @@ class SpecdashApp(App[int]):
         if self.model.revision == self._shown_revision:
             return
         self._shown_revision = self.model.revision
-        m = self.model
-        with self.batch_update():
-            controls = self.source.controls
-            paused = m.paused if controls is None else controls.snapshot().paused
-            self.query_one(StatusBar).show(m, paused, self._recording_note)
-            self.query_one(ErrorPanel).show(m.errors, self._recording_note)
-            self.query_one(ThroughputPanel).show_numbers(m)
-            self.query_one(AcceptancePanel).show_numbers(m)
-            self.query_one(GpuPanel).show_numbers(m)
-            self.query_one(DivergencePanel).show(m)
-            self.query_one(TokenStream).show(m)
+        m, screen = self.model, self.dashboard
+        controls = self.source.controls
+        paused = m.paused if controls is None else controls.snapshot().paused
+        with self.batch_update(), TEARDOWN:
+            screen.query_one(StatusBar).show(m, paused, self._recording_note)
+            screen.query_one(ErrorPanel).show(m.errors, self._recording_note)
+            screen.query_one(ThroughputPanel).show_numbers(m)
+            screen.query_one(AcceptancePanel).show_numbers(m)
+            screen.query_one(GpuPanel).show_numbers(m)
+            screen.query_one(DivergencePanel).show(m)
+            screen.query_one(TokenStream).show(m)
 
     def refresh_plots(self) -> None:
-        if self.model.revision == self._plotted_revision or not self.query_one("#main").display:
-            return
-        self._plotted_revision = self.model.revision
-        with self.batch_update():
-            self.query_one(ThroughputPanel).show_plot(self.model)
-            self.query_one(AcceptancePanel).show_plot(self.model)
-            self.query_one(GpuPanel).show_plot(self.model)
+        """Redraw the plots if anything changed (PLOT_HZ); skipped while they are hidden."""
+        m, screen = self.model, self.dashboard
+        with self.batch_update(), TEARDOWN:
+            if m.revision == self._plotted_revision or not screen.query_one("#main").display:
+                return
+            self._plotted_revision = m.revision
+            screen.query_one(ThroughputPanel).show_plot(m)
+            screen.query_one(AcceptancePanel).show_plot(m)
+            screen.query_one(GpuPanel).show_plot(m)
 
     # -- controls ----------------------------------------------------------------------
 
@@ -229,22 +240,22 @@ class SpecdashApp(App[int]):
 
     def action_type_prompt(self) -> None:
         if self._controls() is not None:
-            self.query_one("#prompt", Input).focus()
+            self.dashboard.query_one("#prompt", Input).focus()
 
     @on(Input.Submitted, "#prompt")
     def queue_prompt(self, event: Input.Submitted) -> None:
         text = event.value.strip()
         event.input.clear()
-        self.query_one(DataTable).focus()
+        self.dashboard.query_one(DataTable).focus()
         if text and (controls := self._controls()) is not None:
             controls.submit_prompt(text)
             self.notify("prompt queued: decoded after the current prompt")
 
     def on_key(self, event: events.Key) -> None:
-        prompt = self.query_one("#prompt", Input)
+        prompt = self.dashboard.query_one("#prompt", Input)
         if event.key == "escape" and prompt.has_focus:
             prompt.clear()
-            self.query_one(DataTable).focus()
+            self.dashboard.query_one(DataTable).focus()
             event.stop()
 
     def action_export_trace(self) -> None:
@@ -277,7 +288,7 @@ class SpecdashApp(App[int]):
         if writer.stopped_reason:
             self.notify(f"recording stopped: {writer.stopped_reason}", severity="error")
             self._close_trace(f"recording stopped ({writer.stopped_reason})")
-        elif isinstance(event, EngineError):
+        elif isinstance(event, EngineError) and event.fatal:
             self._close_trace("an engine error")
         elif isinstance(event, Summary):
             self._close_trace("the session finished")
@@ -322,7 +333,7 @@ class SpecdashApp(App[int]):
 
     @on(DataTable.RowSelected, "#divergence-table")
     def show_divergence(self) -> None:
-        divergence = self.query_one(DivergencePanel).selected(self.model)
+        divergence = self.dashboard.query_one(DivergencePanel).selected(self.model)
         if divergence is not None:
             self.push_screen(DivergenceDetail(divergence))
 

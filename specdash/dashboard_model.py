@@ -87,7 +87,7 @@ class DashboardModel:
     exact_prompts: int = 0
     finished: bool = False
     summary: Summary | None = None
-    errors: list[str] = field(default_factory=list)
+    errors: list[EngineError] = field(default_factory=list)
     # throughput
     session_tokens: int = 0
     session_steps: StepTimes = field(default_factory=StepTimes)
@@ -257,7 +257,7 @@ class DashboardModel:
             self.paused = e.new.lower() in ("true", "on", "1")
 
     def _on_error(self, e: EngineError) -> None:
-        self.errors.append(e.message)
+        self.errors.append(e)
 
     def _on_summary(self, e: Summary) -> None:
         self.summary = e

@@ -11,9 +11,9 @@ An event source is any object with this tiny protocol (`EventSource`):
     stop() -> None
         Finish promptly and release threads; idempotent.
 
-`LiveSession` runs `specdash.session.run_session` on a worker thread next to the GPU
-sampler. The engine never waits on the UI: its sink is `EventBuffer.put`, a short locked
-append that the dashboard drains on a timer.
+`LiveSession` runs the engine (`run_session` or `run_sglang_session`) on a worker thread
+next to the GPU sampler. The engine never waits on the UI: its sink is `EventBuffer.put`, a
+short locked append that the dashboard drains on a timer.
 """
 
 from __future__ import annotations
@@ -101,10 +101,12 @@ class LiveSession:
             self._sampler.start()
 
     def _run_engine(self, sink: Sink) -> None:
-        from specdash.session import run_session
-
+        if self.settings.engine == "sglang":
+            from specdash.sglang_engine import run_sglang_session as run
+        else:
+            from specdash.session import run_session as run
         try:
-            run_session(self.settings, sink, self.controls, self._stop)
+            run(self.settings, sink, self.controls, self._stop)
         except SpecdashError as e:
             sink(EngineError(message=str(e)))
         except Exception as e:  # the dashboard is this thread's only reporter

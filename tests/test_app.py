@@ -125,6 +125,19 @@ async def test_help_opens_and_closes(tmp_path):
         assert not isinstance(app.screen, HelpScreen)
 
 
+async def test_panels_keep_updating_under_a_modal(tmp_path):
+    """Events keep coming while help or a divergence detail is open."""
+    app = make_app(tmp_path, events=fake_session(prompts=1))
+    async with app.run_test(size=SIZE) as pilot:
+        await settle(pilot)
+        await pilot.press("question_mark")
+        for event in fake_session(prompts=2)[-50:]:
+            app.buffer.put(event)
+        await settle(pilot)
+        assert isinstance(app.screen, HelpScreen)
+        assert "2 done" in str(app.dashboard.query_one("#status").render())
+
+
 async def test_quit_exits_zero_and_stops_the_source(tmp_path):
     app = make_app(tmp_path)
     async with app.run_test(size=SIZE) as pilot:
@@ -179,6 +192,17 @@ async def test_export_trace_writes_the_whole_session_and_keeps_recording(tmp_pat
     kinds = [e.kind for e in events]
     assert kinds.count("verify_step") == 60
     assert "control" in kinds and kinds[-1] == "error"
+
+
+async def test_non_fatal_engine_error_keeps_recording(tmp_path):
+    app = make_app(tmp_path)
+    async with app.run_test(size=SIZE) as pilot:
+        await settle(pilot)
+        await pilot.press("e")
+        app.buffer.put(EngineError(message="typed prompt is empty", fatal=False))
+        await settle(pilot)
+        assert app.trace_writer is not None
+        assert "session continues" in str(app.query_one("#error").render())
 
 
 async def test_replay_source_is_read_only(tmp_path):

@@ -82,8 +82,8 @@ def test_controls_errors_and_summary():
     m.consume(ControlChange(name="paused", old="False", new="True", applied_step=3))
     m.consume(ControlChange(name="speculation", old="True", new="False", applied_step=3))
     assert (m.k, m.paused, m.speculation) == (6, True, False)
-    m.consume(EngineError(message="boom"))
-    assert m.errors == ["boom"]
+    m.consume(EngineError(message="boom", fatal=False))
+    assert [e.message for e in m.errors] == ["boom"]
     m.consume(
         Summary(
             prompts=1,

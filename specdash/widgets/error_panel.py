@@ -1,18 +1,21 @@
-"""Error panel: shown when the engine reports an error; the session is over but the numbers
-so far stay on screen."""
+"""Error panel: the engine's latest error. A fatal one ends the session (the numbers so far
+stay on screen); a non-fatal one (e.g. a typed prompt it refused) does not."""
 
 from __future__ import annotations
 
 from rich.text import Text
 
+from specdash.events import EngineError
 from specdash.widgets.readout import Readout
 
 
 class ErrorPanel(Readout):
-    def show(self, errors: list[str], recording: str) -> None:
+    def show(self, errors: list[EngineError], recording: str) -> None:
         self.display = bool(errors)
         if errors:
-            text = Text("engine error: ", style="bold")
-            text.append(errors[-1])
+            latest = errors[-1]
+            verdict = "session over" if latest.fatal else "session continues"
+            text = Text(f"engine error ({verdict}): ", style="bold")
+            text.append(latest.message)
             text.append(f"\n{recording or 'no trace was recording'}", style="dim")
             self.show_text(text)
