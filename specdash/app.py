@@ -247,9 +247,13 @@ class SpecdashApp(App[int]):
         text = event.value.strip()
         event.input.clear()
         self.dashboard.query_one(DataTable).focus()
-        if text and (controls := self._controls()) is not None:
-            controls.submit_prompt(text)
-            self.notify("prompt queued: decoded after the current prompt")
+        if not text or (controls := self._controls()) is None:
+            return
+        if self.model.finished:
+            self.notify("the session has finished: no prompt will run", severity="warning")
+            return
+        controls.submit_prompt(text)
+        self.notify("prompt queued: decoded after the current prompt")
 
     def on_key(self, event: events.Key) -> None:
         prompt = self.dashboard.query_one("#prompt", Input)

@@ -161,6 +161,28 @@ async def test_typed_prompt_is_queued(tmp_path):
         assert app.source.controls.take_user_prompt() is None
 
 
+async def test_no_typed_prompt_after_the_session_finished(tmp_path):
+    from specdash.events import Summary
+
+    summary = Summary(
+        prompts=2,
+        exact_prompts=1,
+        new_tokens=9,
+        seconds=1.0,
+        tokens_per_s=9.0,
+        mean_accepted_length=3.0,
+        acceptance_rate=0.5,
+        verify_steps=3,
+        divergences=1,
+    )
+    app = make_app(tmp_path, events=[*fake_session(), summary])
+    async with app.run_test(size=SIZE) as pilot:
+        await settle(pilot)
+        await pilot.press("slash", "x", "enter")
+        assert app.source.controls.take_user_prompt() is None
+        assert any("finished" in n for n in app.notes)
+
+
 async def test_divergence_detail_on_enter(tmp_path):
     app = make_app(tmp_path)
     async with app.run_test(size=SIZE) as pilot:
