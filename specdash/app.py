@@ -66,7 +66,6 @@ class SpecdashApp(App[int]):
     CSS_PATH = "app.tcss"
     TITLE = "specdash"
     AUTO_FOCUS = "#divergence-table"
-    ENABLE_COMMAND_PALETTE = True
     BINDINGS = [Binding(key, action, label) for key, action, label, _ in CONTROL_ACTIONS]
 
     def __init__(

@@ -345,3 +345,18 @@ async def test_unwritable_export_directory_is_a_notification(tmp_path):
         await pilot.press("e")
         assert app.trace_writer is None
         assert any("cannot export trace" in n for n in app.notes)
+
+
+@pytest.mark.parametrize(
+    ("argv", "code", "message"),
+    [
+        (["-k", "99"], 2, "k: Input should be less than or equal to 16"),
+        (["run", "--trace", "/nonexistent/dir/t.jsonl"], 4, "cannot write trace"),
+    ],
+)
+def test_dashboard_entry_rejects_bad_input_before_the_ui(capsys, argv, code, message):
+    from specdash.cli import main
+
+    assert main(argv) == code
+    err = capsys.readouterr().err
+    assert err.startswith("specdash: error: ") and message in err and err.count("\n") == 1
