@@ -4,7 +4,8 @@ One run reports, per prompt length (short / 2k / long) and overall:
   * mean accepted length (tokens emitted per verify step, bonus included) of the draft
     model and of the n-gram drafter at k, each with the shadow on, so every prompt is
     also checked bit for bit (ids and logprob bits) against plain greedy decoding;
-  * CPU decode t/s of no-spec, exact spec and fast spec, interleaved round-robin for
+  * CPU decode t/s of no-spec, exact spec, fast spec and exact spec with the n-gram
+    drafter (no draft model cost), interleaved round-robin for
     `--repeats` rounds after a warm-up round (shadow off), median and ratio to no-spec;
   * where a step's time goes: median draft / verify / rollback ms per step, and decode
     ms per generated token.
@@ -34,6 +35,7 @@ SPEED_CONFIGS = {
     "no-spec": {"speculation": False},
     "exact spec": {"verify": "exact"},
     "fast spec": {"verify": "fast"},
+    "exact spec, n-gram drafter": {"verify": "exact", "drafter": "ngram"},
 }
 
 
@@ -100,6 +102,7 @@ def main() -> int:
 
     speed_base = base.model_copy(update={"shadow": False, "max_new_tokens": args.speed_new_tokens})
     tps: dict[str, list[float]] = defaultdict(list)
+    accepted: dict[str, float] = {}
     phases: dict[str, dict[str, list[float]]] = defaultdict(lambda: defaultdict(list))
     for rnd in range(args.repeats + 1):
         for name, update in SPEED_CONFIGS.items():
@@ -107,6 +110,7 @@ def main() -> int:
             if rnd == 0:
                 continue  # warm-up
             tps[name].append(summary.tokens_per_s)
+            accepted[name] = summary.mean_accepted_length
             for key in ("draft", "verify", "rollback"):
                 phases[name][key].append(
                     1e3 * statistics.median(getattr(s, f"{key}_s") for s in steps)
@@ -130,21 +134,27 @@ def main() -> int:
         cells = " | ".join(f"{acc[b]:.2f}" if b in acc else "-" for b in buckets)
         print(f"| {drafter} | {cells} | {q['exact']} |")
     print(
-        f"\n## Speed ({args.speed_new_tokens} new tokens, model drafter, shadow off, "
+        f"\n## Speed ({args.speed_new_tokens} new tokens, model drafter unless named, shadow off, "
         f"median of {args.repeats} after 1 warm-up)\n"
     )
     print(
-        "| config | t/s | vs no-spec | ms/token | draft ms/step | verify ms/step | "
-        "rollback ms/step | prefill s (all prompts) |"
+        "| config | t/s | vs no-spec | mean accepted | ms/token | draft ms/step | "
+        "verify ms/step | rollback ms/step | prefill s (all prompts) |"
     )
-    print("|---|---|---|---|---|---|---|---|")
+    print("|---|---|---|---|---|---|---|---|---|")
     speed = {}
     for name in SPEED_CONFIGS:
         t = statistics.median(tps[name])
         ph = {key: statistics.median(v) for key, v in phases[name].items()}
-        speed[name] = {"tokens_per_s": t, "ratio": t / base_tps, "phases": ph}
+        speed[name] = {
+            "tokens_per_s": t,
+            "ratio": t / base_tps,
+            "mean_accepted_length": accepted[name],
+            "phases": ph,
+        }
         print(
-            f"| {name} | {t:.1f} | {t / base_tps:.2f}x | {ph['ms/token']:.2f} | "
+            f"| {name} | {t:.1f} | {t / base_tps:.2f}x | {accepted[name]:.2f} | "
+            f"{ph['ms/token']:.2f} | "
             f"{ph['draft']:.2f} | {ph['verify']:.2f} | {ph['rollback']:.3f} | "
             f"{ph['prefill s (all prompts)']:.1f} |"
         )
