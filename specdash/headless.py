@@ -9,7 +9,7 @@ from collections.abc import Callable
 from contextlib import ExitStack
 
 from specdash.errors import EXIT_DIVERGED, EXIT_OK
-from specdash.events import Divergence, Event, Summary
+from specdash.events import Divergence, Event, SessionStart, Summary
 from specdash.settings import SessionSettings
 
 
@@ -41,16 +41,25 @@ def run_headless(args: argparse.Namespace) -> int:
     divergences: list[Divergence] = []
     with ExitStack() as stack:
         sinks = []
-        if settings.trace is not None:
-            from specdash.trace import TraceWriter
-
-            sinks.append(stack.enter_context(TraceWriter(settings.trace)))
+        sampler = None
 
         def sink(event: Event) -> None:
             if isinstance(event, Divergence):
                 divergences.append(event)
             for s in sinks:
                 s(event)
+            if sampler is not None and isinstance(event, SessionStart):
+                sampler.start()
+
+        if settings.trace is not None:
+            from specdash.telemetry import GpuSampler, device_index
+            from specdash.trace import TraceWriter
+
+            sinks.append(stack.enter_context(TraceWriter(settings.trace)))
+            # a recorded session carries GPU samples (or the labelled "no GPU" state),
+            # started once the header is written
+            sampler = GpuSampler(sink, index=device_index(settings.device) or 0)
+            stack.callback(sampler.stop)
 
         summary = _run(settings, sink, args)
         for writer in sinks:
@@ -73,10 +82,11 @@ def run_headless(args: argparse.Namespace) -> int:
 def _run(
     settings: SessionSettings, sink: Callable[[Event], None], args: argparse.Namespace
 ) -> Summary:
+    from specdash.session import run_engine
+
+    options = None
     if settings.engine == "sglang":
-        from specdash.sglang_engine import options_from_args, run_sglang_session
+        from specdash.sglang_engine import options_from_args
 
-        return run_sglang_session(settings, sink, None, None, options_from_args(args))
-    from specdash.session import run_session
-
-    return run_session(settings, sink)
+        options = options_from_args(args)
+    return run_engine(settings, sink, sglang_options=options)

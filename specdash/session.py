@@ -23,7 +23,7 @@ from specdash.checkpoint import load_checkpoint
 from specdash.controls import Controls, ControlState
 from specdash.drafters import Drafter, ModelDrafter, NgramDrafter
 from specdash.engine import Engine, Sequence
-from specdash.errors import CheckpointError, EnvironmentProblem, UsageError
+from specdash.errors import CheckpointError, EnvironmentProblem, SpecdashError, UsageError
 from specdash.events import (
     ControlChange,
     Divergence,
@@ -186,16 +186,31 @@ class SessionRunner:
         return ModelDrafter(self.loaded.draft)
 
     def _apply_controls(self) -> None:
-        """Pick up control changes between steps; each change is itself an event."""
-        self.controls.wait_while_paused(self.stop)
+        """Pick up control changes between steps; each change is itself an event.
+
+        A pause is recorded before the engine blocks on it and again on resume, so traces
+        and replays show it.
+        """
         new = self.controls.snapshot()
+        if new.paused:
+            self._take(new)
+            self.controls.wait_while_paused(self.stop)
+            new = self.controls.snapshot()
+        self._take(new)
+
+    def _take(self, new: ControlState) -> None:
         if new == self.applied:
             return
         if new.gemm_backend != self.applied.gemm_backend:
-            backend = ops.resolve_gemm_backend(new.gemm_backend, self.loaded.target.device)
-            self.loaded.target.gemm = backend
-            if self.loaded.draft is not None:
-                self.loaded.draft.gemm = backend
+            try:
+                backend = ops.resolve_gemm_backend(new.gemm_backend, self.loaded.target.device)
+            except SpecdashError as e:  # an unavailable backend is refused, not fatal
+                self.emit(EngineError(message=str(e), fatal=False))
+                new = self.controls.update(gemm_backend=self.applied.gemm_backend)
+            else:
+                self.loaded.target.gemm = backend
+                if self.loaded.draft is not None:
+                    self.loaded.draft.gemm = backend
         for name in ("gemm_backend", "speculation", "k", "verify_mode", "paused"):
             old_v, new_v = getattr(self.applied, name), getattr(new, name)
             if old_v != new_v:
@@ -248,7 +263,14 @@ class SessionRunner:
         self.engine.slot_capacity = max(len(q[2]) for q in queue) + s.max_new_tokens + MAX_K + 1
         self.emit(
             SessionStart(
-                config=s.model_dump(mode="json") | {"loaded": self.loaded.description},
+                config=s.model_dump(mode="json")
+                | {
+                    "loaded": self.loaded.description,
+                    "gemm_backends": {
+                        name: None if isinstance(b, ops.GemmBackend) else b
+                        for name, b in ops.gemm_backends(self.loaded.target.device).items()
+                    },
+                },
                 versions=versions(),
                 device=device_name(self.loaded.target.device),
                 gemm_backend=self.loaded.target.gemm.name,
@@ -376,6 +398,21 @@ class SessionRunner:
                 root_cause=cause,
             )
         )
+
+
+def run_engine(
+    settings: SessionSettings,
+    sink: Sink,
+    controls: Controls | None = None,
+    stop: threading.Event | None = None,
+    sglang_options: object | None = None,
+) -> Summary:
+    """The session on the engine `settings.engine` names (native, or SGLang in-process)."""
+    if settings.engine == "sglang":
+        from specdash.sglang_engine import run_sglang_session
+
+        return run_sglang_session(settings, sink, controls, stop, sglang_options)  # type: ignore[arg-type]
+    return run_session(settings, sink, controls, stop)
 
 
 def run_session(

@@ -101,12 +101,10 @@ class LiveSession:
             self._sampler.start()
 
     def _run_engine(self, sink: Sink) -> None:
-        if self.settings.engine == "sglang":
-            from specdash.sglang_engine import run_sglang_session as run
-        else:
-            from specdash.session import run_session as run
+        from specdash.session import run_engine
+
         try:
-            run(self.settings, sink, self.controls, self._stop)
+            run_engine(self.settings, sink, self.controls, self._stop)
         except SpecdashError as e:
             sink(EngineError(message=str(e)))
         except Exception as e:  # the dashboard is this thread's only reporter

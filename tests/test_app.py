@@ -280,7 +280,7 @@ def test_live_session_reports_an_engine_exception(fake_engine):
     def run_session(settings, sink, controls, stop):
         raise RuntimeError("weights on fire")
 
-    fake_engine.run_session = run_session
+    fake_engine.run_engine = run_session
     buffer = EventBuffer()
     session = LiveSession(SessionSettings(), telemetry=False)
     session.start(buffer.put)
@@ -296,7 +296,7 @@ def test_live_session_stop_ends_the_engine(fake_engine):
         running.set()
         stop.wait(10)
 
-    fake_engine.run_session = run_session
+    fake_engine.run_engine = run_session
     session = LiveSession(SessionSettings(k=7), telemetry=False)
     assert session.controls.snapshot().k == 7
     session.start(lambda e: None)

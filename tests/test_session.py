@@ -56,3 +56,41 @@ def test_control_changes_apply_between_steps_and_are_events(pair) -> None:  # no
     steps = [e for e in events if e.kind == "verify_step"]
     assert all(s.k == 2 for s in steps if s.step <= 3)
     assert all(s.k == 0 and s.draft_tokens == [] for s in steps if s.step >= 4)
+
+
+def test_pause_and_resume_are_both_recorded(pair) -> None:  # noqa: ANN001
+    import threading
+
+    controls = Controls(
+        ControlState(gemm_backend="torch", speculation=True, k=3, verify_mode="exact")
+    )
+    events: list[Event] = []
+
+    def sink(e: Event) -> None:
+        events.append(e)
+        if e.kind == "verify_step" and e.step == 2:
+            controls.update(paused=True)
+            threading.Timer(0.2, lambda: controls.update(paused=False)).start()
+
+    SessionRunner(_settings(pair, k=3), sink, controls).run()
+    pauses = [(e.old, e.new) for e in events if isinstance(e, ControlChange)]
+    assert pauses == [("False", "True"), ("True", "False")]
+
+
+def test_unavailable_backend_is_refused_without_ending_the_session(pair) -> None:  # noqa: ANN001
+    controls = Controls(
+        ControlState(gemm_backend="torch", speculation=True, k=3, verify_mode="exact")
+    )
+    events: list[Event] = []
+
+    def sink(e: Event) -> None:
+        events.append(e)
+        if e.kind == "verify_step" and e.step == 1:
+            controls.update(gemm_backend="deepgemm")
+
+    summary = SessionRunner(_settings(pair, k=3), sink, controls).run()
+    errors = [e for e in events if isinstance(e, EngineError)]
+    assert len(errors) == 1 and not errors[0].fatal and "deepgemm" in errors[0].message
+    assert controls.snapshot().gemm_backend == "torch"
+    assert not any(isinstance(e, ControlChange) for e in events)
+    assert summary.prompts == summary.exact_prompts == 8
