@@ -49,6 +49,10 @@ class NgramDrafter:
         pass
 
 
+CATCH_UP_BATCHED = 32
+"""Catch-ups longer than this take the chunked prefill path; shorter ones one batched step."""
+
+
 class ModelDrafter:
     """A small causal LM with the target's tokenizer, decoding greedily in exact mode.
 
@@ -87,8 +91,12 @@ class ModelDrafter:
     def propose(self, context: list[int], k: int) -> list[int]:
         state = self.state
         assert state is not None and state.length <= len(context) - 1
-        if state.length < len(context) - 1:
-            self.model.forward(self._tensor(context[state.length : -1]), state, "prefill")
+        behind = context[state.length : -1]
+        if len(behind) > CATCH_UP_BATCHED:  # e.g. after a long stretch with speculation off
+            self.model.forward(self._tensor(behind), state, "prefill")
+        elif behind:  # one or two tokens: the chunked prefill would pad to a whole chunk
+            self.model.forward(self._tensor(behind), state, "fast")
+            state.commit(len(behind))
         self._snapshots, proposal = [], []
         token = context[-1]
         for _ in range(k):
