@@ -186,50 +186,20 @@ def gdn_chunked_prefill(
     Prefill is shared by the speculative and the plain run, so it need not match the recurrent
     bits; this is the same math as the recurrence in chunk-parallel order (HF's torch reference).
     """
-    bsz, t, h, dk = q.shape
+    from specdash import ops  # one torch chunked implementation, shared with the CPU engine
+
+    bsz, _, h, dk = q.shape
     hv, dv = v.shape[2], v.shape[3]
-    rep = hv // h
-    qf = q.float().repeat_interleave(rep, dim=2)
-    kf = k.float().repeat_interleave(rep, dim=2)
-    qf = qf / torch.sqrt((qf * qf).sum(-1, keepdim=True) + _EPS) * dk**-0.5
-    kf = kf / torch.sqrt((kf * kf).sum(-1, keepdim=True) + _EPS)
-    g = -A_log.float().exp() * F.softplus(a.float() + dt_bias.float(), threshold=20.0)
-    beta = torch.sigmoid(b.float())
-    # [B, HV, T, *] padded to whole chunks; padded tokens have k = 0 and g = 0: no effect.
-    pad = (-t) % chunk_size
-    qf, kf, vf = (F.pad(x.transpose(1, 2), (0, 0, 0, pad)) for x in (qf, kf, v.float()))
-    g, beta = (F.pad(x.transpose(1, 2), (0, pad)) for x in (g, beta))
-    n = (t + pad) // chunk_size
-    qf, kf, vf = (x.reshape(bsz, hv, n, chunk_size, -1) for x in (qf, kf, vf))
-    g, beta = (x.reshape(bsz, hv, n, chunk_size) for x in (g, beta))
-    k_beta, v_beta = kf * beta[..., None], vf * beta[..., None]
-    g = g.cumsum(-1)
-    ones = torch.ones(chunk_size, chunk_size, dtype=torch.bool, device=q.device)
-    upper_incl = torch.triu(ones)
-    decay = (g[..., :, None] - g[..., None, :]).tril().exp().tril()
-    attn = -(k_beta @ kf.transpose(-1, -2) * decay).masked_fill(upper_incl, 0)
-    for i in range(1, chunk_size):
-        attn[..., i, :i] = attn[..., i, :i] + (attn[..., i, :, None] * attn[..., :, :i]).sum(-2)
-    attn = attn + torch.eye(chunk_size, device=q.device)
-    u = attn @ v_beta
-    w = attn @ (k_beta * g.exp()[..., None])
-    s = (
-        torch.zeros(bsz, hv, dk, dv, device=q.device, dtype=torch.float32)
-        if state is None
-        else state.float().clone()
-    )
-    out = torch.empty_like(vf)
-    upper_strict = torch.triu(ones, diagonal=1)
-    for c in range(n):
-        qc, kc, gc = qf[:, :, c], kf[:, :, c], g[:, :, c]
-        local = (qc @ kc.transpose(-1, -2) * decay[:, :, c]).masked_fill(upper_strict, 0)
-        v_new = u[:, :, c] - w[:, :, c] @ s
-        out[:, :, c] = (qc * gc.exp()[..., None]) @ s + local @ v_new
-        g_last = gc[..., -1, None]
-        k_decayed = kc * (g_last - gc).exp()[..., None]
-        s = s * g_last[..., None].exp() + k_decayed.transpose(-1, -2) @ v_new
-    o = out.reshape(bsz, hv, -1, dv)[:, :, :t].transpose(1, 2).to(v.dtype)
-    return o, s
+    outs, finals = [], []
+    for i in range(bsz):
+        qi = ops.l2norm(q[i].repeat_interleave(hv // h, dim=1), exact=False) * dk**-0.5
+        ki = ops.l2norm(k[i].repeat_interleave(hv // h, dim=1), exact=False)
+        decay, beta = ops.gdn_gates(a[i], b[i], A_log, dt_bias)
+        s0 = torch.zeros(hv, dk, dv, device=q.device) if state is None else state[i].float()
+        o, final = ops.gdn_chunked(qi, ki, v[i].float(), decay, beta, s0, chunk_size)
+        outs.append(o.to(v.dtype))
+        finals.append(final)
+    return torch.stack(outs), torch.stack(finals)
 
 
 def gdn_prefill(

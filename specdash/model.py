@@ -389,6 +389,15 @@ class Model:
             )
             o, steps = o[0], steps[0]
             state.pending[i] = GdnSteps(conv_seq, steps)
+        elif mode == "prefill" and self.triton_rows:
+            # FLA's chunked kernel when fla-core imports, else the same torch chunked form
+            from specdash.kernels.gdn import gdn_prefill
+
+            o, final = gdn_prefill(
+                q[None], k[None], v[None], a[None], b[None], w.a_log, w.dt_bias, st.ssm[None]
+            )
+            o = o[0]
+            state.store_gdn(i, conv_seq[t_len:], final[0])
         else:
             q = ops.l2norm(q, exact) * dk**-0.5
             k = ops.l2norm(k, exact)
