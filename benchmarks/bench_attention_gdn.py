@@ -13,11 +13,11 @@ from __future__ import annotations
 import argparse
 import datetime
 import json
-import statistics
 import sys
 
 import torch
 import triton
+from cuda_timing import graph_us
 from specdash.kernels.decode_attention import decode_attention, verify_as_decode_rows
 from specdash.kernels.gdn import (
     gdn_chunked_prefill,
@@ -30,28 +30,6 @@ from triton.testing import do_bench
 HQ, HKV, HEAD_DIM = 24, 4, 256
 GDN_H, GDN_HV, GDN_D = 16, 48, 128
 VERIFY_T = 10
-
-
-def graph_us(fn, reps: int = 20) -> float:
-    stream = torch.cuda.Stream()
-    stream.wait_stream(torch.cuda.current_stream())
-    with torch.cuda.stream(stream):
-        for _ in range(3):
-            fn()
-    torch.cuda.current_stream().wait_stream(stream)
-    graph = torch.cuda.CUDAGraph()
-    with torch.cuda.graph(graph):
-        for _ in range(reps):
-            fn()
-    times = []
-    for _ in range(7):
-        start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-        start.record()
-        graph.replay()
-        end.record()
-        end.synchronize()
-        times.append(start.elapsed_time(end) * 1e3 / reps)
-    return statistics.median(times)
 
 
 def bench_us(fn) -> float:

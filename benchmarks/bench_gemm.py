@@ -17,13 +17,13 @@ import itertools
 import json
 import math
 import platform
-import statistics
 import sys
 import time
 
 import torch
 import torch.nn.functional as F
 import triton
+from cuda_timing import graph_us
 from specdash.kernels.gemm import GemmConfig, gemm_config, matmul_batch_invariant
 from triton.testing import do_bench
 
@@ -64,28 +64,10 @@ def time_us(fn, ws: list[torch.Tensor], x: torch.Tensor, rep_ms: int = 40) -> fl
 
 def graph_time_us(fn, ws: list[torch.Tensor], x: torch.Tensor) -> float:
     """Per-call time inside a CUDA graph of back-to-back calls over all copies (engine-like)."""
-    calls = max(len(ws), 16)
+    calls = max(len(ws), 16)  # consecutive calls cycle through every weight copy
     fn(x, ws[0])
-    stream = torch.cuda.Stream()
-    stream.wait_stream(torch.cuda.current_stream())
-    with torch.cuda.stream(stream):
-        for j in range(3):
-            fn(x, ws[j % len(ws)])
-    torch.cuda.current_stream().wait_stream(stream)
-    graph = torch.cuda.CUDAGraph()
-    with torch.cuda.graph(graph):
-        for j in range(calls):
-            fn(x, ws[j % len(ws)])
-    graph.replay()
-    times = []
-    for _ in range(7):
-        start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-        start.record()
-        graph.replay()
-        end.record()
-        end.synchronize()
-        times.append(start.elapsed_time(end) * 1e3 / calls)
-    return statistics.median(times)
+    counter = itertools.count()
+    return graph_us(lambda: fn(x, ws[next(counter) % len(ws)]), reps=calls)
 
 
 # The default search space, and a wider one (--wide) for the tall-K, N=5120 shapes.
