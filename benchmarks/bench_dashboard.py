@@ -31,7 +31,7 @@ from specdash.controls import Controls
 from specdash.events import Event, Token
 from specdash.session import run_session
 from specdash.settings import SessionSettings
-from specdash.sources import EventBuffer, Sink, initial_controls
+from specdash.sources import EventBuffer, Sink
 
 SIZE = (160, 48)
 
@@ -60,7 +60,7 @@ class ThreadEngine:
     """EventSource: the engine on a thread of this process (what LiveSession does)."""
 
     def __init__(self, settings: SessionSettings) -> None:
-        self.controls: Controls | None = initial_controls(settings)
+        self.controls: Controls | None = Controls.from_settings(settings)
         self.settings = settings
         self.done = threading.Event()
         self.engine_cpu_s = 0.0
@@ -82,7 +82,7 @@ class ThreadEngine:
 def _child(settings_json: str, queue: mp.Queue) -> None:
     settings = SessionSettings.model_validate_json(settings_json)
     measured = Measured(queue.put)
-    run_session(settings, measured, initial_controls(settings), threading.Event())
+    run_session(settings, measured, Controls.from_settings(settings), threading.Event())
     queue.put(("tps", measured.tps))
     queue.put(None)
 

@@ -9,6 +9,10 @@ from __future__ import annotations
 import threading
 from collections import deque
 from dataclasses import dataclass, replace
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:
+    from specdash.settings import SessionSettings
 
 
 @dataclass(frozen=True, slots=True)
@@ -21,6 +25,18 @@ class ControlState:
 
 
 class Controls:
+    @classmethod
+    def from_settings(cls, settings: SessionSettings, gemm_backend: str | None = None) -> Controls:
+        """Controls starting at the session's settings (`gemm_backend`: the resolved name)."""
+        return cls(
+            ControlState(
+                gemm_backend=gemm_backend or settings.gemm_backend,
+                speculation=settings.speculation,
+                k=settings.k,
+                verify_mode=settings.verify,
+            )
+        )
+
     def __init__(self, initial: ControlState) -> None:
         self._lock = threading.Lock()
         self._state = initial

@@ -162,14 +162,7 @@ class SessionRunner:
         self.loaded = loaded or load_models(settings)
         self.stats = SessionStats()
         self._sink = sink
-        self.controls = controls or Controls(
-            ControlState(
-                gemm_backend=self.loaded.target.gemm.name,
-                speculation=settings.speculation,
-                k=settings.k,
-                verify_mode=settings.verify,
-            )
-        )
+        self.controls = controls or Controls.from_settings(settings, self.loaded.target.gemm.name)
         self.stop = stop or threading.Event()
         self.applied = self.controls.snapshot()
         self.step_no = 0

@@ -23,7 +23,7 @@ from collections import deque
 from collections.abc import Callable
 from typing import Protocol
 
-from specdash.controls import Controls, ControlState
+from specdash.controls import Controls
 from specdash.errors import SpecdashError
 from specdash.events import EngineError, Event
 from specdash.settings import SessionSettings
@@ -65,17 +65,6 @@ class EventBuffer:
         return events
 
 
-def initial_controls(settings: SessionSettings) -> Controls:
-    return Controls(
-        ControlState(
-            gemm_backend=settings.gemm_backend,
-            speculation=settings.speculation,
-            k=settings.k,
-            verify_mode=settings.verify,
-        )
-    )
-
-
 class LiveSession:
     """A live session: the engine on a worker thread, the GPU sampler on another.
 
@@ -85,7 +74,7 @@ class LiveSession:
 
     def __init__(self, settings: SessionSettings, telemetry: bool = True) -> None:
         self.settings = settings
-        self.controls: Controls | None = initial_controls(settings)
+        self.controls: Controls | None = Controls.from_settings(settings)
         self._telemetry = telemetry
         self._stop = threading.Event()
         self._engine: threading.Thread | None = None

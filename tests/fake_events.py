@@ -18,7 +18,7 @@ from specdash.events import (
     VerifyStep,
 )
 from specdash.settings import SessionSettings
-from specdash.sources import Sink, initial_controls
+from specdash.sources import Sink
 
 WORDS = ["the", " cat", " sat", " on", " a", " mat", ",", " and", " then", " it", " slept", "."]
 STEP_NS = 20_000_000
@@ -179,7 +179,7 @@ class ScriptedSource:
 
     @classmethod
     def live_like(cls, events: list[Event]) -> ScriptedSource:
-        return cls(events, initial_controls(SessionSettings(gemm_backend="rowwise")))
+        return cls(events, Controls.from_settings(SessionSettings(gemm_backend="rowwise")))
 
     def start(self, sink: Sink) -> None:
         for event in self.events:

@@ -7,7 +7,7 @@ from pathlib import Path
 import pytest
 from tiny_models import write_pair
 
-from specdash.controls import Controls, ControlState
+from specdash.controls import Controls
 from specdash.events import ControlChange, EngineError, Event, PromptDone, PromptStart
 from specdash.session import SessionRunner
 from specdash.settings import SessionSettings
@@ -23,9 +23,7 @@ def _settings(pair: tuple[Path, Path, Path], **kw: object) -> SessionSettings:
 
 
 def test_typed_prompts_run_first_and_a_bad_one_does_not_end_the_session(pair) -> None:  # noqa: ANN001
-    controls = Controls(
-        ControlState(gemm_backend="torch", speculation=True, k=3, verify_mode="exact")
-    )
+    controls = Controls.from_settings(_settings(pair, k=3), "torch")
     controls.submit_prompt("def typed():")
     controls.submit_prompt("x" * 20000)  # longer than the model's context
     events: list[Event] = []
@@ -39,9 +37,7 @@ def test_typed_prompts_run_first_and_a_bad_one_does_not_end_the_session(pair) ->
 
 
 def test_control_changes_apply_between_steps_and_are_events(pair) -> None:  # noqa: ANN001
-    controls = Controls(
-        ControlState(gemm_backend="torch", speculation=True, k=2, verify_mode="exact")
-    )
+    controls = Controls.from_settings(_settings(pair, k=2), "torch")
     events: list[Event] = []
 
     def sink(e: Event) -> None:
@@ -61,9 +57,7 @@ def test_control_changes_apply_between_steps_and_are_events(pair) -> None:  # no
 def test_pause_and_resume_are_both_recorded(pair) -> None:  # noqa: ANN001
     import threading
 
-    controls = Controls(
-        ControlState(gemm_backend="torch", speculation=True, k=3, verify_mode="exact")
-    )
+    controls = Controls.from_settings(_settings(pair, k=3), "torch")
     events: list[Event] = []
 
     def sink(e: Event) -> None:
@@ -78,9 +72,7 @@ def test_pause_and_resume_are_both_recorded(pair) -> None:  # noqa: ANN001
 
 
 def test_unavailable_backend_is_refused_without_ending_the_session(pair) -> None:  # noqa: ANN001
-    controls = Controls(
-        ControlState(gemm_backend="torch", speculation=True, k=3, verify_mode="exact")
-    )
+    controls = Controls.from_settings(_settings(pair, k=3), "torch")
     events: list[Event] = []
 
     def sink(e: Event) -> None:
