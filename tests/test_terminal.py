@@ -3,6 +3,7 @@ the screen read back with capture-pane, and `q` exits 0."""
 
 from __future__ import annotations
 
+import os
 import shutil
 import subprocess
 import sys
@@ -17,8 +18,22 @@ pytestmark = pytest.mark.skipif(shutil.which("tmux") is None, reason="needs tmux
 SPECDASH = Path(sys.executable).parent / "specdash"
 
 
+# A private tmux server (own socket, no user config) with an explicit environment: under pytest
+# the process-level environ carries COLUMNS=80 LINES=24 (set below Python's os.environ), tmux
+# copies it into the session, and Textual then sizes itself 80x24 whatever the pane is.
+SOCKET = f"specdash-test-{uuid.uuid4().hex[:8]}"
+COLUMNS, LINES = 160, 48
+
+
 def tmux(*args: str) -> str:
-    return subprocess.run(["tmux", *args], check=True, capture_output=True, text=True).stdout
+    command = ["tmux", "-L", SOCKET, "-f", "/dev/null", *args]
+    env = {k: v for k, v in os.environ.items() if k not in ("COLUMNS", "LINES")}
+    return subprocess.run(command, check=True, capture_output=True, text=True, env=env).stdout
+
+
+def start_session(session: str, cwd: Path, command: str) -> None:
+    size = ("-x", str(COLUMNS), "-y", str(LINES))
+    tmux("new-session", "-d", "-s", session, *size, "-c", str(cwd), command)
 
 
 def wait_for(session: str, predicate, timeout: float = 90) -> str:
@@ -36,7 +51,7 @@ def test_specdash_in_a_real_terminal(tmp_path):
     session = f"specdash-test-{uuid.uuid4().hex[:8]}"
     status = tmp_path / "exit_status"
     command = f"{SPECDASH} --max-new-tokens 24; echo $? > {status}"
-    tmux("new-session", "-d", "-s", session, "-x", "160", "-y", "48", "-c", str(tmp_path), command)
+    start_session(session, tmp_path, command)
     try:
         screen = wait_for(session, lambda s: "steps " in s and "steps 0" not in s)
         assert "t/s (1 s, wall)" in screen and "t/s (session, wall)" in screen
@@ -57,4 +72,4 @@ def test_specdash_in_a_real_terminal(tmp_path):
             time.sleep(0.2)
         assert status.read_text().strip() == "0"
     finally:
-        subprocess.run(["tmux", "kill-session", "-t", session], capture_output=True)
+        subprocess.run(["tmux", "-L", SOCKET, "kill-server"], capture_output=True)
