@@ -111,7 +111,9 @@ def gdn_verify_steps(
         raise ValueError(f"b {b.shape}, state {state.shape} {state.dtype}: need fp32 [B,HV,Dk,Dv]")
     if hv % h or dv % BLOCK_V or dk & (dk - 1):
         raise ValueError(f"need HV={hv} a multiple of H={h}, Dv={dv} of {BLOCK_V}, Dk={dk} a pow2")
-    q, k, v, a, b = (x.contiguous() for x in (q, k, v, a, b))
+    # rows may be strided (views into the conv output and in_proj): the kernel needs only each
+    # row's heads contiguous, so copy nothing else
+    q, k, v, a, b = (_rows_contiguous(x) for x in (q, k, v, a, b))
     state = state.contiguous()
     o = torch.empty((bsz, t, hv, dv), device=v.device, dtype=v.dtype)
     states = torch.empty((bsz, t, hv, dk, dv), device=v.device, dtype=torch.float32)
@@ -148,6 +150,11 @@ def gdn_verify_steps(
         num_warps=_NUM_WARPS,
     )
     return o, states
+
+
+def _rows_contiguous(x: torch.Tensor) -> torch.Tensor:
+    inner = x.stride(-1) == 1 and (x.dim() < 4 or x.stride(-2) == x.shape[-1])
+    return x if inner else x.contiguous()
 
 
 def gdn_recurrent_step(

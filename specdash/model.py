@@ -272,42 +272,81 @@ class Model:
         observe: Observer | None = None,
         all_logits: bool = False,
     ) -> Tensor:
-        t_len = tokens.shape[0]
+        t_len, start = tokens.shape[0], state.length
         exact = mode == "exact"
+        rows = self.triton_rows and mode != "prefill"
+        """Decode/verify rows through specdash.kernels' fused row kernels (graph-safe)."""
         obs = observe or _identity
         x = obs(-1, "embed", self.embed[tokens])
         pos = self._positions(state, t_len)
-        cos, sin = self._rope_cos[pos], self._rope_sin[pos]
+        cos, sin = (None, None) if rows else (self._rope_cos[pos], self._rope_sin[pos])
+        head = len(self.layers)
+        norms = [lw.input_norm for lw in self.layers[1:]] + [self.final_norm]
+        h = obs(0, "input_norm", self._norm(x, self.layers[0].input_norm, exact, rows))
         for i, lw in enumerate(self.layers):
-            h = obs(i, "input_norm", self._norm(x, lw.input_norm, exact))
             if isinstance(lw.mixer, AttentionWeights):
                 a = self._attention(i, lw.mixer, h, state, pos, cos, sin, mode, obs)
             else:
                 a = self._gdn(i, lw.mixer, h, state, mode, obs)
-            x = obs(i, "mixer_residual", x + a)
-            h = obs(i, "post_norm", self._norm(x, lw.post_norm, exact))
-            gu = obs(i, "gate_up_proj", self._linear(h, lw.gate_up, mode))
-            gate, up = gu.chunk(2, dim=-1)
-            m = obs(i, "down_proj", self._linear(ops.silu(gate) * up, lw.down, mode))
-            x = obs(i, "output", x + m)
+            x, h = self._residual_norm(x, a, lw.post_norm, rows, exact, obs, i, "mixer_residual")
+            gu = obs(i, "gate_up_proj", self._linear(h, lw.gate_up, mode, start))
+            m = obs(i, "down_proj", self._linear(self._swiglu(gu, rows), lw.down, mode, start))
+            x, h = self._residual_norm(x, m, norms[i], rows, exact, obs, i, "output")
         if mode == "prefill":
             state.advance(t_len)
             if not all_logits:
-                x = x[-1:]
-        head = len(self.layers)
-        x = obs(head, "final_norm", self._norm(x, self.final_norm, exact))
-        logits = obs(head, "lm_head", self._linear(x, self.lm_head, mode))
-        return obs(head, "log_softmax", ops.log_softmax(logits, exact))
+                h = h[-1:]
+        logits = obs(head, "lm_head", self._linear(h, self.lm_head, mode, start))
+        slots_from = start if self.gemm.row_slots else None  # CPU: log_softmax in row slots
+        return obs(head, "log_softmax", ops.log_softmax(logits, exact, slots_from))
 
-    def _linear(self, x: Tensor, w: Tensor, mode: Mode) -> Tensor:
+    def _residual_norm(
+        self,
+        x: Tensor,
+        a: Tensor,
+        w: Tensor,
+        rows: bool,
+        exact: bool,
+        obs: Observer,
+        i: int,
+        at: str,
+    ) -> tuple[Tensor, Tensor]:
+        """x + a and the norm after it: one kernel on the GPU row path. Observed as `at` (the
+        sum) and the norm's own name; a sum an observer replaced (fault injection) is re-normed."""
+        layer, name = (i, "post_norm") if at == "mixer_residual" else (i + 1, "input_norm")
+        if layer == len(self.layers):
+            name = "final_norm"
+        if rows:
+            from specdash.kernels.rmsnorm import add_rms_norm_rows
+
+            eps, zc = self.cfg.rms_norm_eps, self.cfg.zero_centred_norm
+            s, h = add_rms_norm_rows(a, x, w, eps, zc)
+            seen = obs(i, at, s)
+            if seen is not s:
+                s, h = seen, self._norm(seen, w, exact, rows)
+        else:
+            s = obs(i, at, x + a)
+            h = self._norm(s, w, exact, rows)
+        return s, obs(layer, name, h)
+
+    def _swiglu(self, gate_up: Tensor, rows: bool) -> Tensor:
+        if rows:
+            from specdash.kernels.elementwise import swiglu_rows
+
+            return swiglu_rows(gate_up)
+        gate, up = gate_up.chunk(2, dim=-1)
+        return ops.silu(gate) * up
+
+    def _linear(self, x: Tensor, w: Tensor, mode: Mode, start: int | None = None) -> Tensor:
         """Prefill is shared by both runs, so it takes the plain batched GEMM (cuBLAS on GPU);
-        decode and verify take the session's backend, row by row unless batch-invariant."""
+        decode and verify take the session's backend: exact rows batch-invariant, in row
+        slots picked by `start` (the first row's position; the CPU backend), or one by one."""
         if mode == "prefill":
             return torch.nn.functional.linear(x, w)
-        return self.gemm(x, w, mode == "exact")
+        return self.gemm(x, w, mode == "exact", start)
 
-    def _norm(self, x: Tensor, w: Tensor, exact: bool) -> Tensor:
-        if exact and self.triton_rows:
+    def _norm(self, x: Tensor, w: Tensor, exact: bool, rows: bool) -> Tensor:
+        if rows:
             from specdash.kernels.rmsnorm import rms_norm_rows
 
             return rms_norm_rows(x, w, self.cfg.rms_norm_eps, self.cfg.zero_centred_norm)
@@ -327,17 +366,39 @@ class Model:
     ) -> Tensor:
         cfg, t_len, exact = self.cfg, h.shape[0], mode == "exact"
         d, hq, hkv = cfg.head_dim, cfg.num_attention_heads, cfg.num_key_value_heads
-        qkv = obs(i, "qkv_proj", self._linear(h, w.qkv, mode))
-        q_width = hq * d * (2 if cfg.gated_attention else 1)
+        qkv = obs(i, "qkv_proj", self._linear(h, w.qkv, mode, state.length))
+        cache, scale = state.kv[i], d**-0.5
+        gated = cfg.gated_attention
+        q_width = hq * d * (2 if gated else 1)
+        if cos is None:  # the GPU row path: norms, RoPE and the cache write in one kernel
+            from specdash.kernels.decode_attention import verify_as_decode_rows
+            from specdash.kernels.elementwise import sigmoid_gate_rows
+            from specdash.kernels.rope import qk_norm_rope_rows
+
+            position = state.position
+            if position is None:  # an eager CPU state (the kernels' interpreter tests)
+                position = torch.tensor([state.length], device=h.device)
+            q = qk_norm_rope_rows(
+                qkv, hq, hkv, gated, w.q_norm, w.k_norm, cfg.rms_norm_eps,
+                cfg.zero_centred_norm, self._rope_cos, self._rope_sin, position,
+                cache.k, cache.v,
+            )  # fmt: skip
+            # fixed-split decode kernel; verify rows are decode rows of lengths L+1..L+T
+            o = verify_as_decode_rows(q[None], cache.k[None], cache.v[None], position, scale)
+            o = obs(i, "attention", o[0].reshape(t_len, hq * d))
+            if gated:
+                gate = qkv[:, :q_width].view(t_len, hq, 2 * d)[..., d:]
+                o = sigmoid_gate_rows(o.view(t_len, hq, d), gate).view(t_len, hq * d)
+            return obs(i, "o_proj", self._linear(o, w.o, mode, state.length))
         q, k, v = qkv.split([q_width, hkv * d, hkv * d], dim=-1)
         gate = None
-        if cfg.gated_attention:
+        if gated:
             q, gate = q.view(t_len, hq, 2 * d).chunk(2, dim=-1)
             gate = gate.reshape(t_len, hq * d)
-        q = self._norm(q.reshape(t_len, hq, d), w.q_norm, exact)
-        k = self._norm(k.reshape(t_len, hkv, d), w.k_norm, exact)
+        q = self._norm(q.reshape(t_len, hq, d), w.q_norm, exact, False)
+        k = self._norm(k.reshape(t_len, hkv, d), w.k_norm, exact, False)
         q, k = ops.apply_rope(q, cos, sin), ops.apply_rope(k, cos, sin)
-        cache, v = state.kv[i], v.view(t_len, hkv, d)
+        v = v.view(t_len, hkv, d)
         if isinstance(pos, slice):
             cache.k[:, pos] = k.transpose(0, 1)
             cache.v[:, pos] = v.transpose(0, 1)
@@ -346,14 +407,7 @@ class Model:
             cache.k.index_copy_(1, pos, k.transpose(0, 1))
             cache.v.index_copy_(1, pos, v.transpose(0, 1))
             start = state.length
-        scale = d**-0.5
-        if mode == "exact" and self.triton_rows:
-            # fixed-split Triton decode kernel; verify rows are decode rows of L+1..L+T
-            from specdash.kernels.decode_attention import verify_as_decode_rows
-
-            lens = pos[:1].to(torch.int32)
-            o = verify_as_decode_rows(q[None], cache.k[None], cache.v[None], lens, scale)[0]
-        elif mode == "exact":
+        if mode == "exact":
             o = torch.stack(
                 [
                     ops.attention_decode_row(q[r], cache.k, cache.v, start + r + 1, scale)
@@ -365,7 +419,7 @@ class Model:
         o = obs(i, "attention", o.reshape(t_len, hq * d))
         if gate is not None:
             o = o * ops.sigmoid(gate)
-        return obs(i, "o_proj", self._linear(o, w.o, mode))
+        return obs(i, "o_proj", self._linear(o, w.o, mode, state.length))
 
     def _gdn(
         self, i: int, w: GdnWeights, h: Tensor, state: SeqState, mode: Mode, obs: Observer
@@ -373,55 +427,58 @@ class Model:
         cfg, t_len, exact = self.cfg, h.shape[0], mode == "exact"
         nk, nv = cfg.linear_num_key_heads, cfg.linear_num_value_heads
         dk, dv = cfg.linear_key_head_dim, cfg.linear_value_head_dim
-        proj = obs(i, "in_proj", self._linear(h, w.proj, mode))
+        rows = self.triton_rows and mode != "prefill"
+        proj = obs(i, "in_proj", self._linear(h, w.proj, mode, state.length))
         qkv, z, b, a = proj.split([cfg.gdn_conv_dim, cfg.gdn_value_dim, nv, nv], dim=-1)
         st = state.gdn[i]
-        conv_seq = torch.cat((st.conv, qkv), dim=0)
-        mixed = obs(i, "conv", ops.causal_conv_silu(st.conv, qkv, w.conv))
+        if rows:
+            from specdash.kernels.elementwise import causal_conv_silu_rows
+
+            mixed, conv_seq = causal_conv_silu_rows(st.conv, qkv, w.conv)
+        else:
+            conv_seq = torch.cat((st.conv, qkv), dim=0)
+            mixed = ops.causal_conv_silu(st.conv, qkv, w.conv)
+        mixed = obs(i, "conv", mixed)
         q, k, v = mixed.split([cfg.gdn_key_dim, cfg.gdn_key_dim, cfg.gdn_value_dim], dim=-1)
-        q, k, v = q.reshape(t_len, nk, dk), k.reshape(t_len, nk, dk), v.reshape(t_len, nv, dv)
-        if exact and self.triton_rows:
-            # one Triton recurrent-step kernel for decode and verify (specdash.kernels.gdn)
+        q, k, v = q.view(t_len, nk, dk), k.view(t_len, nk, dk), v.view(t_len, nv, dv)
+        z = z.view(t_len, nv, dv)
+        if rows:
+            # one Triton recurrent-step kernel for decode and verify, then the gated norm
             from specdash.kernels.gdn import gdn_verify_steps
+            from specdash.kernels.rmsnorm import gated_rms_norm_rows
 
             o, steps = gdn_verify_steps(
                 q[None], k[None], v[None], a[None], b[None], w.a_log, w.dt_bias, st.ssm[None]
             )
-            o, steps = o[0], steps[0]
-            state.pending[i] = GdnSteps(conv_seq, steps)
-        elif mode == "prefill" and self.triton_rows:
-            # FLA's chunked kernel when fla-core imports, else the same torch chunked form
-            from specdash.kernels.gdn import gdn_prefill
-
-            o, final = gdn_prefill(
-                q[None], k[None], v[None], a[None], b[None], w.a_log, w.dt_bias, st.ssm[None]
-            )
-            o = o[0]
-            state.store_gdn(i, conv_seq[t_len:], final[0])
+            state.pending[i] = GdnSteps(conv_seq, steps[0])
+            o = obs(i, "recurrent", o[0])
+            o = gated_rms_norm_rows(o, z, w.norm, cfg.rms_norm_eps)
         else:
-            q = ops.l2norm(q, exact) * dk**-0.5
-            k = ops.l2norm(k, exact)
-            if nv != nk:
-                q, k = (x.repeat_interleave(nv // nk, dim=1) for x in (q, k))
-            decay, beta = ops.gdn_gates(a, b, w.a_log, w.dt_bias)
-            if mode == "prefill":
-                o, ssm = ops.gdn_chunked(q, k, v.float(), decay, beta, st.ssm)
-                state.store_gdn(i, conv_seq[t_len:], ssm)
+            if mode == "prefill" and self.triton_rows:
+                # FLA's chunked kernel when fla-core imports, else the same torch chunked form
+                from specdash.kernels.gdn import gdn_prefill
+
+                o, final = gdn_prefill(
+                    q[None], k[None], v[None], a[None], b[None], w.a_log, w.dt_bias, st.ssm[None]
+                )
+                o = o[0]
+                state.store_gdn(i, conv_seq[t_len:], final[0])
             else:
-                o, steps = ops.gdn_recurrent_steps(q, k, v.float(), decay, beta, st.ssm)
-                state.pending[i] = GdnSteps(conv_seq, steps)
-        o = obs(i, "recurrent", o)
-        o, z = o.to(h.dtype), z.view(t_len, nv, dv)
-        if exact and self.triton_rows:
-            from specdash.kernels.rmsnorm import rms_norm_rows
-
-            o = (w.norm * rms_norm_rows(o, None, cfg.rms_norm_eps) * ops.silu(z.float())).to(
-                o.dtype
-            )
-        else:
+                q = ops.l2norm(q, exact) * dk**-0.5
+                k = ops.l2norm(k, exact)
+                if nv != nk:
+                    q, k = (x.repeat_interleave(nv // nk, dim=1) for x in (q, k))
+                decay, beta = ops.gdn_gates(a, b, w.a_log, w.dt_bias)
+                if mode == "prefill":
+                    o, ssm = ops.gdn_chunked(q, k, v.float(), decay, beta, st.ssm)
+                    state.store_gdn(i, conv_seq[t_len:], ssm)
+                else:
+                    o, steps = ops.gdn_recurrent_steps(q, k, v.float(), decay, beta, st.ssm)
+                    state.pending[i] = GdnSteps(conv_seq, steps)
+            o = obs(i, "recurrent", o).to(h.dtype)
             o = ops.gated_rms_norm(o, z, w.norm, cfg.rms_norm_eps, exact)
         o = obs(i, "gated_norm", o.reshape(t_len, nv * dv))
-        return obs(i, "out_proj", self._linear(o, w.out, mode))
+        return obs(i, "out_proj", self._linear(o, w.out, mode, state.length))
 
 
 def _triton_rows_supported(cfg: ModelConfig) -> bool:

@@ -1,0 +1,136 @@
+"""The elementwise chains between GEMMs, one launch each: SwiGLU, the attention output gate and
+GDN's causal conv + SiLU.
+
+Why kernels: in torch each is a chain of 4-12 small launches (SiLU alone is neg, exp, add, div),
+and on the 27B shape a decode step spent ~4 ms of its ~17 ms in such launches (docs/PERF.md).
+Every element is computed by the same instructions wherever it sits in the tensor and however
+many rows there are (fp32 inside, one rounding to the output dtype), so a verify row still
+equals the decode row bit for bit. Block sizes are fixed constants.
+"""
+
+from __future__ import annotations
+
+import torch
+import triton
+import triton.language as tl
+
+_BLOCK = 1024
+
+
+@triton.jit
+def _silu(x):
+    return x / (1.0 + tl.exp(-x))
+
+
+@triton.jit
+def _gated_kernel(
+    x_ptr,
+    g_ptr,
+    out_ptr,
+    n_cols,
+    stride_x,
+    group,
+    stride_g,
+    stride_gi,
+    SILU: tl.constexpr,
+    BLOCK: tl.constexpr,
+):
+    row = tl.program_id(0)
+    offs = tl.program_id(1) * BLOCK + tl.arange(0, BLOCK)
+    mask = offs < n_cols
+    g_row = g_ptr + (row // group) * stride_g + (row % group) * stride_gi
+    x = tl.load(x_ptr + row * stride_x + offs, mask=mask, other=0.0).to(tl.float32)
+    g = tl.load(g_row + offs, mask=mask, other=0.0).to(tl.float32)
+    if SILU:  # noqa: SIM108 (a constexpr branch inside a Triton kernel)
+        y = _silu(g) * x
+    else:
+        y = x / (1.0 + tl.exp(-g))
+    tl.store(out_ptr + row * n_cols + offs, y.to(out_ptr.dtype.element_ty), mask=mask)
+
+
+def _gated(x: torch.Tensor, g: torch.Tensor, silu: bool) -> torch.Tensor:
+    """x [M, N] rows; g [M, N] rows, or [M', G, N] head rows (any outer/inner strides)."""
+    n = x.shape[-1]
+    x2 = x.reshape(-1, n)
+    if x2.stride(-1) != 1:
+        x2 = x2.contiguous()
+    if g.dim() == 3:
+        group, stride_g, stride_gi = g.shape[1], g.stride(0), g.stride(1)
+    else:
+        group, stride_g, stride_gi = 1, g.stride(0), 0
+    if g.shape[-1] != n or g.numel() != x2.numel() or g.stride(-1) != 1:
+        raise ValueError(f"x {tuple(x.shape)} and gate {tuple(g.shape)} do not pair up")
+    m = x2.shape[0]
+    out = torch.empty((m, n), device=x.device, dtype=x.dtype)
+    _gated_kernel[(m, triton.cdiv(n, _BLOCK))](
+        x2,
+        g,
+        out,
+        n,
+        x2.stride(0),
+        group,
+        stride_g,
+        stride_gi,
+        SILU=silu,
+        BLOCK=_BLOCK,
+        num_warps=4,
+    )
+    return out.reshape(x.shape)
+
+
+def swiglu_rows(gate_up: torch.Tensor) -> torch.Tensor:
+    """`silu(gate) * up` for gate_up = [gate | up] rows [M, 2I] -> [M, I]."""
+    gate, up = gate_up.chunk(2, dim=-1)
+    return _gated(up, gate, silu=True)
+
+
+def sigmoid_gate_rows(x: torch.Tensor, gate: torch.Tensor) -> torch.Tensor:
+    """`x * sigmoid(gate)` (the gated-attention output gate): x [T, H, D], gate [T, H, D] with
+    any row and head strides (the gate columns interleaved with q in the projection)."""
+    return _gated(x, gate, silu=False)
+
+
+@triton.jit
+def _conv_kernel(
+    win_ptr, x_ptr, w_ptr, out_ptr, seq_ptr, C, stride_x, W: tl.constexpr, BLOCK: tl.constexpr
+):
+    t = tl.program_id(0)
+    offs = tl.program_id(1) * BLOCK + tl.arange(0, BLOCK)
+    mask = offs < C
+    acc = tl.zeros((BLOCK,), dtype=tl.float32)
+    for j in tl.static_range(W):  # taps in ascending order, the same for every row
+        i = t + j  # index into seq = [window (W-1 rows) ; x]
+        if i < W - 1:
+            val = tl.load(win_ptr + i * C + offs, mask=mask, other=0.0)
+        else:
+            val = tl.load(x_ptr + (i - (W - 1)) * stride_x + offs, mask=mask, other=0.0)
+        tap = tl.load(w_ptr + offs * W + j, mask=mask, other=0.0)
+        acc += val.to(tl.float32) * tap.to(tl.float32)
+    tl.store(out_ptr + t * C + offs, _silu(acc).to(out_ptr.dtype.element_ty), mask=mask)
+    x_t = tl.load(x_ptr + t * stride_x + offs, mask=mask, other=0.0)
+    tl.store(seq_ptr + (t + W - 1) * C + offs, x_t, mask=mask)
+    if t == 0:
+        for i in tl.static_range(W - 1):
+            tl.store(seq_ptr + i * C + offs, tl.load(win_ptr + i * C + offs, mask=mask), mask=mask)
+
+
+def causal_conv_silu_rows(
+    window: torch.Tensor, x: torch.Tensor, weight: torch.Tensor
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """Depthwise causal conv + SiLU over the new rows, taps in a fixed order, fp32 accumulation.
+
+    window [W-1, C] (the inputs before x), x [T, C] (rows may be strided), weight [C, W].
+    Returns (out [T, C], seq [W-1+T, C] = window then x, what the state keeps on commit).
+    """
+    t, c = x.shape
+    w = weight.shape[1]
+    if window.shape != (w - 1, c) or weight.shape[0] != c or x.stride(-1) != 1:
+        shapes = f"window {tuple(window.shape)}, x {tuple(x.shape)}, w {tuple(weight.shape)}"
+        raise ValueError(f"conv shapes disagree: {shapes}")
+    window, weight = window.contiguous(), weight.contiguous()
+    out = torch.empty((t, c), device=x.device, dtype=x.dtype)
+    seq = torch.empty((w - 1 + t, c), device=x.device, dtype=x.dtype)
+    _conv_kernel[(t, triton.cdiv(c, _BLOCK))](
+        window, x, weight, out, seq, c, x.stride(0), W=w, BLOCK=_BLOCK, num_warps=4
+    )
+    return out, seq
