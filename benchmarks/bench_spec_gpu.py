@@ -3,13 +3,15 @@
 Random weights of `--preset` (default qwen3.5-27b-shape, bf16), Triton GEMM backend, exact
 mode, all through `specdash.engine.Engine` (the code `specdash run` uses). In one run:
 
-1. plain greedy decode (the shadow's path) at each `--contexts` length: t/s and the weight
+1. prefill time of a `--long-prefill`-token prompt (first, before any graph pool exists);
+2. plain greedy decode (the shadow's path) at each `--contexts` length: t/s and the weight
    bytes / step time, next to NVML GPM DRAM bandwidth sampled during the decode;
-2. a verify step of k+1 rows vs a decode step (graph replay, median of repeats);
-3. speculative decoding at k with an oracle drafter (replays the plain run's tokens: 100%
-   acceptance) and a random drafter (~0%): t/s and exact prompts (ids + fp32 logprob bits
-   vs the lockstep shadow), over `--prompts` prompts;
-4. prefill time of a `--long-prefill`-token prompt.
+3. exact mode (Triton tile) vs fast mode (cuBLAS batched) plain-decode t/s, both graphed,
+   interleaved repeats; and one eager exact decode step's device time by kernel;
+4. a verify step of k+1 rows vs a decode step (graph replay, median of repeats);
+5. speculative decoding at k with an oracle drafter (replays the plain run's tokens: 100%
+   acceptance; exact and fast verify) and a random drafter (~0%): t/s and exact prompts
+   (ids + fp32 logprob bits vs the lockstep shadow), over `--prompts` prompts.
 
     python benchmarks/bench_spec_gpu.py --json out.json
 """
@@ -111,18 +113,18 @@ class GpmSampler(threading.Thread):
 
 
 def plain_decode(
-    engine: Engine, prompt: list[int], n: int, gpm: GpmSampler | None = None
+    engine: Engine, prompt: list[int], n: int, gpm: GpmSampler | None = None, mode: str = "exact"
 ) -> tuple[list[int], float]:
     seq, _ = engine.start(0, prompt, n, 16, shadow=False)
     torch.cuda.synchronize()
-    engine.spec_step(seq, 0, "exact", n)  # captures the decode graph on a new slot
+    engine.spec_step(seq, 0, mode, n)  # captures the decode graph on a new slot
     if gpm is not None:
         gpm.start()
         time.sleep(0.25)  # the first GPM window opens before the timed steps
     t0 = time.perf_counter()
     steps = 0
     while not seq.done:
-        engine.spec_step(seq, 0, "exact", n)
+        engine.spec_step(seq, 0, mode, n)
         steps += 1
     torch.cuda.synchronize()
     elapsed = time.perf_counter() - t0
@@ -131,6 +133,34 @@ def plain_decode(
         gpm.join()
     engine.release(seq)
     return seq.ids, steps / elapsed
+
+
+def profile_decode(model: Model, prompt: list[int]) -> dict:
+    """Device time of one eager exact decode step by kernel (the graph replays these)."""
+    from torch.profiler import ProfilerActivity, profile
+
+    state = SeqState.empty(model.cfg, len(prompt) + 8, model.dtype, model.device)
+    model.forward(torch.tensor(prompt, device=model.device), state, "prefill")
+    token = torch.tensor(prompt[-1:], device=model.device)
+    for _ in range(3):
+        model.forward_eager(token, state, "exact")
+        state.pending = {}
+    torch.cuda.synchronize()
+    with profile(activities=[ProfilerActivity.CUDA]) as prof:
+        model.forward_eager(token, state, "exact")
+        torch.cuda.synchronize()
+    state.pending = {}
+    kernels: dict[str, list[float]] = {}
+    for e in prof.events():
+        if e.device_type.name == "CUDA" and e.device_time > 0:
+            kernels.setdefault(e.name[:60], []).append(e.device_time)
+    total = sum(sum(t) for t in kernels.values())
+    top = sorted(kernels.items(), key=lambda kv: -sum(kv[1]))[:15]
+    return {
+        "kernels": sum(len(t) for t in kernels.values()),
+        "kernel_ms": total / 1e3,
+        "top": [{"name": n, "count": len(t), "ms": sum(t) / 1e3} for n, t in top],
+    }
 
 
 def main() -> int:
@@ -199,6 +229,26 @@ def main() -> int:
         out["decode"].append(row)
         print(row, flush=True)
 
+    # exact mode (Triton tile) vs fast mode (cuBLAS, batched: the usual way), both graphed,
+    # plain decode of one 2k prompt, interleaved repeats
+    exact_gemm, cublas = model.gemm, ops.resolve_gemm_backend("cublas", dev)
+    configs = {"exact/triton": (exact_gemm, "exact"), "fast/cublas": (cublas, "fast")}
+    ratio_prompt, runs = rand_prompt(2048), {name: [] for name in configs}
+    for _ in range(3):
+        for name, (backend, mode) in configs.items():
+            model.gemm = backend
+            runs[name].append(plain_decode(plain, ratio_prompt, args.decode_tokens, mode=mode)[1])
+    model.gemm = exact_gemm
+    med = {name: statistics.median(r) for name, r in runs.items()}
+    out["exact_over_fast_decode"] = {
+        "tokens_per_s": med,
+        "runs": runs,
+        "ratio": med["exact/triton"] / med["fast/cublas"],
+    }
+    print(out["exact_over_fast_decode"], flush=True)
+    out["decode_profile"] = profile_decode(model, rand_prompt(2048))
+    print(out["decode_profile"], flush=True)
+
     # verify (k+1 rows) vs decode (1 row), graph replays from the same position
     state = SeqState.empty(cfg, 4096, model.dtype, dev)
     model.forward(torch.tensor(rand_prompt(2048), device=dev), state, "prefill")
@@ -233,20 +283,23 @@ def main() -> int:
         tuple(p): plain_decode(plain, p, args.spec_tokens + args.k + 1)[0] for p in prompts
     }
     out["spec"] = []
-    for name, make in (
-        ("oracle", lambda: OracleDrafter(continuation)),
-        ("random", lambda: RandomDrafter(cfg.vocab_size)),
+    oracle = lambda: OracleDrafter(continuation)  # noqa: E731
+    for name, make, mode, backend in (
+        ("oracle", oracle, "exact", exact_gemm),
+        ("oracle", oracle, "fast", cublas),
+        ("random", lambda: RandomDrafter(cfg.vocab_size), "exact", exact_gemm),
     ):
+        model.gemm = backend
         eng = Engine(model, make, [])
         warm, _ = eng.start(0, prompts[0], args.spec_tokens, 16, shadow=True)
         while not warm.done:  # capture every graph this run will replay
-            eng.spec_step(warm, args.k, "exact", args.spec_tokens)
+            eng.spec_step(warm, args.k, mode, args.spec_tokens)
         eng.release(warm)
         exact, tokens, spent, steps, accepted = 0, 0, 0.0, 0, 0
         for i, p in enumerate(prompts):
             seq, _ = eng.start(i, p, args.spec_tokens, 16, shadow=True)
             while not seq.done:
-                r = eng.spec_step(seq, args.k, "exact", args.spec_tokens)
+                r = eng.spec_step(seq, args.k, mode, args.spec_tokens)
                 spent += r.draft_s + r.verify_s + r.rollback_s
                 steps += 1
                 accepted += r.accepted
@@ -255,6 +308,8 @@ def main() -> int:
             eng.release(seq)
         row = {
             "drafter": name,
+            "verify": mode,
+            "gemm": backend.name,
             "k": args.k,
             "prompts": len(prompts),
             "exact_prompts": exact,

@@ -258,10 +258,10 @@ class Model:
                 f"sequence of {start + t_len} tokens exceeds the allocated context of "
                 f"{state.capacity} or the model's {self.cfg.max_position_embeddings} positions"
             )
-        if state.graphs is not None and mode == "exact" and observe is None:
+        if state.graphs is not None and self.triton_rows and mode != "prefill" and not observe:
             from specdash.cuda_graphs import graphed_forward
 
-            return graphed_forward(self, tokens, state)
+            return graphed_forward(self, tokens, state, mode)
         return self.forward_eager(tokens, state, mode, observe, all_logits)
 
     def forward_eager(
@@ -408,12 +408,7 @@ class Model:
             cache.v.index_copy_(1, pos, v.transpose(0, 1))
             start = state.length
         if mode == "exact":
-            o = torch.stack(
-                [
-                    ops.attention_decode_row(q[r], cache.k, cache.v, start + r + 1, scale)
-                    for r in range(t_len)
-                ]
-            )
+            o = ops.attention_decode_rows(q, cache.k, cache.v, start, scale)
         else:
             o = ops.attention_batched(q, cache.k, cache.v, start, scale)
         o = obs(i, "attention", o.reshape(t_len, hq * d))

@@ -46,8 +46,8 @@ class SeqState:
     pending: dict[int, GdnSteps] = field(default_factory=dict)
     position: Tensor | None = None
     """`length` mirrored on the device (CUDA): a captured CUDA graph reads positions from it."""
-    graphs: dict[tuple[int, str], object] | None = None
-    """Captured CUDA graphs of this state's forwards, by (rows, GEMM backend); None: eager."""
+    graphs: dict[tuple[int, str, str], object] | None = None
+    """Captured CUDA graphs of this state's forwards, by (rows, GEMM backend, mode); None: eager."""
 
     @property
     def static(self) -> bool:
@@ -127,12 +127,24 @@ class SeqState:
         """Keep the first `rows` tokens of the last step; drop the rest.
 
         The KV of dropped rows stays in the cache past `length` and is overwritten later.
+        A step replayed from a CUDA graph commits through a graph of the same copies
+        (`pending.replay_commit`), one launch instead of two per GDN layer.
         """
-        w = next(iter(self.gdn.values())).conv.shape[0] if self.gdn else 0
-        for i, steps in self.pending.items():
-            self.store_gdn(i, steps.conv_seq[rows : rows + w], steps.states[rows - 1])
-        self.advance(rows)
+        replay = getattr(self.pending, "replay_commit", None)
+        if replay is not None:
+            replay(self, rows)
+        else:
+            self.apply_commit(self.pending, rows)
+        self.length += rows
         self.pending = {}
+
+    def apply_commit(self, pending: dict[int, GdnSteps], rows: int) -> None:
+        """The device side of `commit`: conv windows, GDN states and the device position."""
+        w = next(iter(self.gdn.values())).conv.shape[0] if self.gdn else 0
+        for i, steps in pending.items():
+            self.store_gdn(i, steps.conv_seq[rows : rows + w], steps.states[rows - 1])
+        if self.position is not None:
+            self.position.add_(rows)
 
     def clone(self) -> SeqState:
         """A deep copy: the shadow starts from the speculative run's prefill."""

@@ -67,3 +67,26 @@ def test_graphed_spec_equals_eager_plain_greedy(k: int) -> None:
         assert torch.equal(torch.tensor(seq.logprobs, dtype=torch.float32), ref_lps)
         engine.release(seq)
     assert accepted > 0
+
+
+def test_graphed_fast_verify_equals_eager_fast_verify() -> None:
+    """Fast mode is graphed too (for the exact/fast throughput ratio): a replay must compute
+    what the eager forward computes, and the commit graphs must roll back the same way."""
+    target, draft = _model(0), _model(1, noise=0.05)
+    runs = []
+    for graphs in (True, False):
+        engine = Engine(target, lambda: ModelDrafter(draft), [])
+        engine.cuda_graphs = graphs
+        gen = torch.Generator().manual_seed(3)
+        ids, lps = [], []
+        for i in range(4):
+            prompt = torch.randint(0, target.cfg.vocab_size, (9 + 5 * i,), generator=gen).tolist()
+            seq, _ = engine.start(i, prompt, 24, 16, shadow=False)
+            while not seq.done:
+                engine.spec_step(seq, 4, "fast", 24)
+            ids += seq.ids
+            lps += seq.logprobs
+            engine.release(seq)
+        runs.append((ids, lps))
+    assert runs[0][0] == runs[1][0]
+    assert torch.equal(torch.tensor(runs[0][1]), torch.tensor(runs[1][1]))
