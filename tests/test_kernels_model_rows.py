@@ -15,7 +15,12 @@ from specdash.model_config import preset
 from specdash.state import SeqState
 
 # Padding tile rows in the attention kernel compute -inf - -inf = NaN that is never read.
-pytestmark = pytest.mark.filterwarnings("ignore:invalid value encountered:RuntimeWarning")
+pytestmark = [
+    pytest.mark.filterwarnings("ignore:invalid value encountered:RuntimeWarning"),
+    pytest.mark.skipif(
+        torch.cuda.is_available(), reason="CPU interpreter test; on CUDA see test_gpu_engine"
+    ),
+]
 CFG = replace(preset("tiny-hybrid"), linear_value_head_dim=32, max_position_embeddings=128)
 
 
