@@ -110,8 +110,8 @@ def _conv_kernel(
     x_t = tl.load(x_ptr + t * stride_x + offs, mask=mask, other=0.0)
     tl.store(seq_ptr + (t + W - 1) * C + offs, x_t, mask=mask)
     if t == 0:
-        for i in tl.static_range(W - 1):
-            tl.store(seq_ptr + i * C + offs, tl.load(win_ptr + i * C + offs, mask=mask), mask=mask)
+        for r in tl.static_range(W - 1):
+            tl.store(seq_ptr + r * C + offs, tl.load(win_ptr + r * C + offs, mask=mask), mask=mask)
 
 
 def causal_conv_silu_rows(
