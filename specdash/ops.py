@@ -6,6 +6,17 @@ Two rules make a verify row bit-identical to the decode row at the same position
   shapes decode uses, unless the GEMM backend is batch-invariant by construction (the
   Triton tile on GPU). Same op, same shape, same input bits: same output bits. Norms
   reduce with `fixed_order_sum`, a pairwise tree of elementwise adds, so they batch.
+* **Row slots** (CPU GEMM and log_softmax, `slotted_rows`): every exact call, decode's
+  included, has the same fixed shape `[ROW_SLOTS, K]`, and the row of position p sits in
+  slot `p % ROW_SLOTS`. A verify row and the decode row of the same position then go
+  through one call shape, one slot, the same input bits; only the other slots differ.
+  MKL's sgemm and torch's last-dim log_softmax compute output row i from input row i
+  alone, with a blocking and reduction order chosen from the call's shape (and thread
+  count) only, never from the values in other rows -- so slot i's bits cannot depend on
+  them. This is the same argument as a batch-invariant Triton tile, and unlike "M rows
+  vs one row" it needs no luck: MKL's M=1 call (a gemv) does differ from a row of an
+  M=8 call in the last bits, and a broadcast bmm at width 5120 did differ from its
+  one-row launch. `tests/test_cpu_rows.py` checks slot invariance bit for bit.
 * **Elementwise ops** run batched. They are exact per element only if every element takes
   the same code path, so sigmoid / SiLU / softplus are composed from `exp` and `log1p`
   here: torch's own CPU kernels for those switch between a vector and a scalar formula
@@ -28,13 +39,54 @@ Gemm = Callable[[Tensor, Tensor], Tensor]
 # ---------------------------------------------------------------- GEMM backends
 
 
+ROW_SLOTS = 8
+"""Rows of every exact CPU GEMM / log_softmax call: a k <= 7 verify is one call per op.
+
+Measured on the tiny pair (2-core EPYC, 1 thread): an 8-row sgemm costs 1.5-3x a one-row
+call, which decode now pays, while a 5-row exact verify makes one call instead of five.
+"""
+
+
+def slotted_rows(fn: Callable[[Tensor], Tensor], x: Tensor, start: int) -> Tensor:
+    """`fn` (row-wise, [S, K] -> [S, N]) on x's rows, row r in slot (start + r) % S.
+
+    Each call has the shape [ROW_SLOTS, K] whatever the row count; more rows than slots
+    take several calls. Unused slots hold zeros (finite, so no slow denormal or NaN paths).
+    """
+    t, slots = x.shape[0], ROW_SLOTS
+    if t > slots:
+        return torch.cat(
+            [slotted_rows(fn, x[c : c + slots], start + c) for c in range(0, t, slots)]
+        )
+    s = start % slots
+    head = min(t, slots - s)  # rows before the wrap back to slot 0
+    buf = x.new_zeros(slots, *x.shape[1:])
+    buf[s : s + head] = x[:head]
+    if head < t:
+        buf[: t - head] = x[head:]
+    y = fn(buf)
+    if head == t:
+        return y[s : s + t]
+    return torch.cat((y[s:], y[: t - head]))
+
+
 class GemmBackend:
-    """A named `x[M,K] @ w[N,K].T`. `batch_invariant` means row results do not depend on M."""
+    """A named `x[M,K] @ w[N,K].T`.
 
-    def __init__(self, name: str, fn: Gemm, batch_invariant: bool) -> None:
-        self.name, self.fn, self.batch_invariant = name, fn, batch_invariant
+    `batch_invariant`: row results do not depend on M (the Triton tile). `row_slots`: exact
+    rows go through `slotted_rows` (CPU BLAS). Otherwise exact rows run one by one.
+    """
 
-    def __call__(self, x: Tensor, w: Tensor, exact: bool) -> Tensor:
+    def __init__(self, name: str, fn: Gemm, batch_invariant: bool, row_slots: bool = False):
+        self.name, self.fn = name, fn
+        self.batch_invariant, self.row_slots = batch_invariant, row_slots
+
+    def __call__(self, x: Tensor, w: Tensor, exact: bool, start: int | None = None) -> Tensor:
+        """`start`: position of x's first row, which picks the row slots (required then)."""
+        if exact and self.row_slots:
+            if start is None:
+                raise ValueError(f"GEMM backend {self.name!r} needs the rows' position")
+            return slotted_rows(lambda b: self.fn(b, w), x, start)
         if exact and not self.batch_invariant and x.shape[0] > 1:
             return torch.cat([self.fn(x[i : i + 1], w) for i in range(x.shape[0])])
         return self.fn(x, w)
@@ -48,7 +100,7 @@ def gemm_backends(device: torch.device) -> dict[str, GemmBackend | str]:
     """Backends for `device`: name -> backend, or name -> why it is unavailable."""
     out: dict[str, GemmBackend | str] = {}
     if device.type == "cpu":
-        out["torch"] = GemmBackend("torch", _torch_linear, batch_invariant=False)
+        out["torch"] = GemmBackend("torch", _torch_linear, batch_invariant=False, row_slots=True)
         return out
     out["cublas"] = GemmBackend("cublas", _torch_linear, batch_invariant=False)
     try:
@@ -186,7 +238,11 @@ def l2norm(x: Tensor, exact: bool) -> Tensor:
     return xf / torch.sqrt(sq + 1e-6)
 
 
-def log_softmax(logits: Tensor, exact: bool) -> Tensor:
+def log_softmax(logits: Tensor, exact: bool, start: int | None = None) -> Tensor:
+    """fp32 log_softmax; exact rows in row slots when `start` (the first row's position) is
+    given (CPU), else one call per row."""
+    if exact and start is not None:
+        return slotted_rows(lambda b: torch.log_softmax(b.float(), dim=-1), logits, start)
     return per_row(lambda r: torch.log_softmax(r.float(), dim=-1), logits, exact)
 
 
@@ -196,19 +252,23 @@ def greedy(logprobs: Tensor) -> tuple[Tensor, Tensor]:
     return ids, logprobs.gather(-1, ids[:, None])[:, 0]
 
 
-def attention_decode_row(
-    q: Tensor, k_cache: Tensor, v_cache: Tensor, n: int, scale: float
+def attention_decode_rows(
+    q: Tensor, k_cache: Tensor, v_cache: Tensor, start: int, scale: float
 ) -> Tensor:
-    """One query row over the first `n` cached keys. q: [Hq, D]; caches: [Hkv, cap, D].
+    """Query rows at positions start.., each over its own prefix of the cache, one by one.
 
-    Verify calls this once per row with n = L+1 .. L+k+1, exactly as decode would at
-    those positions.
+    q: [T, Hq, D]; caches: [Hkv, cap, D]. Row r attends to the first start+r+1 keys with
+    decode's shapes, so a verify row is exactly the decode row of its position.
     """
-    hkv, d = k_cache.shape[0], k_cache.shape[-1]
-    qg = q.view(hkv, -1, d)
-    scores = torch.matmul(qg, k_cache[:, :n].transpose(1, 2)).float() * scale
-    probs = torch.softmax(scores, dim=-1).to(q.dtype)
-    return torch.matmul(probs, v_cache[:, :n]).reshape(-1, d)
+    t, hkv, d = q.shape[0], k_cache.shape[0], k_cache.shape[-1]
+    k_t = k_cache.transpose(1, 2)
+    rows = []
+    for r, qg in enumerate(q.reshape(t, hkv, -1, d).unbind(0)):
+        n = start + r + 1
+        scores = torch.matmul(qg, k_t[:, :, :n]).float() * scale
+        probs = torch.softmax(scores, dim=-1).to(q.dtype)
+        rows.append(torch.matmul(probs, v_cache[:, :n]).view(-1, d))
+    return rows[0][None] if t == 1 else torch.stack(rows)
 
 
 def attention_batched(
@@ -252,14 +312,18 @@ def gdn_recurrent_steps(
     steps = []
     outs = []
     h = state
+    # per-token views made once (each indexing op is a dispatch; the math is unchanged)
+    decay_t, beta_t = decay[:, :, None, None].unbind(0), beta[:, :, None].unbind(0)
+    q_t, k_t, v_t = q[..., None].unbind(0), k[..., None].unbind(0), v.unbind(0)
     for t in range(q.shape[0]):
-        h = h * decay[t, :, None, None]
-        kt = k[t, :, :, None]
-        kv_mem = (h * kt).sum(-2)
-        delta = (v[t] - kv_mem) * beta[t, :, None]
-        h = h + kt * delta[:, None, :]
-        outs.append((h * q[t, :, :, None]).sum(-2))
+        h = h * decay_t[t]
+        kv_mem = (h * k_t[t]).sum(-2)
+        delta = (v_t[t] - kv_mem) * beta_t[t]
+        h = h + k_t[t] * delta[:, None, :]
+        outs.append((h * q_t[t]).sum(-2))
         steps.append(h)
+    if len(steps) == 1:  # decode: views, not copies
+        return outs[0][None], h[None]
     return torch.stack(outs), torch.stack(steps)
 
 
