@@ -54,13 +54,15 @@ CATCH_UP_BATCHED = 32
 
 
 class ModelDrafter:
-    """A small causal LM with the target's tokenizer, decoding greedily in exact mode.
+    """A small causal LM with the target's tokenizer, decoding greedily.
 
-    The draft state holds a prefix of the context. `propose` first catches up on what it
-    has not seen (the last accepted draft, or everything decoded while speculation was
-    off) in one batched forward, then runs k single-token steps, remembering the state
-    after each; GDN state tensors are replaced, never written in place, so a snapshot is
-    a few references and rejecting drafts is restoring one.
+    Drafts need no exactness (the target's verify decides what is emitted), so the draft
+    runs the `fast` forward: batched torch ops, a third of the exact path's dispatches.
+    The draft state holds a prefix of the context. `propose` feeds what it has not seen
+    (the last accepted draft, or everything decoded while speculation was off) together
+    with the last token in its first forward, then runs single-token steps, remembering
+    the state after each; GDN state tensors are replaced, never written in place, so a
+    snapshot is a few references and rejecting drafts is restoring one.
     """
 
     name = "model"
@@ -94,17 +96,15 @@ class ModelDrafter:
         behind = context[state.length : -1]
         if len(behind) > CATCH_UP_BATCHED:  # e.g. after a long stretch with speculation off
             self.model.forward(self._tensor(behind), state, "prefill")
-        elif behind:  # one or two tokens: the chunked prefill would pad to a whole chunk
-            self.model.forward(self._tensor(behind), state, "fast")
-            state.commit(len(behind))
+            behind = []
         self._snapshots, proposal = [], []
-        token = context[-1]
+        rows = [*behind, context[-1]]  # a short catch-up rides along with the first step
         for _ in range(k):
-            lp = self.model.forward(self._tensor([token]), state, "exact")
-            state.commit(1)
-            token = int(lp[0].argmax())
+            lp = self.model.forward(self._tensor(rows), state, "fast")
+            state.commit(len(rows))
+            rows = [int(lp[-1].argmax())]
             self._snapshots.append(self._snapshot())
-            proposal.append(token)
+            proposal += rows
         return proposal
 
     def accept(self, context: list[int], accepted: int) -> None:
