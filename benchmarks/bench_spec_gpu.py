@@ -7,7 +7,7 @@ mode, all through `specdash.engine.Engine` (the code `specdash run` uses). In on
 2. plain greedy decode (the shadow's path) at each `--contexts` length: t/s and the weight
    bytes / step time, next to NVML GPM DRAM bandwidth sampled during the decode;
 3. exact mode (Triton tile) vs fast mode (cuBLAS batched) plain-decode t/s, both graphed,
-   interleaved repeats; and one eager exact decode step's device time by kernel;
+   interleaved repeats; and the device time by kernel of one eager decode and verify step;
 4. a verify step of k+1 rows vs a decode step (graph replay, median of repeats);
 5. speculative decoding at k with an oracle drafter (replays the plain run's tokens: 100%
    acceptance; exact and fast verify) and a random drafter (~0%): t/s and exact prompts
@@ -135,19 +135,21 @@ def plain_decode(
     return seq.ids, steps / elapsed
 
 
-def profile_decode(model: Model, prompt: list[int]) -> dict:
-    """Device time of one eager exact decode step by kernel (the graph replays these)."""
+def profile_step(model: Model, prompt: list[int], rows: int) -> dict:
+    """Device time of one eager exact step of `rows` rows by kernel (the graphs replay these):
+    rows=1 is decode, rows=k+1 a verify step, so the two tables show where verify's extra
+    time goes."""
     from torch.profiler import ProfilerActivity, profile
 
-    state = SeqState.empty(model.cfg, len(prompt) + 8, model.dtype, model.device)
+    state = SeqState.empty(model.cfg, len(prompt) + rows + 8, model.dtype, model.device)
     model.forward(torch.tensor(prompt, device=model.device), state, "prefill")
-    token = torch.tensor(prompt[-1:], device=model.device)
+    tokens = torch.tensor(prompt[-rows:], device=model.device)
     for _ in range(3):
-        model.forward_eager(token, state, "exact")
+        model.forward_eager(tokens, state, "exact")
         state.pending = {}
     torch.cuda.synchronize()
     with profile(activities=[ProfilerActivity.CUDA]) as prof:
-        model.forward_eager(token, state, "exact")
+        model.forward_eager(tokens, state, "exact")
         torch.cuda.synchronize()
     state.pending = {}
     kernels: dict[str, list[float]] = {}
@@ -157,6 +159,7 @@ def profile_decode(model: Model, prompt: list[int]) -> dict:
     total = sum(sum(t) for t in kernels.values())
     top = sorted(kernels.items(), key=lambda kv: -sum(kv[1]))[:15]
     return {
+        "rows": rows,
         "kernels": sum(len(t) for t in kernels.values()),
         "kernel_ms": total / 1e3,
         "top": [{"name": n, "count": len(t), "ms": sum(t) / 1e3} for n, t in top],
@@ -252,8 +255,10 @@ def main() -> int:
         "ratio": med["exact/triton"] / med["fast/cublas"],
     }
     print(out["exact_over_fast_decode"], flush=True)
-    out["decode_profile"] = profile_decode(model, rand_prompt(2048))
-    print(out["decode_profile"], flush=True)
+    profile_prompt = rand_prompt(2048)
+    out["step_profiles"] = [profile_step(model, profile_prompt, r) for r in (1, args.k + 1)]
+    for p in out["step_profiles"]:
+        print(p, flush=True)
 
     # verify (k+1 rows) vs decode (1 row), graph replays from the same position
     state = SeqState.empty(cfg, 4096, model.dtype, dev)
