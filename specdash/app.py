@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import argparse
 import contextlib
+import shutil
 import time
 from collections.abc import Iterable
 from pathlib import Path
@@ -25,6 +26,7 @@ from textual.widgets import DataTable, Footer, Input, Static
 from specdash.controls import Controls
 from specdash.dashboard_model import DashboardModel
 from specdash.errors import EnvironmentProblem
+from specdash.event_log import EventLog
 from specdash.events import ControlChange, EngineError, Event, SessionStart, Summary
 from specdash.settings import MAX_K, SessionSettings
 from specdash.sources import EventBuffer, EventSource, LiveSession
@@ -81,10 +83,13 @@ class SpecdashApp(App[int]):
         self.trace_dir = trace_dir or Path.cwd()
         self.buffer = EventBuffer()
         self.model = DashboardModel()
-        self.log_events: list[Event] = []
-        """Every event so far, so a trace started mid-session still holds the whole session."""
+        self.event_log = EventLog()
+        """What a trace started mid-session is built from (bounded; says what it dropped)."""
         self.trace_writer: TraceWriter | None = None
         self._trace_has_header = False
+        self._trace_complete = False
+        self._finished_trace: Path | None = None
+        """A closed trace that holds the whole session: a later export copies it."""
         self._ui_hz, self._plot_hz = ui_hz, plot_hz
         self._shown_revision = -1
         self._plotted_revision = -1
@@ -148,7 +153,7 @@ class SpecdashApp(App[int]):
         drained = self.buffer.drain()
         for event in drained:
             self.model.consume(event)
-            self.log_events.append(event)
+            self.event_log.append(event)
             self._record(event)
         if self.model.revision == self._shown_revision:
             return
@@ -262,10 +267,19 @@ class SpecdashApp(App[int]):
             event.stop()
 
     def action_export_trace(self) -> None:
+        """Record the session to a new trace: the events seen so far, then every new one.
+
+        While a trace is recording, that file is the export. Once a complete recording has
+        closed (the session ended), the export is a copy of it. Otherwise the backlog comes
+        from the bounded `EventLog`, whose header says what it no longer held.
+        """
         if self.trace_writer is not None:
             self.notify(f"already recording to {self.trace_writer.path}")
             return
         path = self.trace_dir / time.strftime("specdash-%Y%m%d-%H%M%S.jsonl")
+        if self._finished_trace is not None:
+            self._copy_finished_trace(path)
+            return
         try:
             writer = TraceWriter(path)
         except EnvironmentProblem as e:
@@ -277,7 +291,19 @@ class SpecdashApp(App[int]):
                 name="trace", old="off", new=str(path), applied_step=self.model.verify_steps
             )
         )
-        self.notify(f"trace: {path} (recording continues)")
+        if gap := self.event_log.gap_note():
+            self.notify(f"trace: {path} (recording continues); {gap}", severity="warning")
+        else:
+            self.notify(f"trace: {path} (recording continues)")
+
+    def _copy_finished_trace(self, path: Path) -> None:
+        source = self._finished_trace
+        try:
+            shutil.copyfile(source, path)  # type: ignore[arg-type]
+        except OSError as e:
+            self.notify(f"cannot export trace: {e.strerror or e}", severity="error")
+            return
+        self.notify(f"trace: {path} (a copy of the complete recording {source})")
 
     def _record(self, event: Event) -> None:
         """Append to the trace if one is recording; it closes when the session ends."""
@@ -297,29 +323,34 @@ class SpecdashApp(App[int]):
             self._close_trace("the session finished")
 
     def _attach_trace(self, writer: TraceWriter) -> None:
-        """Record from now on; everything seen so far is written once the header is known."""
+        """Record from now on; everything held so far is written once the header is known."""
         self.trace_writer = writer
         self._recording_note = f"recording {writer.path}"
         self._trace_has_header = False
-        if any(isinstance(e, SessionStart) for e in self.log_events):
+        if self.event_log.header is not None:
             self._write_backlog()
 
     def _write_backlog(self) -> None:
         writer = self.trace_writer
-        header = next(e for e in self.log_events if isinstance(e, SessionStart))
-        writer(header)
-        for event in self.log_events:
-            if event is not header:
-                writer(event)
+        assert writer is not None
+        for event in self.event_log.export():
+            writer(event)
         self._trace_has_header = True
+        self._trace_complete = self.event_log.complete
+        if not self._trace_complete:
+            self._recording_note += f" (incomplete: {self.event_log.gap_note()})"
 
     def _close_trace(self, why: str) -> None:
-        if self.trace_writer is None:
+        writer = self.trace_writer
+        if writer is None:
             return
-        self.trace_writer.close()
+        writer.close()
+        complete = self._trace_complete and writer.stopped_reason is None
+        if complete and self._trace_has_header:
+            self._finished_trace = writer.path
         self._recording_note = (
-            f"trace closed after {why}: {self.trace_writer.path} "
-            f"({self.trace_writer.lines_written} lines, readable)"
+            f"trace closed after {why}: {writer.path} "
+            f"({writer.lines_written} lines, {'complete' if complete else 'incomplete'}, readable)"
         )
         self.trace_writer = None
 
@@ -350,11 +381,19 @@ class SpecdashApp(App[int]):
                 )
 
 
+def dashboard_app(args: argparse.Namespace) -> SpecdashApp:
+    """The dashboard `specdash [flags]` asks for, not yet running: bad flags, bad SGLang
+    options and an unwritable `--trace` fail here, before the UI takes the terminal."""
+    from specdash.sglang_engine import session_options
+
+    settings = SessionSettings.from_args(args)
+    source = LiveSession(settings, sglang_options=session_options(settings, args))
+    if settings.trace is None:
+        return SpecdashApp(source)
+    writer = TraceWriter(settings.trace)
+    return SpecdashApp(source, settings.trace.parent, writer)
+
+
 def run_dashboard(args: argparse.Namespace) -> int:
     """`specdash [flags]` / `specdash run [flags]`: the dashboard over a live session."""
-    settings = SessionSettings.from_args(args)
-    if settings.trace is None:
-        return SpecdashApp(LiveSession(settings)).run() or 0
-    writer = TraceWriter(settings.trace)  # an unwritable path fails here, before the UI
-    app = SpecdashApp(LiveSession(settings), settings.trace.parent, writer)
-    return app.run() or 0
+    return dashboard_app(args).run() or 0

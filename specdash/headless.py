@@ -83,10 +83,6 @@ def _run(
     settings: SessionSettings, sink: Callable[[Event], None], args: argparse.Namespace
 ) -> Summary:
     from specdash.session import run_engine
+    from specdash.sglang_engine import session_options
 
-    options = None
-    if settings.engine == "sglang":
-        from specdash.sglang_engine import options_from_args
-
-        options = options_from_args(args)
-    return run_engine(settings, sink, sglang_options=options)
+    return run_engine(settings, sink, sglang_options=session_options(settings, args))

@@ -15,6 +15,7 @@ from textual.widgets import Static
 
 from specdash.app import SpecdashApp
 from specdash.dashboard_model import DashboardModel
+from specdash.event_log import EventLog
 from specdash.events import Event
 from specdash.replay import TraceReplay
 
@@ -72,10 +73,10 @@ class ReplayApp(SpecdashApp):
         """Rebuild every panel from the session's start up to the new position."""
         self.buffer.drain()  # already inside `history`
         self.model = DashboardModel(revision=self.model.revision + 1)
-        self.log_events = []
+        self.event_log = EventLog()
         for event in history:
             self.model.consume(event)
-            self.log_events.append(event)
+            self.event_log.append(event)
         self.refresh_numbers()
         self.refresh_plots()
         self._show_position()

@@ -18,16 +18,22 @@ short locked append that the dashboard drains on a timer.
 
 from __future__ import annotations
 
+import ctypes
+import signal
 import threading
 from collections import deque
 from collections.abc import Callable
-from typing import Protocol
+from types import FrameType
+from typing import TYPE_CHECKING, Protocol
 
 from specdash.controls import Controls
 from specdash.errors import SpecdashError
 from specdash.events import EngineError, Event
 from specdash.settings import SessionSettings
 from specdash.telemetry import GpuSampler, device_index
+
+if TYPE_CHECKING:
+    from specdash.sglang_engine import SGLangOptions
 
 Sink = Callable[[Event], None]
 
@@ -70,20 +76,39 @@ class LiveSession:
 
     An engine exception becomes an `EngineError` event (the dashboard shows it; the session
     is over) instead of a traceback on a thread nobody watches.
+
+    `--engine sglang` runs with the options headless gets (`sglang_options`) and the same
+    scheduler-failure handling. Headless, `sglang.Engine` installs
+    `sglang_engine.scheduler_failed` for SIGQUIT (a dying scheduler sends it to its parent),
+    which raises `SchedulerFailed` in the session's thread. SGLang only installs it from the
+    main thread, and here the engine runs on a worker; unhandled, SIGQUIT would kill the
+    dashboard with a core dump and leave the terminal in raw mode. So `start` (called on the
+    main thread) installs it, and the `SchedulerFailed` it raises is passed on to the engine
+    thread, which unwinds (shutting the engines down) and reports it like any engine error.
     """
 
-    def __init__(self, settings: SessionSettings, telemetry: bool = True) -> None:
+    def __init__(
+        self,
+        settings: SessionSettings,
+        telemetry: bool = True,
+        sglang_options: SGLangOptions | None = None,
+    ) -> None:
         self.settings = settings
+        self.sglang_options = sglang_options
         self.controls: Controls | None = Controls.from_settings(settings)
         self._telemetry = telemetry
         self._stop = threading.Event()
         self._engine: threading.Thread | None = None
         self._sampler: GpuSampler | None = None
+        self._scheduler_failure: Exception | None = None
+        self._previous_sigquit: object = None
 
     def start(self, sink: Sink) -> None:
         self._engine = threading.Thread(
             target=self._run_engine, args=(sink,), name="specdash-engine", daemon=True
         )
+        if self.settings.engine == "sglang":
+            self._previous_sigquit = signal.signal(signal.SIGQUIT, self._on_sigquit)
         self._engine.start()
         if self._telemetry:
             self._sampler = GpuSampler(sink, index=device_index(self.settings.device) or 0)
@@ -93,11 +118,23 @@ class LiveSession:
         from specdash.session import run_engine
 
         try:
-            run_engine(self.settings, sink, self.controls, self._stop)
+            run_engine(self.settings, sink, self.controls, self._stop, self.sglang_options)
         except SpecdashError as e:
             sink(EngineError(message=str(e)))
         except Exception as e:  # the dashboard is this thread's only reporter
+            e = self._scheduler_failure or e  # the relayed exception carries no message
             sink(EngineError(message=f"{type(e).__name__}: {e}"))
+
+    def _on_sigquit(self, signum: int, frame: FrameType | None) -> None:
+        """SIGQUIT on the main thread: SGLang's handler, its exception raised in the engine."""
+        from specdash.sglang_engine import SchedulerFailed, scheduler_failed
+
+        try:
+            scheduler_failed(signum, frame)
+        except SchedulerFailed as e:
+            self._scheduler_failure = e
+            if self.running:
+                raise_in_thread(self._engine, SchedulerFailed)  # type: ignore[arg-type]
 
     @property
     def running(self) -> bool:
@@ -105,7 +142,19 @@ class LiveSession:
 
     def stop(self) -> None:
         self._stop.set()
+        if self._previous_sigquit is not None:
+            signal.signal(signal.SIGQUIT, self._previous_sigquit)  # type: ignore[arg-type]
+            self._previous_sigquit = None
         if self._sampler is not None:
             self._sampler.stop()
         if self._engine is not None and self._engine is not threading.current_thread():
             self._engine.join(timeout=5)
+
+
+def raise_in_thread(thread: threading.Thread, exc_type: type[BaseException]) -> None:
+    """Raise `exc_type` in `thread` at its next Python instruction (CPython's async exception:
+    a thread blocked in C sees it once the call returns; SGLang's request wait wakes every
+    few seconds)."""
+    ctypes.pythonapi.PyThreadState_SetAsyncExc(
+        ctypes.c_ulong(thread.ident), ctypes.py_object(exc_type)
+    )

@@ -277,7 +277,7 @@ def fake_engine(monkeypatch):
 
 
 def test_live_session_reports_an_engine_exception(fake_engine):
-    def run_session(settings, sink, controls, stop):
+    def run_session(settings, sink, controls, stop, sglang_options):
         raise RuntimeError("weights on fire")
 
     fake_engine.run_engine = run_session
@@ -292,7 +292,7 @@ def test_live_session_reports_an_engine_exception(fake_engine):
 def test_live_session_stop_ends_the_engine(fake_engine):
     running = threading.Event()
 
-    def run_session(settings, sink, controls, stop):
+    def run_session(settings, sink, controls, stop, sglang_options):
         running.set()
         stop.wait(10)
 
@@ -352,6 +352,7 @@ async def test_unwritable_export_directory_is_a_notification(tmp_path):
     [
         (["-k", "99"], 2, "k: Input should be less than or equal to 16"),
         (["run", "--trace", "/nonexistent/dir/t.jsonl"], 4, "cannot write trace"),
+        (["--engine", "sglang", "--sglang-arg", "no_value"], 2, "expected KEY=VALUE"),
     ],
 )
 def test_dashboard_entry_rejects_bad_input_before_the_ui(capsys, argv, code, message):
@@ -360,3 +361,57 @@ def test_dashboard_entry_rejects_bad_input_before_the_ui(capsys, argv, code, mes
     assert main(argv) == code
     err = capsys.readouterr().err
     assert err.startswith("specdash: error: ") and message in err and err.count("\n") == 1
+
+
+SGLANG_FLAGS = [
+    "--engine",
+    "sglang",
+    "--model",
+    "/models/m",
+    "--speculative-algorithm",
+    "EAGLE3",
+    "--sglang-arg",
+    "mem_fraction_static=0.3",
+    "--sglang-shadow",
+    "sequential",
+    "--force-patches",
+]
+
+
+@pytest.mark.parametrize("prefix", [[], ["run"]], ids=["specdash", "specdash run"])
+def test_dashboard_gets_the_sglang_options_headless_gets(fake_engine, prefix):
+    """Same flags, same `session_options`, same `run_engine` call as `run --headless`."""
+    from specdash.app import dashboard_app
+    from specdash.cli import build_parser
+    from specdash.sglang_engine import SGLangOptions, session_options
+
+    args = build_parser().parse_args([*prefix, *SGLANG_FLAGS])
+    expected = SGLangOptions("EAGLE3", {"mem_fraction_static": 0.3}, "sequential", True)
+    headless_args = build_parser().parse_args(["run", "--headless", *SGLANG_FLAGS])
+    assert session_options(SessionSettings.from_args(headless_args), headless_args) == expected
+    source = dashboard_app(args).source
+    assert source.sglang_options == expected
+    received = []
+    fake_engine.run_engine = lambda settings, sink, controls, stop, options: received.append(
+        (settings.engine, options)
+    )
+    source._telemetry = False
+    source.start(lambda event: None)
+    source.stop()
+    assert received == [("sglang", expected)]
+
+
+def test_native_engine_gets_no_sglang_options_and_keeps_sigquit(fake_engine):
+    import signal
+
+    from specdash.app import dashboard_app
+    from specdash.cli import build_parser
+
+    source = dashboard_app(build_parser().parse_args(["--speculative-algorithm", "EAGLE3"])).source
+    assert source.sglang_options is None
+    fake_engine.run_engine = lambda *args: None
+    before = signal.getsignal(signal.SIGQUIT)
+    source._telemetry = False
+    source.start(lambda event: None)
+    assert signal.getsignal(signal.SIGQUIT) is before
+    source.stop()
