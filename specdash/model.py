@@ -272,7 +272,7 @@ class Model:
         observe: Observer | None = None,
         all_logits: bool = False,
     ) -> Tensor:
-        t_len, start = tokens.shape[0], state.length
+        t_len = tokens.shape[0]
         exact = mode == "exact"
         rows = self.triton_rows and mode != "prefill"
         """Decode/verify rows through specdash.kernels' fused row kernels (graph-safe)."""
@@ -289,16 +289,15 @@ class Model:
             else:
                 a = self._gdn(i, lw.mixer, h, state, mode, obs)
             x, h = self._residual_norm(x, a, lw.post_norm, rows, exact, obs, i, "mixer_residual")
-            gu = obs(i, "gate_up_proj", self._linear(h, lw.gate_up, mode, start))
-            m = obs(i, "down_proj", self._linear(self._swiglu(gu, rows), lw.down, mode, start))
+            gu = obs(i, "gate_up_proj", self._linear(h, lw.gate_up, mode))
+            m = obs(i, "down_proj", self._linear(self._swiglu(gu, rows), lw.down, mode))
             x, h = self._residual_norm(x, m, norms[i], rows, exact, obs, i, "output")
         if mode == "prefill":
             state.advance(t_len)
             if not all_logits:
                 h = h[-1:]
-        logits = obs(head, "lm_head", self._linear(h, self.lm_head, mode, start))
-        slots_from = start if self.gemm.row_slots else None  # CPU: log_softmax in row slots
-        return obs(head, "log_softmax", ops.log_softmax(logits, exact, slots_from))
+        logits = obs(head, "lm_head", self._linear(h, self.lm_head, mode))
+        return obs(head, "log_softmax", ops.log_softmax(logits, exact))
 
     def _residual_norm(
         self,
@@ -337,13 +336,12 @@ class Model:
         gate, up = gate_up.chunk(2, dim=-1)
         return ops.silu(gate) * up
 
-    def _linear(self, x: Tensor, w: Tensor, mode: Mode, start: int | None = None) -> Tensor:
+    def _linear(self, x: Tensor, w: Tensor, mode: Mode) -> Tensor:
         """Prefill is shared by both runs, so it takes the plain batched GEMM (cuBLAS on GPU);
-        decode and verify take the session's backend: exact rows batch-invariant, in row
-        slots picked by `start` (the first row's position; the CPU backend), or one by one."""
+        decode and verify take the session's backend, row by row unless batch-invariant."""
         if mode == "prefill":
             return torch.nn.functional.linear(x, w)
-        return self.gemm(x, w, mode == "exact", start)
+        return self.gemm(x, w, mode == "exact")
 
     def _norm(self, x: Tensor, w: Tensor, exact: bool, rows: bool) -> Tensor:
         if rows:
@@ -366,7 +364,7 @@ class Model:
     ) -> Tensor:
         cfg, t_len, exact = self.cfg, h.shape[0], mode == "exact"
         d, hq, hkv = cfg.head_dim, cfg.num_attention_heads, cfg.num_key_value_heads
-        qkv = obs(i, "qkv_proj", self._linear(h, w.qkv, mode, state.length))
+        qkv = obs(i, "qkv_proj", self._linear(h, w.qkv, mode))
         cache, scale = state.kv[i], d**-0.5
         gated = cfg.gated_attention
         q_width = hq * d * (2 if gated else 1)
@@ -389,7 +387,7 @@ class Model:
             if gated:
                 gate = qkv[:, :q_width].view(t_len, hq, 2 * d)[..., d:]
                 o = sigmoid_gate_rows(o.view(t_len, hq, d), gate).view(t_len, hq * d)
-            return obs(i, "o_proj", self._linear(o, w.o, mode, state.length))
+            return obs(i, "o_proj", self._linear(o, w.o, mode))
         q, k, v = qkv.split([q_width, hkv * d, hkv * d], dim=-1)
         gate = None
         if gated:
@@ -414,7 +412,7 @@ class Model:
         o = obs(i, "attention", o.reshape(t_len, hq * d))
         if gate is not None:
             o = o * ops.sigmoid(gate)
-        return obs(i, "o_proj", self._linear(o, w.o, mode, state.length))
+        return obs(i, "o_proj", self._linear(o, w.o, mode))
 
     def _gdn(
         self, i: int, w: GdnWeights, h: Tensor, state: SeqState, mode: Mode, obs: Observer
@@ -423,7 +421,7 @@ class Model:
         nk, nv = cfg.linear_num_key_heads, cfg.linear_num_value_heads
         dk, dv = cfg.linear_key_head_dim, cfg.linear_value_head_dim
         rows = self.triton_rows and mode != "prefill"
-        proj = obs(i, "in_proj", self._linear(h, w.proj, mode, state.length))
+        proj = obs(i, "in_proj", self._linear(h, w.proj, mode))
         qkv, z, b, a = proj.split([cfg.gdn_conv_dim, cfg.gdn_value_dim, nv, nv], dim=-1)
         st = state.gdn[i]
         if rows:
@@ -473,7 +471,7 @@ class Model:
             o = obs(i, "recurrent", o).to(h.dtype)
             o = ops.gated_rms_norm(o, z, w.norm, cfg.rms_norm_eps, exact)
         o = obs(i, "gated_norm", o.reshape(t_len, nv * dv))
-        return obs(i, "out_proj", self._linear(o, w.out, mode, state.length))
+        return obs(i, "out_proj", self._linear(o, w.out, mode))
 
 
 def _triton_rows_supported(cfg: ModelConfig) -> bool:

@@ -6,17 +6,6 @@ Two rules make a verify row bit-identical to the decode row at the same position
   shapes decode uses, unless the GEMM backend is batch-invariant by construction (the
   Triton tile on GPU). Same op, same shape, same input bits: same output bits. Norms
   reduce with `fixed_order_sum`, a pairwise tree of elementwise adds, so they batch.
-* **Row slots** (CPU GEMM and log_softmax, `slotted_rows`): every exact call, decode's
-  included, has the same fixed shape `[ROW_SLOTS, K]`, and the row of position p sits in
-  slot `p % ROW_SLOTS`. A verify row and the decode row of the same position then go
-  through one call shape, one slot, the same input bits; only the other slots differ.
-  MKL's sgemm and torch's last-dim log_softmax compute output row i from input row i
-  alone, with a blocking and reduction order chosen from the call's shape (and thread
-  count) only, never from the values in other rows -- so slot i's bits cannot depend on
-  them. This is the same argument as a batch-invariant Triton tile, and unlike "M rows
-  vs one row" it needs no luck: MKL's M=1 call (a gemv) does differ from a row of an
-  M=8 call in the last bits, and a broadcast bmm at width 5120 did differ from its
-  one-row launch. `tests/test_cpu_rows.py` checks slot invariance bit for bit.
 * **Elementwise ops** run batched. They are exact per element only if every element takes
   the same code path, so sigmoid / SiLU / softplus are composed from `exp` and `log1p`
   here: torch's own CPU kernels for those switch between a vector and a scalar formula
@@ -39,57 +28,34 @@ Gemm = Callable[[Tensor, Tensor], Tensor]
 # ---------------------------------------------------------------- GEMM backends
 
 
-ROW_SLOTS = 8
-"""Rows of every exact CPU GEMM / log_softmax call: a k <= 7 verify is one call per op.
-
-Measured on the tiny pair (2-core EPYC, 1 thread): an 8-row sgemm costs 1.5-3x a one-row
-call, which decode now pays, while a 5-row exact verify makes one call instead of five.
-"""
+ROW_ALIGN = 64
+"""Bytes every exact one-row GEMM input is aligned to (torch's own allocation alignment)."""
 
 
-def slotted_rows(fn: Callable[[Tensor], Tensor], x: Tensor, start: int) -> Tensor:
-    """`fn` (row-wise, [S, K] -> [S, N]) on x's rows, row r in slot (start + r) % S.
+def _aligned(row: Tensor) -> Tensor:
+    """`row`, or a copy of it when its address is not ROW_ALIGN-aligned.
 
-    Each call has the shape [ROW_SLOTS, K] whatever the row count; more rows than slots
-    take several calls. Unused slots hold zeros (finite, so no slow denormal or NaN paths).
+    BLAS kernels pick their code path from pointer alignment too: measured with MKL, a
+    row of K=33 fp32 starting 1-3 floats off a 16-byte boundary gives different bits
+    than the same row at an aligned address. Verify rows are views into a [T, K] tensor,
+    at offsets i*K*4, so without this an odd K would break verify == decode.
     """
-    t, slots = x.shape[0], ROW_SLOTS
-    if t > slots:
-        return torch.cat(
-            [slotted_rows(fn, x[c : c + slots], start + c) for c in range(0, t, slots)]
-        )
-    s = start % slots
-    head = min(t, slots - s)  # rows before the wrap back to slot 0
-    buf = x.new_zeros(slots, *x.shape[1:])
-    buf[s : s + head] = x[:head]
-    if head < t:
-        buf[: t - head] = x[head:]
-    y = fn(buf)
-    if head == t:
-        return y[s : s + t]
-    return torch.cat((y[s:], y[: t - head]))
+    return row if row.data_ptr() % ROW_ALIGN == 0 else row.clone()
 
 
 class GemmBackend:
-    """A named `x[M,K] @ w[N,K].T`.
+    """A named `x[M,K] @ w[N,K].T`. `batch_invariant` means row results do not depend on M;
+    otherwise exact rows run one by one, each from an aligned address (`_aligned`)."""
 
-    `batch_invariant`: row results do not depend on M (the Triton tile). `row_slots`: exact
-    rows go through `slotted_rows` (CPU BLAS). Otherwise exact rows run one by one.
-    """
+    def __init__(self, name: str, fn: Gemm, batch_invariant: bool) -> None:
+        self.name, self.fn, self.batch_invariant = name, fn, batch_invariant
 
-    def __init__(self, name: str, fn: Gemm, batch_invariant: bool, row_slots: bool = False):
-        self.name, self.fn = name, fn
-        self.batch_invariant, self.row_slots = batch_invariant, row_slots
-
-    def __call__(self, x: Tensor, w: Tensor, exact: bool, start: int | None = None) -> Tensor:
-        """`start`: position of x's first row, which picks the row slots (required then)."""
-        if exact and self.row_slots:
-            if start is None:
-                raise ValueError(f"GEMM backend {self.name!r} needs the rows' position")
-            return slotted_rows(lambda b: self.fn(b, w), x, start)
-        if exact and not self.batch_invariant and x.shape[0] > 1:
-            return torch.cat([self.fn(x[i : i + 1], w) for i in range(x.shape[0])])
-        return self.fn(x, w)
+    def __call__(self, x: Tensor, w: Tensor, exact: bool) -> Tensor:
+        if not exact or self.batch_invariant:
+            return self.fn(x, w)
+        if x.shape[0] == 1:
+            return self.fn(_aligned(x), w)
+        return torch.cat([self.fn(_aligned(x[i : i + 1]), w) for i in range(x.shape[0])])
 
 
 def _torch_linear(x: Tensor, w: Tensor) -> Tensor:
@@ -100,7 +66,7 @@ def gemm_backends(device: torch.device) -> dict[str, GemmBackend | str]:
     """Backends for `device`: name -> backend, or name -> why it is unavailable."""
     out: dict[str, GemmBackend | str] = {}
     if device.type == "cpu":
-        out["torch"] = GemmBackend("torch", _torch_linear, batch_invariant=False, row_slots=True)
+        out["torch"] = GemmBackend("torch", _torch_linear, batch_invariant=False)
         return out
     out["cublas"] = GemmBackend("cublas", _torch_linear, batch_invariant=False)
     try:
@@ -193,19 +159,27 @@ def per_row(fn: Callable[[Tensor], Tensor], x: Tensor, exact: bool) -> Tensor:
 
 
 def fixed_order_sum(x: Tensor) -> Tensor:
-    """Sum over the last dim (keepdim) by pairwise halving with elementwise adds.
+    """Sum of non-negative fp32 values over the last dim (keepdim) by pairwise halving.
 
-    Every row gets the same sequence of IEEE additions whatever the leading dims hold, so
-    rows can be batched and still match decode bit for bit; torch's own reductions choose
-    their vectorisation and threading from the whole tensor's shape.
+    Level by level, element i of the first half is added to element i of the second
+    (`x[..., :w] + x[..., w:]`), zero-padded to a power of two. Every row gets the same
+    sequence of IEEE additions whatever the leading dims hold, so rows can be batched and
+    still match decode bit for bit; torch's own reductions choose their vectorisation and
+    threading from the whole tensor's shape. A level is one `sum` over a size-2 dim of a
+    binary reshape: a sum of two values is fl(a + b) in any order, and the 0 it starts
+    from changes nothing for values >= +0 (the squares this is used on) -- 2 dispatches
+    per level fewer than slicing.
     """
     width = 1 << max(x.shape[-1] - 1, 0).bit_length()
     if width != x.shape[-1]:
         x = F.pad(x, (0, width - x.shape[-1]))
-    while width > 1:
-        width //= 2
-        x = x[..., :width] + x[..., width:]
-    return x
+    levels = width.bit_length() - 1
+    if levels == 0:
+        return x
+    x = x.reshape(*x.shape[:-1], *[2] * levels)
+    for level in range(levels, 0, -1):
+        x = x.sum(-level)
+    return x[..., None]
 
 
 def _inv_rms(xf: Tensor, eps: float, exact: bool) -> Tensor:
@@ -238,11 +212,7 @@ def l2norm(x: Tensor, exact: bool) -> Tensor:
     return xf / torch.sqrt(sq + 1e-6)
 
 
-def log_softmax(logits: Tensor, exact: bool, start: int | None = None) -> Tensor:
-    """fp32 log_softmax; exact rows in row slots when `start` (the first row's position) is
-    given (CPU), else one call per row."""
-    if exact and start is not None:
-        return slotted_rows(lambda b: torch.log_softmax(b.float(), dim=-1), logits, start)
+def log_softmax(logits: Tensor, exact: bool) -> Tensor:
     return per_row(lambda r: torch.log_softmax(r.float(), dim=-1), logits, exact)
 
 

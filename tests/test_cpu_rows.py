@@ -1,12 +1,10 @@
-"""CPU exact rows: a verify row equals the decode row at its position, bit for bit.
+"""CPU exact rows: each verify row equals the decode row at its position, bit for bit.
 
-The CPU GEMM and log_softmax run every exact call in `ops.ROW_SLOTS` row slots (row of
-position p in slot p % ROW_SLOTS). These tests check the claim that makes that exact
-(slot i's output depends only on slot i's input, for a fixed call shape) directly on
-MKL, with random contents in the other slots, and then end to end through the backend:
-`backend(x[r:r+1], start=p)` (decode) against row r of a multi-row call (verify) for
-wrapping, chunked and unaligned row ranges, on the tiny pair's shapes and on 5120-wide
-ones. Every comparison is `torch.equal`.
+The CPU exact path batches only what is elementwise (`fixed_order_sum` included) and runs
+GEMM, attention and the GDN recurrence once per row / token with decode's shapes. These
+tests check each of those pieces directly with `torch.equal` (the whole-model check is
+tests/test_engine_exact.py), including the cheaper implementations that replaced the
+original ones: they must give the original's bits.
 """
 
 from __future__ import annotations
@@ -17,98 +15,82 @@ import torch.nn.functional as F
 
 from specdash import ops
 
-SLOTS = ops.ROW_SLOTS
-# (N, K): the shipped tiny pair's projections (qkv 384, GDN in_proj 392, o/out 128,
-# gate_up 768, down 128x384, lm_head 2048) and 27B-like widths
-TINY_SHAPES = [(384, 128), (392, 128), (128, 128), (768, 128), (128, 384), (2048, 128)]
-WIDE_SHAPES = [(5120, 5120), (256, 5120), (5120, 4352), (7, 5120), (3, 33)]
+
+def _pairwise_by_slicing(x: torch.Tensor) -> torch.Tensor:
+    """The reference tree: halve with `x[..., :w] + x[..., w:]` until one column is left."""
+    width = 1 << max(x.shape[-1] - 1, 0).bit_length()
+    x = F.pad(x, (0, width - x.shape[-1]))
+    while width > 1:
+        width //= 2
+        x = x[..., :width] + x[..., width:]
+    return x
 
 
-@pytest.fixture(params=[1, 2], ids=["1thread", "2threads"])
-def threads(request: pytest.FixtureRequest):  # noqa: ANN201
-    before = torch.get_num_threads()
-    torch.set_num_threads(request.param)
-    yield request.param
-    torch.set_num_threads(before)
+SPECIAL = torch.tensor([0.0, 1e-45, 1e-38, 2.0**-24, 1.0, 1e10, 3.4e38, float("inf")])
 
 
-def _rows_equal_alone(fn, x: torch.Tensor, start: int) -> list[int]:  # noqa: ANN001
-    """Rows of `slotted_rows(fn, x, start)` that differ from the same row run alone."""
-    together = ops.slotted_rows(fn, x, start)
-    return [
-        r
-        for r in range(x.shape[0])
-        if not torch.equal(together[r], ops.slotted_rows(fn, x[r : r + 1], start + r)[0])
-    ]
+@pytest.mark.parametrize("width", [1, 2, 3, 32, 100, 128, 256, 5120])
+def test_fixed_order_sum_is_the_pairwise_tree_for_every_row(width: int) -> None:
+    gen = torch.Generator().manual_seed(width)
+    for lead in [(), (1,), (5,), (5, 4)]:
+        for scale in (1e-12, 1.0, 1e12):
+            x = torch.randn(*lead, width, generator=gen) ** 2 * scale
+            pick = torch.rand(x.shape, generator=gen) < 0.2
+            x = torch.where(pick, SPECIAL[torch.randint(0, 8, x.shape, generator=gen)], x)
+            got = ops.fixed_order_sum(x)
+            assert torch.equal(got, _pairwise_by_slicing(x)), (lead, scale)
+            rows = x.reshape(-1, width)
+            for r in range(rows.shape[0]):  # a row alone (decode) gets the same bits
+                assert torch.equal(ops.fixed_order_sum(rows[r : r + 1]), got.reshape(-1, 1)[r : r + 1])
 
 
-@pytest.mark.parametrize("n,k", TINY_SHAPES + WIDE_SHAPES)
-def test_mkl_slot_output_ignores_other_slots(n: int, k: int, threads: int) -> None:
-    gen = torch.Generator().manual_seed(n * 7 + k)
-    w = torch.randn(n, k, generator=gen) * k**-0.5
-    for slot in range(SLOTS):
-        row = torch.randn(k, generator=gen)
-        outs = []
-        for scale in (1.0, 1e3, 0.0):
-            buf = torch.randn(SLOTS, k, generator=gen) * scale
-            buf[slot] = row
-            outs.append(F.linear(buf, w)[slot])
-        assert all(torch.equal(outs[0], o) for o in outs[1:]), f"slot {slot}"
+def test_fixed_order_sum_differs_from_a_plain_sum() -> None:
+    """The order is the point: torch's own sum of the same values gives other bits."""
+    x = torch.randn(64, 5120, generator=torch.Generator().manual_seed(0)) ** 2
+    assert not torch.equal(ops.fixed_order_sum(x), x.sum(-1, keepdim=True))
 
 
-@pytest.mark.parametrize("n,k", TINY_SHAPES + WIDE_SHAPES[:2])
-def test_verify_rows_equal_decode_rows_through_the_cpu_backend(n: int, k: int) -> None:
+@pytest.mark.parametrize("t", [1, 2, 5, 17])
+@pytest.mark.parametrize("hv,dk,dv", [(4, 32, 32), (48, 128, 128), (3, 5, 7)])
+def test_gdn_verify_steps_are_decode_steps(t: int, hv: int, dk: int, dv: int) -> None:
+    gen = torch.Generator().manual_seed(t * hv + dk)
+    q = F.normalize(torch.randn(t, hv, dk, generator=gen), dim=-1) * dk**-0.5
+    k = F.normalize(torch.randn(t, hv, dk, generator=gen), dim=-1)
+    v = torch.randn(t, hv, dv, generator=gen)
+    decay, beta = torch.rand(t, hv, generator=gen), torch.rand(t, hv, generator=gen)
+    state = torch.randn(hv, dk, dv, generator=gen)
+    o, steps = ops.gdn_recurrent_steps(q, k, v, decay, beta, state)
+    h = state
+    for i in range(t):
+        o1, s1 = ops.gdn_recurrent_steps(
+            q[i : i + 1], k[i : i + 1], v[i : i + 1], decay[i : i + 1], beta[i : i + 1], h
+        )
+        assert torch.equal(o[i], o1[0]) and torch.equal(steps[i], s1[0]), f"token {i}"
+        h = s1[0]
+
+
+@pytest.mark.parametrize("hq,hkv,d", [(4, 2, 32), (24, 4, 256), (3, 3, 8), (3, 1, 11)])
+def test_attention_verify_rows_are_decode_rows(hq: int, hkv: int, d: int) -> None:
+    gen = torch.Generator().manual_seed(hq * d)
+    cap = 300
+    k_cache, v_cache = torch.randn(2, hkv, cap, d, generator=gen).unbind(0)
+    for start, t in [(0, 5), (7, 17), (cap - 6, 5)]:
+        q = torch.randn(t, hq, d, generator=gen)
+        rows = ops.attention_decode_rows(q, k_cache, v_cache, start, d**-0.5)
+        for r in range(t):
+            alone = ops.attention_decode_rows(q[r : r + 1], k_cache, v_cache, start + r, d**-0.5)
+            assert torch.equal(rows[r : r + 1], alone), f"start {start}, row {r}"
+
+
+@pytest.mark.parametrize("n,k", [(2048, 128), (392, 128), (128, 384), (256, 5120), (7, 33)])
+def test_cpu_gemm_verify_rows_are_decode_rows(n: int, k: int) -> None:
+    """Including odd K, where a verify row starts at an unaligned address."""
     backend = ops.resolve_gemm_backend("auto", torch.device("cpu"))
-    assert backend.row_slots
     gen = torch.Generator().manual_seed(n + k)
     w = torch.randn(n, k, generator=gen) * k**-0.5
-    # (start, rows): aligned, unaligned, wrapping past slot 0, and more rows than slots
-    for start, t in [(0, 5), (3, 5), (6, 5), (7, 2), (13, 8), (5, 17), (41, 10)]:
-        x = torch.randn(t, k, generator=gen)
-        verify = backend(x, w, exact=True, start=start)
-        for r in range(t):
-            decode = backend(x[r : r + 1], w, exact=True, start=start + r)
-            assert torch.equal(verify[r : r + 1], decode), f"start {start}, row {r}"
-
-
-@pytest.mark.parametrize("v", [2048, 2047, 151936])
-def test_log_softmax_rows_equal_decode_rows(v: int, threads: int) -> None:
-    gen = torch.Generator().manual_seed(v)
-    for start, t in [(0, 5), (6, 5), (3, 17)]:
-        logits = torch.randn(t, v, generator=gen) * 4
-        together = ops.log_softmax(logits, exact=True, start=start)
-        for r in range(t):
-            alone = ops.log_softmax(logits[r : r + 1], exact=True, start=start + r)
-            assert torch.equal(together[r : r + 1], alone), f"start {start}, row {r}"
-
-
-def test_slot_check_catches_a_row_op_that_mixes_slots() -> None:
-    """The comparison above can fail: an op whose row reads another slot is caught."""
-    gen = torch.Generator().manual_seed(0)
-    x = torch.randn(5, 64, generator=gen)
-    w = torch.randn(32, 64, generator=gen)
-    assert _rows_equal_alone(lambda b: F.linear(b, w), x, 3) == []
-    leaky = lambda b: F.linear(b, w) + 1e-3 * b.sum()  # noqa: E731
-    assert _rows_equal_alone(leaky, x, 3) == [0, 1, 2, 3, 4]
-
-
-def test_slotted_rows_places_and_returns_rows_in_order() -> None:
-    """Slot placement: row r of a call from `start` lands in slot (start + r) % SLOTS."""
-    seen: list[torch.Tensor] = []
-
-    def record(buf: torch.Tensor) -> torch.Tensor:
-        seen.append(buf.clone())
-        return buf * 2
-
-    x = torch.arange(1, 11, dtype=torch.float32)[:, None]  # rows 1..10, more than SLOTS
-    out = ops.slotted_rows(record, x, start=6)
-    assert torch.equal(out, x * 2)
-    assert [b.shape[0] for b in seen] == [SLOTS, SLOTS]
-    assert seen[0][6:, 0].tolist() == [1, 2] and seen[0][:6, 0].tolist() == [3, 4, 5, 6, 7, 8]
-    assert seen[1][6:, 0].tolist() == [9, 10] and not seen[1][:6].any()
-
-
-def test_row_slot_backend_refuses_a_call_without_position() -> None:
-    backend = ops.resolve_gemm_backend("auto", torch.device("cpu"))
-    with pytest.raises(ValueError, match="position"):
-        backend(torch.ones(2, 4), torch.ones(3, 4), exact=True)
+    x = torch.randn(9, k, generator=gen)
+    verify = backend(x, w, exact=True)
+    for r in range(x.shape[0]):
+        decode = backend(x[r : r + 1].clone(), w, exact=True)  # a fresh, aligned row
+        assert torch.equal(verify[r : r + 1], decode), f"row {r}"
+        assert torch.equal(backend(x[r : r + 1], w, exact=True), decode), f"row {r} as a view"
