@@ -288,10 +288,12 @@ class Model:
                 a = self._attention(i, lw.mixer, h, state, pos, cos, sin, mode, obs)
             else:
                 a = self._gdn(i, lw.mixer, h, state, mode, obs)
-            x, h = self._residual_norm(x, a, lw.post_norm, rows, exact, obs, i, "mixer_residual")
+            at = ((i, "mixer_residual"), (i, "post_norm"))
+            x, h = self._residual_norm(x, a, lw.post_norm, rows, exact, obs, *at)
             gu = obs(i, "gate_up_proj", self._linear(h, lw.gate_up, mode))
             m = obs(i, "down_proj", self._linear(self._swiglu(gu, rows), lw.down, mode))
-            x, h = self._residual_norm(x, m, norms[i], rows, exact, obs, i, "output")
+            at = ((i, "output"), (i + 1, "input_norm") if i + 1 < head else (head, "final_norm"))
+            x, h = self._residual_norm(x, m, norms[i], rows, exact, obs, *at)
         if mode == "prefill":
             state.advance(t_len)
             if not all_logits:
@@ -307,26 +309,23 @@ class Model:
         rows: bool,
         exact: bool,
         obs: Observer,
-        i: int,
-        at: str,
+        sum_at: tuple[int, str],
+        norm_at: tuple[int, str],
     ) -> tuple[Tensor, Tensor]:
-        """x + a and the norm after it: one kernel on the GPU row path. Observed as `at` (the
-        sum) and the norm's own name; a sum an observer replaced (fault injection) is re-normed."""
-        layer, name = (i, "post_norm") if at == "mixer_residual" else (i + 1, "input_norm")
-        if layer == len(self.layers):
-            name = "final_norm"
+        """x + a and the norm after it: one kernel on the GPU row path. Observed at `sum_at`
+        and `norm_at`; a sum an observer replaced (fault injection) is normed again."""
         if rows:
             from specdash.kernels.rmsnorm import add_rms_norm_rows
 
             eps, zc = self.cfg.rms_norm_eps, self.cfg.zero_centred_norm
             s, h = add_rms_norm_rows(a, x, w, eps, zc)
-            seen = obs(i, at, s)
+            seen = obs(*sum_at, s)
             if seen is not s:
                 s, h = seen, self._norm(seen, w, exact, rows)
         else:
-            s = obs(i, at, x + a)
+            s = obs(*sum_at, x + a)
             h = self._norm(s, w, exact, rows)
-        return s, obs(layer, name, h)
+        return s, obs(*norm_at, h)
 
     def _swiglu(self, gate_up: Tensor, rows: bool) -> Tensor:
         if rows:
