@@ -55,7 +55,7 @@ class GemmBackend:
             return self.fn(x, w)
         if x.shape[0] == 1:
             return self.fn(_aligned(x), w)
-        return torch.cat([self.fn(_aligned(x[i : i + 1]), w) for i in range(x.shape[0])])
+        return torch.cat([self.fn(_aligned(row), w) for row in x.split(1)])
 
 
 def _torch_linear(x: Tensor, w: Tensor) -> Tensor:
@@ -182,17 +182,16 @@ def fixed_order_sum(x: Tensor) -> Tensor:
     return x[..., None]
 
 
-def _inv_rms(xf: Tensor, eps: float, exact: bool) -> Tensor:
-    """1 / sqrt(mean(x^2) + eps), fixed-order in exact mode, torch's mean otherwise."""
+def _rms_normed(xf: Tensor, eps: float, exact: bool) -> Tensor:
+    """x / sqrt(mean(x^2) + eps): fixed-order in exact mode, torch's one fused op otherwise."""
     if exact:
-        return 1.0 / torch.sqrt(fixed_order_sum(xf * xf) / xf.shape[-1] + eps)
-    return torch.rsqrt(xf.pow(2).mean(-1, keepdim=True) + eps)
+        return xf * (1.0 / torch.sqrt(fixed_order_sum(xf * xf) / xf.shape[-1] + eps))
+    return F.rms_norm(xf, xf.shape[-1:], eps=eps)
 
 
 def rms_norm(x: Tensor, w: Tensor, eps: float, zero_centred: bool, exact: bool) -> Tensor:
     """Qwen3 RMSNorm (`w * norm(x)`) or the zero-centred Qwen3-Next one (`norm(x) * (1 + w)`)."""
-    xf = x.float()
-    xf = xf * _inv_rms(xf, eps, exact)
+    xf = _rms_normed(x.float(), eps, exact)
     if zero_centred:
         return (xf * (1.0 + w.float())).to(x.dtype)
     return w * xf.to(x.dtype)
@@ -200,8 +199,7 @@ def rms_norm(x: Tensor, w: Tensor, eps: float, zero_centred: bool, exact: bool) 
 
 def gated_rms_norm(x: Tensor, z: Tensor, w: Tensor, eps: float, exact: bool) -> Tensor:
     """GDN output norm: `w * rmsnorm(x) * silu(z)`, x and z: [T, HV, Dv]."""
-    xf = x.float()
-    normed = (xf * _inv_rms(xf, eps, exact)).to(x.dtype)
+    normed = _rms_normed(x.float(), eps, exact).to(x.dtype)
     return (w * normed * silu(z.float())).to(x.dtype)
 
 
@@ -247,14 +245,18 @@ def attention_batched(
     """T query rows at positions start..start+T-1 in one SDPA call (prefill and fast verify)."""
     t = q.shape[0]
     n = start + t
-    # from position 0 plain causal attention: the flash kernel, O(T) memory at 128k tokens
-    mask = None if start == 0 else torch.ones(t, n, dtype=torch.bool, device=q.device).tril(start)
+    # from position 0 plain causal attention: the flash kernel, O(T) memory at 128k tokens;
+    # one row (a draft step) sees every cached key, so it needs no mask at all
+    causal = start == 0 and t > 1
+    mask = None
+    if start > 0 and t > 1:
+        mask = torch.ones(t, n, dtype=torch.bool, device=q.device).tril(start)
     out = F.scaled_dot_product_attention(
         q.transpose(0, 1)[None],
         k_cache[None, :, :n],
         v_cache[None, :, :n],
         attn_mask=mask,
-        is_causal=start == 0,
+        is_causal=causal,
         scale=scale,
         enable_gqa=True,
     )
