@@ -6,6 +6,12 @@ ratios to no-spec. t/s counts generated tokens over decode time (draft + verify 
 rollback; prefill and the shadow excluded — the shadow is off while timing). A final
 exactness pass with the shadow on reports exact prompts for each spec mode.
 
+`no-spec` is the exact decode the shadow runs (the baseline spec must match bit for bit);
+`no-spec, fast ops` is plain greedy decode through the batched non-exact ops, the fastest
+decode this engine has, reported so the exact baseline is not mistaken for it. The load
+average before and after is printed: the VM is shared, so numbers are only comparable
+within one run.
+
     python benchmarks/bench_cpu.py [--model DIR --draft DIR] [--prompts FILE] [-k 4]
 """
 
@@ -13,6 +19,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 import platform
 import statistics
 import sys
@@ -27,6 +34,7 @@ from specdash.settings import SessionSettings
 
 CONFIGS = {
     "no-spec": {"speculation": False},
+    "no-spec, fast ops": {"speculation": False, "verify": "fast"},
     "exact spec": {"verify": "exact"},
     "fast spec": {"verify": "fast"},
 }
@@ -56,6 +64,7 @@ def main() -> int:
         root_cause=False,
     )
     loaded = load_models(base)
+    load_before = os.getloadavg()
     if args.num_prompts:
         from specdash.prompts import load_prompts
 
@@ -91,6 +100,11 @@ def main() -> int:
         exact[name] = f"{s.exact_prompts}/{s.prompts}"
 
     base_tps = statistics.median(tps["no-spec"])
+    load_after = os.getloadavg()
+    print(
+        f"# load average (1/5/15 min) before {'/'.join(f'{x:.2f}' for x in load_before)}, "
+        f"after {'/'.join(f'{x:.2f}' for x in load_after)}"
+    )
     print(
         f"# {time.strftime('%Y-%m-%d')}, {platform.processor() or platform.machine()}, "
         f"{torch.get_num_threads()} torch thread(s), torch {torch.__version__}"
