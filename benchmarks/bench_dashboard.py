@@ -6,11 +6,16 @@ One run, interleaved repeats, median after a warm-up:
                     160x48, UI 12 Hz, plots 3 Hz: every widget is rendered, only the final
                     terminal write is skipped)
   dashboard-process the engine in a child process, events pickled over a multiprocessing
-                    queue into the dashboard's EventBuffer
+                    queue into the dashboard's EventBuffer, one `put` per event
+  dashboard-process-batched
+                    the same, events sent in batches (one `put` per BATCH_S of engine time)
 Engine t/s = emitted tokens / engine wall time (first to last event). Dashboard CPU share =
 the UI process's CPU time not spent on the engine thread, per second of wall time.
 
   python benchmarks/bench_dashboard.py [--repeats 3] [--max-new-tokens 32]
+
+While the app runs, the benchmark only sleeps (a `Pilot.pause` loop would message every
+widget 20 times a second and bill that to the dashboard).
 
 The engine is `specdash.session.run_session` on the embedded default pair (CPU).
 """
@@ -20,9 +25,11 @@ from __future__ import annotations
 import argparse
 import asyncio
 import multiprocessing as mp
+import os
 import statistics
 import threading
 import time
+from collections.abc import Callable
 
 import torch
 
@@ -34,6 +41,7 @@ from specdash.settings import SessionSettings
 from specdash.sources import EventBuffer, Sink
 
 SIZE = (160, 48)
+BATCH_S = 0.05
 
 
 class Measured:
@@ -79,10 +87,34 @@ class ThreadEngine:
         self.done.wait(timeout=120)
 
 
-def _child(settings_json: str, queue: mp.Queue) -> None:
+class Batcher:
+    """Sink that sends events as lists, at most one `put` per `BATCH_S` (plus the last)."""
+
+    def __init__(self, put: Callable[[list[Event]], None]) -> None:
+        self.put = put
+        self.batch: list[Event] = []
+        self.sent = time.monotonic()
+
+    def __call__(self, event: Event) -> None:
+        self.batch.append(event)
+        now = time.monotonic()
+        if now - self.sent >= BATCH_S:
+            self.flush()
+            self.sent = now
+
+    def flush(self) -> None:
+        if self.batch:
+            self.put(self.batch)
+            self.batch = []
+
+
+def _child(settings_json: str, queue: mp.Queue, batched: bool) -> None:
     settings = SessionSettings.model_validate_json(settings_json)
-    measured = Measured(queue.put)
+    batcher = Batcher(queue.put) if batched else None
+    measured = Measured(batcher or (lambda event: queue.put([event])))
     run_session(settings, measured, Controls.from_settings(settings), threading.Event())
+    if batcher is not None:
+        batcher.flush()
     queue.put(("tps", measured.tps))
     queue.put(None)
 
@@ -92,7 +124,7 @@ class ProcessEngine:
 
     (Controls would need a pipe to the child; the benchmark does not press keys.)"""
 
-    def __init__(self, settings: SessionSettings) -> None:
+    def __init__(self, settings: SessionSettings, batched: bool) -> None:
         self.controls: Controls | None = None
         self.settings = settings
         self.done = threading.Event()
@@ -102,7 +134,7 @@ class ProcessEngine:
         ctx = mp.get_context("spawn")
         self.queue = ctx.Queue()
         self.process = ctx.Process(
-            target=_child, args=(self.settings.model_dump_json(), self.queue)
+            target=_child, args=(self.settings.model_dump_json(), self.queue, batched)
         )
 
     def start(self, sink: Sink) -> None:
@@ -114,7 +146,8 @@ class ProcessEngine:
             if isinstance(item, tuple):
                 self.tps = item[1]
             else:
-                sink(item)
+                for event in item:
+                    sink(event)
         self.process.join()
         self.done.set()
 
@@ -134,7 +167,7 @@ async def _run_app(source, done: threading.Event) -> tuple[float, float]:
     wall0, cpu0 = time.perf_counter(), time.process_time()
     async with app.run_test(size=SIZE) as pilot:
         while not done.is_set():
-            await pilot.pause(0.05)
+            await asyncio.sleep(0.1)
         await pilot.pause(0.2)
         cpu, wall = time.process_time() - cpu0, time.perf_counter() - wall0
     return cpu, wall
@@ -145,7 +178,7 @@ def run_dashboard(settings: SessionSettings, where: str) -> tuple[float, float]:
         source = ThreadEngine(settings)
         cpu, wall = asyncio.run(_run_app(source, source.done))
         return source.measured.tps, (cpu - source.engine_cpu_s) / wall
-    source = ProcessEngine(settings)
+    source = ProcessEngine(settings, batched=where == "process-batched")
     cpu, wall = asyncio.run(_run_app(source, source.done))
     return source.tps, cpu / wall
 
@@ -157,12 +190,14 @@ def main() -> None:
     parser.add_argument("--no-process", action="store_true", help="skip dashboard-process")
     args = parser.parse_args()
     settings = SessionSettings(max_new_tokens=args.max_new_tokens)
+    load_start = os.getloadavg()
     runs = {
         "headless": lambda: run_headless(settings),
         "dashboard-thread": lambda: run_dashboard(settings, "thread"),
     }
     if not args.no_process:
         runs["dashboard-process"] = lambda: run_dashboard(settings, "process")
+        runs["dashboard-process-batched"] = lambda: run_dashboard(settings, "process-batched")
     for run in runs.values():  # warm-up: imports, allocator, first render
         run()
     results: dict[str, list[tuple[float, float]]] = {name: [] for name in runs}
@@ -172,12 +207,14 @@ def main() -> None:
     base = statistics.median(t for t, _ in results["headless"])
     threads = torch.get_num_threads()
     print(f"max_new_tokens={args.max_new_tokens} repeats={args.repeats} torch_threads={threads}")
-    print(f"{'mode':<18} {'engine t/s':>10} {'vs headless':>11} {'UI CPU':>8}   runs t/s")
+    load = " ".join(f"{x:.2f}" for x in load_start), " ".join(f"{x:.2f}" for x in os.getloadavg())
+    print(f"load average (1/5/15 min) at start {load[0]}, at end {load[1]}")
+    print(f"{'mode':<26} {'engine t/s':>10} {'vs headless':>11} {'UI CPU':>8}   runs t/s")
     for name, rows in results.items():
         tps = statistics.median(t for t, _ in rows)
         cpu = statistics.median(c for _, c in rows)
         runs_text = " ".join(f"{t:.1f}" for t, _ in rows)
-        print(f"{name:<18} {tps:>10.1f} {tps / base:>11.3f} {cpu:>7.0%}   {runs_text}")
+        print(f"{name:<26} {tps:>10.1f} {tps / base:>11.3f} {cpu:>7.0%}   {runs_text}")
 
 
 if __name__ == "__main__":

@@ -1,10 +1,15 @@
 """Token stream: the current prompt's generated text, each token styled by how it got there
-(accepted draft, bonus token from the verifier, plain decode) and divergences marked."""
+(accepted draft, bonus token from the verifier, plain decode) and divergences marked.
+
+The panel has a fixed size and shows the last lines that fit, wrapped here: a text that grows
+inside a scrolling container would need a layout pass of the whole screen on every update.
+"""
 
 from __future__ import annotations
 
 from rich.text import Text
-from textual.containers import VerticalScroll
+from textual import events
+from textual.containers import Vertical
 from textual.widgets import Static
 
 from specdash.dashboard_model import DashboardModel
@@ -27,7 +32,9 @@ def legend() -> Text:
     return text
 
 
-class TokenStream(VerticalScroll):
+class TokenStream(Vertical):
+    _text = Text()
+
     def compose(self):
         yield Static(legend(), id="token-legend")
         yield Readout(id="token-text")
@@ -44,5 +51,18 @@ class TokenStream(VerticalScroll):
             text.append("…")
         for token in tokens:
             text.append(token.text, style=DIVERGED if token.diverged else STYLES[token.source])
-        self.query_one("#token-text", Readout).show_text(text)
-        self.scroll_end(animate=False)
+        self._text = text
+        self._show_tail()
+
+    def on_resize(self, event: events.Resize) -> None:
+        self.call_after_refresh(self._show_tail)
+
+    def _show_tail(self) -> None:
+        view = self.query_one("#token-text", Readout)
+        width, height = view.content_size
+        text = self._text
+        if width and height:
+            lines = text.wrap(self.app.console, width)
+            if len(lines) > height:
+                text = Text("\n").join(lines[-height:])
+        view.show_text(text)
