@@ -49,4 +49,5 @@ class AcceptancePanel(Vertical):
             range(start, start + len(ys)),
             [("accepted", ys, ACCEPTED_COLOUR)],
             ylim=(0, max(m.max_k, 1)),
+            lines=False,
         )

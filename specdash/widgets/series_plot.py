@@ -51,8 +51,10 @@ class SeriesPlot(PlotextPlot):
         xs: Sequence[float],
         series: Sequence[tuple[str, Sequence[float], str]],
         ylim: tuple[float, float] | None = None,
+        lines: bool = True,
     ) -> None:
-        """Redraw with `series` = (label, ys, colour) sharing `xs`."""
+        """Redraw with `series` = (label, ys, colour) sharing `xs`, as lines or as dots (a
+        third of the cost, and clearer for integer series that jump between levels)."""
         plt = self.plt
         plt.clear_data()
         plt.clear_figure()
@@ -62,8 +64,9 @@ class SeriesPlot(PlotextPlot):
         if ylim is not None:
             plt.ylim(*ylim)
         columns = self.size.width or FALLBACK_WIDTH
+        draw = plt.plot if lines else plt.scatter
         for label, ys, colour in series:
             if ys:
                 px, py = envelope(xs, ys, columns)
-                plt.plot(px, py, marker="braille", color=colour, label=label)
+                draw(px, py, marker="braille", color=colour, label=label)
         self.refresh()
