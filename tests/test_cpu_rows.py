@@ -39,9 +39,9 @@ def test_fixed_order_sum_is_the_pairwise_tree_for_every_row(width: int) -> None:
             x = torch.where(pick, SPECIAL[torch.randint(0, 8, x.shape, generator=gen)], x)
             got = ops.fixed_order_sum(x)
             assert torch.equal(got, _pairwise_by_slicing(x)), (lead, scale)
-            rows = x.reshape(-1, width)
+            rows, sums = x.reshape(-1, width), got.reshape(-1, 1)
             for r in range(rows.shape[0]):  # a row alone (decode) gets the same bits
-                assert torch.equal(ops.fixed_order_sum(rows[r : r + 1]), got.reshape(-1, 1)[r : r + 1])
+                assert torch.equal(ops.fixed_order_sum(rows[r : r + 1]), sums[r : r + 1])
 
 
 def test_fixed_order_sum_differs_from_a_plain_sum() -> None:
@@ -94,3 +94,15 @@ def test_cpu_gemm_verify_rows_are_decode_rows(n: int, k: int) -> None:
         decode = backend(x[r : r + 1].clone(), w, exact=True)  # a fresh, aligned row
         assert torch.equal(verify[r : r + 1], decode), f"row {r}"
         assert torch.equal(backend(x[r : r + 1], w, exact=True), decode), f"row {r} as a view"
+
+
+def test_cpu_gemm_follows_in_place_weight_updates() -> None:
+    """The backend's cached [K, N] copy of a weight is remade when the weight changes."""
+    backend = ops.resolve_gemm_backend("auto", torch.device("cpu"))
+    gen = torch.Generator().manual_seed(1)
+    w, x = torch.randn(64, 32, generator=gen), torch.randn(3, 32, generator=gen)
+    before = backend(x, w, exact=False)
+    assert torch.equal(before, x @ w.t().contiguous())
+    w.mul_(2)
+    after = backend(x, w, exact=False)
+    assert torch.equal(after, x @ w.t().contiguous()) and not torch.equal(after, before)
