@@ -3,7 +3,7 @@
 One run, interleaved repeats, median after a warm-up:
   headless          engine on a thread, events into an EventBuffer nobody draws
   dashboard-thread  the same engine thread inside SpecdashApp (Textual headless driver,
-                    160x48, UI 12 Hz, plots 3 Hz: every widget is rendered, only the final
+                    160x48, UI 10 Hz, plots 2 Hz: every widget is rendered, only the final
                     terminal write is skipped)
   dashboard-process the engine in a child process, events pickled over a multiprocessing
                     queue into the dashboard's EventBuffer, one `put` per event
