@@ -7,6 +7,7 @@ Exit codes (also in the README):
   3  checkpoint problem (missing/corrupt files, missing tensor, shape mismatch,
      unsupported architecture, tokenizer mismatch)
   4  environment problem (no GPU/NVML/SGLang where required, unsupported SGLang version,
+     an SGLang scheduler process died,
      unwritable output path)
   130 interrupted (Ctrl-C); partial results and the trace are kept
 """

@@ -146,8 +146,9 @@ def engine_kwargs(
     return merged
 
 
-class SchedulerFailed(RuntimeError):
-    """A scheduler process died; the message is its own last line (e.g. SGLang's ValueError)."""
+class SchedulerFailed(EnvironmentProblem):
+    """A scheduler process died; the message is its own last line (e.g. SGLang's ValueError).
+    An EnvironmentProblem, so headless prints that line and exits 4, not a traceback."""
 
 
 def _last_line(text: str) -> str:

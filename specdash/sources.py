@@ -119,11 +119,11 @@ class LiveSession:
 
         try:
             run_engine(self.settings, sink, self.controls, self._stop, self.sglang_options)
-        except SpecdashError as e:
-            sink(EngineError(message=str(e)))
         except Exception as e:  # the dashboard is this thread's only reporter
-            e = self._scheduler_failure or e  # the relayed exception carries no message
-            sink(EngineError(message=f"{type(e).__name__}: {e}"))
+            # a scheduler failure is relayed from the main thread without its message
+            e = self._scheduler_failure or e
+            known = isinstance(e, SpecdashError) and e is not self._scheduler_failure
+            sink(EngineError(message=str(e) if known else f"{type(e).__name__}: {e}"))
 
     def _on_sigquit(self, signum: int, frame: FrameType | None) -> None:
         """SIGQUIT on the main thread: SGLang's handler, its exception raised in the engine."""

@@ -1,18 +1,16 @@
-"""`specdash --engine sglang` (the dashboard) around a stand-in `sglang.Engine` whose
-scheduler dies mid-request the way SGLang's does: a child process writes its reason and sends
-SIGQUIT to its parent. With the real sglang wheel's `kill_process_tree`, the dashboard must
-show the reason as an engine error, kill the child, shut its engine down and keep running."""
+"""`specdash --engine sglang` (the dashboard, and headless) around a stand-in `sglang.Engine`
+whose scheduler dies mid-request the way SGLang's does: a child process writes its reason and
+sends SIGQUIT to its parent. With the real sglang wheel's `kill_process_tree`, the dashboard must
+show the reason as an engine error, kill the child, shut its engine down and keep running;
+headless must print the reason on one line and exit 4, with no traceback."""
 
 from __future__ import annotations
 
 import json
 
-DASHBOARD_SCRIPT = r"""
-import asyncio, json, os, signal, subprocess, sys, time
+STAND_IN = r"""
+import asyncio, json, os, signal, subprocess, sys, threading, time
 from specdash import sglang_engine
-from specdash.app import dashboard_app
-from specdash.cli import build_parser
-from specdash.widgets.help_screen import HelpScreen
 
 SCHEDULER = '''
 import os, signal, time
@@ -26,6 +24,8 @@ ENGINES, CHILDREN = [], []
 class StandInEngine:
     def __init__(self, **kw):
         self.kw = kw
+        if threading.current_thread() is threading.main_thread():  # as SGLang's Engine does
+            signal.signal(signal.SIGQUIT, kw["custom_sigquit_handler"])
         self.tokenizer_manager = type("TM", (), {"tokenizer": None})()
         ENGINES.append(self)
 
@@ -44,6 +44,14 @@ sglang_engine.patched_engine_class = lambda: StandInEngine
 sglang_engine.check_environment = lambda options: None
 argv = ["--engine", "sglang", "--model", "/models/m", "--sglang-arg", "mem_fraction_static=0.3",
         "--sglang-shadow", "sequential", "--max-new-tokens", "4"]
+"""
+
+DASHBOARD_SCRIPT = (
+    STAND_IN
+    + r"""
+from specdash.app import dashboard_app
+from specdash.cli import build_parser
+from specdash.widgets.help_screen import HelpScreen
 
 async def main():
     app = dashboard_app(build_parser().parse_args(argv))
@@ -73,6 +81,7 @@ async def main():
 
 print("RESULT " + json.dumps(asyncio.run(main())))
 """
+)
 
 
 def test_scheduler_death_under_the_dashboard(run_sglang, tmp_path) -> None:
@@ -84,3 +93,22 @@ def test_scheduler_death_under_the_dashboard(run_sglang, tmp_path) -> None:
     assert r["engine_ended"] and r["engine_kw"] == {"mem_fraction_static": 0.3, "shut": True}
     assert r["child_exit"] == -9  # SGLang's kill_process_tree took the scheduler down
     assert r["help_opened"] and r["return_code"] == 0
+
+
+HEADLESS_SCRIPT = (
+    STAND_IN
+    + r"""
+from specdash.cli import main
+code = main(["run", "--headless", *argv])
+print("RESULT " + json.dumps({"code": code, "children": [c.wait(timeout=10) for c in CHILDREN],
+                              "shut": ENGINES[0].kw.get("shut")}))
+"""
+)
+
+
+def test_scheduler_death_headless_is_one_line_and_exit_4(run_sglang, tmp_path) -> None:
+    proc = run_sglang(HEADLESS_SCRIPT, env={"HOME": str(tmp_path)})
+    r = json.loads(next(x for x in proc.stdout.splitlines() if x.startswith("RESULT "))[7:])
+    assert r["code"] == 4 and r["children"] == [-9]
+    assert "specdash: error: ValueError: weights on fire in layer 3" in proc.stderr
+    assert "Traceback" not in proc.stderr
