@@ -61,7 +61,7 @@ class _GraphedPending(dict):
 
 
 def enable(state: SeqState) -> None:
-    """Graph this state's exact forwards from now on (CUDA only)."""
+    """Graph this state's decode and verify forwards from now on (CUDA only)."""
     assert state.position is not None, "CUDA graphs need a CUDA state"
     if state.graphs is None:
         state.graphs = {}

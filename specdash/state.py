@@ -128,7 +128,7 @@ class SeqState:
 
         The KV of dropped rows stays in the cache past `length` and is overwritten later.
         A step replayed from a CUDA graph commits through a graph of the same copies
-        (`pending.replay_commit`), one launch instead of two per GDN layer.
+        (`pending.replay_commit`): one graph launch instead of two copies per GDN layer.
         """
         replay = getattr(self.pending, "replay_commit", None)
         if replay is not None:
