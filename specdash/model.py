@@ -278,8 +278,9 @@ class Model:
         """Decode/verify rows through specdash.kernels' fused row kernels (graph-safe)."""
         obs = observe or _identity
         x = obs(-1, "embed", self.embed[tokens])
-        pos = self._positions(state, t_len)
-        cos, sin = (None, None) if rows else (self._rope_cos[pos], self._rope_sin[pos])
+        # the row kernels read positions on the device themselves; the torch path gathers here
+        pos = None if rows else self._positions(state, t_len)
+        cos, sin = (None, None) if pos is None else (self._rope_cos[pos], self._rope_sin[pos])
         head = len(self.layers)
         norms = [lw.input_norm for lw in self.layers[1:]] + [self.final_norm]
         h = obs(0, "input_norm", self._norm(x, self.layers[0].input_norm, exact, rows))
@@ -355,7 +356,7 @@ class Model:
         w: AttentionWeights,
         h: Tensor,
         state: SeqState,
-        pos: slice | Tensor,
+        pos: slice | Tensor | None,
         cos: Tensor,
         sin: Tensor,
         mode: Mode,
@@ -367,7 +368,7 @@ class Model:
         cache, scale = state.kv[i], d**-0.5
         gated = cfg.gated_attention
         q_width = hq * d * (2 if gated else 1)
-        if cos is None:  # the GPU row path: norms, RoPE and the cache write in one kernel
+        if pos is None:  # the GPU row path: norms, RoPE and the cache write in one kernel
             from specdash.kernels.decode_attention import verify_as_decode_rows
             from specdash.kernels.elementwise import sigmoid_gate_rows
             from specdash.kernels.rope import qk_norm_rope_rows
