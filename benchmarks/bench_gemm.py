@@ -4,9 +4,12 @@ Same run, same weights, weights rotated past L2 (and do_bench flushes L2 before 
 of repeats after warm-up. Bandwidth = weight bytes / kernel time. Also checks, per shape, that every
 row of our M=16 result equals that row computed alone (decode) and in every M=1..16 prefix, and
 counts the rows where cuBLAS does not. Optional: a config sweep per shape (--sweep), DeepGEMM if it
-loads, NVML GPM DRAM_BW_UTIL during a long GEMM loop next to our own bytes/time.
+loads, NVML GPM DRAM_BW_UTIL during a long GEMM loop next to our own bytes/time. On Hopper ours
+launches with programmatic dependent launch (specdash/kernels/pdl.py), so back-to-back calls in a
+graph overlap; --no-pdl-too adds ours without it, side by side.
 
     python benchmarks/bench_gemm.py [--sweep 2,3,7,9,10,11] [--json out.json] [--nvml]
+        [--no-pdl-too]
 """
 
 from __future__ import annotations
@@ -24,6 +27,7 @@ import torch
 import torch.nn.functional as F
 import triton
 from cuda_timing import graph_us
+from specdash.kernels import pdl
 from specdash.kernels.gemm import GemmConfig, gemm_config, matmul_batch_invariant
 from triton.testing import do_bench
 
@@ -244,6 +248,14 @@ def nvml_during(fn, ws, x, seconds: float = 2.0) -> dict:
     }
 
 
+def without_pdl(fn, a: torch.Tensor, b: torch.Tensor, cfg: GemmConfig) -> torch.Tensor:
+    pdl.ENABLED = False
+    try:
+        return fn(a, b, config=cfg)
+    finally:
+        pdl.ENABLED = True
+
+
 def main() -> None:
     ap = argparse.ArgumentParser()
     ap.add_argument("--sweep", default="", help="comma-separated SHAPES indices to tune at M=16")
@@ -252,6 +264,9 @@ def main() -> None:
     ap.add_argument("--json", default=None)
     ap.add_argument("--nvml", action="store_true")
     ap.add_argument("--shapes", default=None, help="comma-separated indices into SHAPES")
+    ap.add_argument(
+        "--no-pdl-too", action="store_true", help="also ours without programmatic dependent launch"
+    )
     args = ap.parse_args()
     info = {
         "date": datetime.datetime.now(datetime.UTC).isoformat(timespec="seconds"),
@@ -290,6 +305,8 @@ def main() -> None:
         entry["config"] = cfg.__dict__
         fns = dict(backends)
         fns["ours"] = lambda a, b, c=cfg: matmul_batch_invariant(a, b, config=c)
+        if args.no_pdl_too:
+            fns["ours, no PDL"] = lambda a, b, c=cfg: without_pdl(matmul_batch_invariant, a, b, c)
         entry["rows_ours"] = rows_check(fns["ours"], ws[0])
         entry["rows_cublas"] = rows_check(F.linear, ws[0])
         per_m = {}
@@ -330,7 +347,7 @@ def main() -> None:
         if args.json:  # after every shape, so a cut-off run keeps what it measured
             with open(args.json, "w") as f:
                 json.dump({"info": info, "results": results}, f, indent=1)
-    names = list(backends)
+    names = list(results[-1]["per_m"][MS[0]]) if results else []
     print("\nTB/s (weight bytes / CUDA-graph time per call), " + " / ".join(names))
     header = " | ".join(f"M={m}" for m in MS)
     print(f"| shape | N x K | BN,BK,split,warps,stages,loads | {header} |")

@@ -6,12 +6,15 @@ mode, all through `specdash.engine.Engine` (the code `specdash run` uses). In on
 1. prefill time of a `--long-prefill`-token prompt (first, before any graph pool exists);
 2. plain greedy decode (the shadow's path) at each `--contexts` length: t/s and the weight
    bytes / step time, next to NVML GPM DRAM bandwidth sampled during the decode;
-3. exact mode (Triton tile) vs fast mode (cuBLAS batched) plain-decode t/s, both graphed,
-   interleaved repeats; and the device time by kernel of one eager decode and verify step;
+3. plain-decode t/s, all graphed, interleaved repeats, each configuration on its own engine:
+   exact mode (Triton tile) with programmatic dependent launch off / on (and the GEMM's
+   weight-prefetch depth), fast mode (cuBLAS); the exact variants must give the same ids
+   and logprob bits; then the device time by kernel of one eager decode and verify step;
 4. a verify step of k+1 rows vs a decode step (graph replay, median of repeats);
-5. speculative decoding at k with an oracle drafter (replays the plain run's tokens: 100%
-   acceptance; exact and fast verify) and a random drafter (~0%): t/s and exact prompts
-   (ids + fp32 logprob bits vs the lockstep shadow), over `--prompts` prompts.
+5. speculative decoding at k with an oracle drafter (replays the plain run's tokens of the
+   same mode: 100% acceptance in exact mode; fast verify is not fast decode, so less there)
+   and a random drafter (~0%): t/s and exact prompts (ids + fp32 logprob bits vs the
+   lockstep shadow), over `--prompts` prompts.
 
     python benchmarks/bench_spec_gpu.py --json out.json
 """
@@ -25,8 +28,10 @@ import statistics
 import sys
 import threading
 import time
+from dataclasses import replace
 
 import torch
+from specdash.kernels import gemm, pdl
 
 from specdash import ops
 from specdash.engine import Engine
@@ -114,7 +119,7 @@ class GpmSampler(threading.Thread):
 
 def plain_decode(
     engine: Engine, prompt: list[int], n: int, gpm: GpmSampler | None = None, mode: str = "exact"
-) -> tuple[list[int], float]:
+) -> tuple[list[int], list[float], float]:
     seq, _ = engine.start(0, prompt, n, 16, shadow=False)
     torch.cuda.synchronize()
     engine.spec_step(seq, 0, mode, n)  # captures the decode graph on a new slot
@@ -132,7 +137,7 @@ def plain_decode(
         gpm.stop.set()
         gpm.join()
     engine.release(seq)
-    return seq.ids, steps / elapsed
+    return seq.ids, seq.logprobs, steps / elapsed
 
 
 def profile_step(model: Model, prompt: list[int], rows: int) -> dict:
@@ -222,7 +227,7 @@ def main() -> int:
     out["decode"] = []
     for ctx in [int(c) for c in args.contexts.split(",")]:
         gpm = GpmSampler()
-        _, tps = plain_decode(plain, rand_prompt(ctx), args.decode_tokens, gpm)
+        _, _, tps = plain_decode(plain, rand_prompt(ctx), args.decode_tokens, gpm)
         kv_bytes = ctx * 64 * 1024  # 16 attention layers x 4 KiB/token x K and V, bf16
         row = {
             "context": ctx,
@@ -238,23 +243,48 @@ def main() -> int:
         out["decode"].append(row)
         print(row, flush=True)
 
-    # exact mode (Triton tile) vs fast mode (cuBLAS, batched: the usual way), both graphed,
-    # plain decode of one 2k prompt, interleaved repeats
+    # PDL off/on and the weight-prefetch depth (exact, Triton tile), and exact vs fast mode
+    # (cuBLAS, batched: the usual way); each on its own engine, so each captures its own graphs
     exact_gemm, cublas = model.gemm, ops.resolve_gemm_backend("cublas", dev)
-    configs = {"exact/triton": (exact_gemm, "exact"), "fast/cublas": (cublas, "fast")}
-    ratio_prompt, runs = rand_prompt(2048), {name: [] for name in configs}
+    tuned = dict(gemm.TUNED_BF16)
+    variants = {  # name: (backend, mode, PDL, GemmConfig.prefetch_k override)
+        "exact/triton": (exact_gemm, "exact", True, None),
+        "exact/triton, no PDL": (exact_gemm, "exact", False, None),
+        "exact/triton, PDL without prefetch": (exact_gemm, "exact", True, 0),
+        "exact/triton, PDL prefetch 2048": (exact_gemm, "exact", True, 2048),
+        "fast/cublas": (cublas, "fast", True, None),
+    }
+    engines = {name: Engine(model, plain.make_drafter, []) for name in variants}
+    ratio_prompt, runs = rand_prompt(2048), {name: [] for name in variants}
+    outputs: dict[str, tuple[list[int], list[float]]] = {}
     for _ in range(3):
-        for name, (backend, mode) in configs.items():
-            model.gemm = backend
-            runs[name].append(plain_decode(plain, ratio_prompt, args.decode_tokens, mode=mode)[1])
-    model.gemm = exact_gemm
+        for name, (backend, mode, on, prefetch) in variants.items():
+            model.gemm, pdl.ENABLED = backend, on
+            if prefetch is not None:
+                gemm.TUNED_BF16.update(
+                    {nk: replace(c, prefetch_k=prefetch) for nk, c in tuned.items()}
+                )
+            ids, lps, tps = plain_decode(engines[name], ratio_prompt, args.decode_tokens, mode=mode)
+            gemm.TUNED_BF16.update(tuned)
+            runs[name].append(tps)
+            outputs.setdefault(name, (ids, lps))
+    model.gemm, pdl.ENABLED = exact_gemm, True
+    engines = None
     med = {name: statistics.median(r) for name, r in runs.items()}
+    exact_names = [n for n in variants if n.startswith("exact")]
     out["exact_over_fast_decode"] = {
         "tokens_per_s": med,
         "runs": runs,
         "ratio": med["exact/triton"] / med["fast/cublas"],
+        "pdl_on_over_off": med["exact/triton"] / med["exact/triton, no PDL"],
+        "exact_variants_same_ids_and_logprob_bits": all(
+            outputs[n][0] == outputs["exact/triton"][0]
+            and torch.equal(torch.tensor(outputs[n][1]), torch.tensor(outputs["exact/triton"][1]))
+            for n in exact_names
+        ),
     }
     print(out["exact_over_fast_decode"], flush=True)
+    torch.cuda.empty_cache()
     profile_prompt = rand_prompt(2048)
     out["step_profiles"] = [profile_step(model, profile_prompt, r) for r in (1, args.k + 1)]
     for p in out["step_profiles"]:
@@ -290,14 +320,17 @@ def main() -> int:
 
     # spec envelope over many prompts, shadow on, exact mode
     prompts = [rand_prompt(args.prompt_len) for _ in range(args.prompts)]
-    continuation = {
-        tuple(p): plain_decode(plain, p, args.spec_tokens + args.k + 1)[0] for p in prompts
-    }
+    continuation = {}
+    for mode, backend in (("exact", exact_gemm), ("fast", cublas)):
+        model.gemm = backend
+        continuation[mode] = {
+            tuple(p): plain_decode(plain, p, args.spec_tokens + args.k + 1, mode=mode)[0]
+            for p in prompts
+        }
     out["spec"] = []
-    oracle = lambda: OracleDrafter(continuation)  # noqa: E731
     for name, make, mode, backend in (
-        ("oracle", oracle, "exact", exact_gemm),
-        ("oracle", oracle, "fast", cublas),
+        ("oracle", lambda: OracleDrafter(continuation["exact"]), "exact", exact_gemm),
+        ("oracle", lambda: OracleDrafter(continuation["fast"]), "fast", cublas),
         ("random", lambda: RandomDrafter(cfg.vocab_size), "exact", exact_gemm),
     ):
         model.gemm = backend

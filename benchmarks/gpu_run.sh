@@ -36,9 +36,10 @@ echo "== gpu tests $(date -u +%T)"
 # tests carry no marker (they run on the interpreter in CI) and take the GPU when it is there
 timeout 240 python3 -m pytest -q -p no:cacheprovider -m gpu tests/test_kernels_gemm.py \
   tests/test_kernels_attention.py tests/test_kernels_gdn.py tests/test_gpu_engine.py \
-  2>&1 | tail -15 | tee "$OUT/gpu_tests.txt"
+  > "$OUT/gpu_tests.txt" 2>&1; tail -15 "$OUT/gpu_tests.txt"
 timeout 120 python3 -m pytest -q -p no:cacheprovider tests/test_kernels_fused.py \
-  tests/test_kernels_rmsnorm.py 2>&1 | tail -5 | tee -a "$OUT/gpu_tests.txt"
+  tests/test_kernels_rmsnorm.py >> "$OUT/gpu_tests.txt" 2>&1
+tail -5 "$OUT/gpu_tests.txt"
 if [ -z "${SKIP_ATTN:-}" ]; then
   echo "== attention/gdn $(date -u +%T)"
   PYTHONPATH="$PYTHONPATH:$FLA" timeout 150 python3 benchmarks/bench_attention_gdn.py \
@@ -50,8 +51,9 @@ if [ -z "${SKIP_GEMM:-}" ]; then
     "$@" 2>&1 | tee "$OUT/gemm.txt"
 fi
 if [ -n "${ENGINE:-}" ]; then
+  read -r -a ENGINE_ARGS <<< "${ENGINE_ARGS:-}"
   echo "== engine $(date -u +%T)"
-  PYTHONPATH="$PYTHONPATH:$FLA" timeout 400 python3 benchmarks/bench_spec_gpu.py \
-    --json "$OUT/spec_gpu.json" 2>&1 | grep -v Warning | tee "$OUT/spec_gpu.txt"
+  PYTHONPATH="$PYTHONPATH:$FLA" timeout "${ENGINE_TIMEOUT:-400}" python3 benchmarks/bench_spec_gpu.py \
+    "${ENGINE_ARGS[@]}" --json "$OUT/spec_gpu.json" 2>&1 | grep -v Warning | tee "$OUT/spec_gpu.txt"
 fi
 echo "== done $(date -u +%T)"

@@ -22,6 +22,8 @@ from dataclasses import dataclass
 import torch
 import triton
 import triton.language as tl
+from specdash.kernels import pdl
+from specdash.kernels.pdl import start_after_predecessor
 
 
 @dataclass(frozen=True)
@@ -68,7 +70,9 @@ def _split_kernel(
     SPLIT: tl.constexpr,
     BLOCK_T: tl.constexpr,
     IEEE: tl.constexpr,
+    PDL: tl.constexpr,
 ):
+    start_after_predecessor(PDL)
     # tile row i = (slot, query head of the GQA group): up to SLOTS consecutive rows of one
     # sequence share each K/V block; every tile row keeps its own length, mask and softmax state
     pack = tl.program_id(0)
@@ -139,8 +143,10 @@ def _merge_kernel(
     HQ: tl.constexpr,
     D: tl.constexpr,
     SPLIT: tl.constexpr,
+    PDL: tl.constexpr,
 ):
     """LSE-combine of a row's splits in split order 0, 1, ...: the same order for every row."""
+    start_after_predecessor(PDL)
     row = tl.program_id(0)
     head = tl.program_id(1)
     n_splits = tl.cdiv(tl.load(seq_lens_ptr + row), SPLIT)
@@ -193,6 +199,7 @@ def _attention_rows(
     lse_sum = torch.empty_like(m)
     acc = torch.empty((rows, hq, max_splits, d), device=dev, dtype=torch.float32)
     seq_lens = seq_lens.to(device=dev, dtype=torch.int32)
+    on = pdl.use_pdl(dev)
     _split_kernel[(bsz * triton.cdiv(rows_per_seq, slots), hkv, max_splits)](
         q,
         k_cache,
@@ -220,8 +227,10 @@ def _attention_rows(
         SPLIT=split_size,
         BLOCK_T=cfg.block_t,
         IEEE=q.dtype == torch.float32,
+        PDL=on,
         num_warps=cfg.num_warps,
         num_stages=cfg.num_stages,
+        launch_pdl=on,
     )
     out = torch.empty_like(q)
     _merge_kernel[(rows, hq)](
@@ -236,6 +245,8 @@ def _attention_rows(
         HQ=hq,
         D=d,
         SPLIT=split_size,
+        PDL=on,
+        launch_pdl=on,
     )
     return out
 

@@ -13,6 +13,8 @@ from __future__ import annotations
 import torch
 import triton
 import triton.language as tl
+from specdash.kernels import pdl
+from specdash.kernels.pdl import start_after_predecessor
 
 _BLOCK = 1024
 
@@ -34,7 +36,9 @@ def _gated_kernel(
     stride_gi,
     SILU: tl.constexpr,
     BLOCK: tl.constexpr,
+    PDL: tl.constexpr,
 ):
+    start_after_predecessor(PDL)
     row = tl.program_id(0)
     offs = tl.program_id(1) * BLOCK + tl.arange(0, BLOCK)
     mask = offs < n_cols
@@ -62,6 +66,7 @@ def _gated(x: torch.Tensor, g: torch.Tensor, silu: bool) -> torch.Tensor:
         raise ValueError(f"x {tuple(x.shape)} and gate {tuple(g.shape)} do not pair up")
     m = x2.shape[0]
     out = torch.empty((m, n), device=x.device, dtype=x.dtype)
+    on = pdl.use_pdl(x.device)
     _gated_kernel[(m, triton.cdiv(n, _BLOCK))](
         x2,
         g,
@@ -73,7 +78,9 @@ def _gated(x: torch.Tensor, g: torch.Tensor, silu: bool) -> torch.Tensor:
         stride_gi,
         SILU=silu,
         BLOCK=_BLOCK,
+        PDL=on,
         num_warps=4,
+        launch_pdl=on,
     )
     return out.reshape(x.shape)
 
@@ -92,8 +99,18 @@ def sigmoid_gate_rows(x: torch.Tensor, gate: torch.Tensor) -> torch.Tensor:
 
 @triton.jit
 def _conv_kernel(
-    win_ptr, x_ptr, w_ptr, out_ptr, seq_ptr, C, stride_x, W: tl.constexpr, BLOCK: tl.constexpr
+    win_ptr,
+    x_ptr,
+    w_ptr,
+    out_ptr,
+    seq_ptr,
+    C,
+    stride_x,
+    W: tl.constexpr,
+    BLOCK: tl.constexpr,
+    PDL: tl.constexpr,
 ):
+    start_after_predecessor(PDL)
     t = tl.program_id(0)
     offs = tl.program_id(1) * BLOCK + tl.arange(0, BLOCK)
     mask = offs < C
@@ -130,7 +147,9 @@ def causal_conv_silu_rows(
     window, weight = window.contiguous(), weight.contiguous()
     out = torch.empty((t, c), device=x.device, dtype=x.dtype)
     seq = torch.empty((w - 1 + t, c), device=x.device, dtype=x.dtype)
+    on = pdl.use_pdl(x.device)
     _conv_kernel[(t, triton.cdiv(c, _BLOCK))](
-        window, x, weight, out, seq, c, x.stride(0), W=w, BLOCK=_BLOCK, num_warps=4
-    )
+        window, x, weight, out, seq, c, x.stride(0), W=w, BLOCK=_BLOCK, PDL=on, num_warps=4,
+        launch_pdl=on,
+    )  # fmt: skip
     return out, seq

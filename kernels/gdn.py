@@ -16,6 +16,8 @@ import torch
 import torch.nn.functional as F
 import triton
 import triton.language as tl
+from specdash.kernels import pdl
+from specdash.kernels.pdl import start_after_predecessor
 
 BLOCK_V = 32  # pinned: the state tile per program, [Dk, BLOCK_V]
 _NUM_WARPS = 4  # pinned
@@ -53,7 +55,9 @@ def _gdn_steps_kernel(
     DK: tl.constexpr,
     DV: tl.constexpr,
     BV: tl.constexpr,
+    PDL: tl.constexpr,
 ):
+    start_after_predecessor(PDL)
     pid_bh = tl.program_id(0)
     pid_v = tl.program_id(1)
     b = pid_bh // HV
@@ -117,6 +121,7 @@ def gdn_verify_steps(
     state = state.contiguous()
     o = torch.empty((bsz, t, hv, dv), device=v.device, dtype=v.dtype)
     states = torch.empty((bsz, t, hv, dk, dv), device=v.device, dtype=torch.float32)
+    on = pdl.use_pdl(v.device)
     _gdn_steps_kernel[(bsz * hv, dv // BLOCK_V)](
         q,
         k,
@@ -147,7 +152,9 @@ def gdn_verify_steps(
         DK=dk,
         DV=dv,
         BV=BLOCK_V,
+        PDL=on,
         num_warps=_NUM_WARPS,
+        launch_pdl=on,
     )
     return o, states
 

@@ -20,6 +20,8 @@ import torch
 import torch.nn.functional as F
 import triton
 import triton.language as tl
+from specdash.kernels import pdl
+from specdash.kernels.pdl import prefetch_rows_l2, start_after_predecessor
 from triton.tools.tensor_descriptor import TensorDescriptor
 
 BLOCK_M = 16
@@ -37,6 +39,9 @@ class GemmConfig:
     num_warps: int = 4
     num_stages: int = 4
     tma: bool = False  # tiles through the Hopper bulk tensor copy engine instead of pointer loads
+    # with PDL: K elements of each weight row pulled into L2 before waiting for the input
+    # (None: the pipeline's first num_stages * block_k; 0: none)
+    prefetch_k: int | None = None
 
 
 # The fastest CUDA-graph time of a sweep on an H200 (benchmarks/bench_gemm.py --sweep, 2026-12-02,
@@ -85,6 +90,7 @@ def gemm_config(n: int, k: int, dtype: torch.dtype) -> GemmConfig:
 def _gemm_kernel(
     x_src,
     w_src,
+    w_ptr,
     out_ptr,
     part_ptr,
     ticket_ptr,
@@ -100,6 +106,8 @@ def _gemm_kernel(
     EVEN_N: tl.constexpr,
     TMA: tl.constexpr,
     IEEE: tl.constexpr,
+    PDL: tl.constexpr,
+    PREFETCH_BYTES: tl.constexpr,
 ):
     pid_n = tl.program_id(0)
     pid_s = tl.program_id(1)
@@ -108,6 +116,10 @@ def _gemm_kernel(
     offs_n = pid_n * BLOCK_N + tl.arange(0, BLOCK_N)
     offs_k = tl.arange(0, BLOCK_K)
     k_start = pid_s * K_PER_SPLIT
+    if PDL and PREFETCH_BYTES > 0:  # the weights are constant: stream them while waiting
+        rows = tl.minimum(offs_n, N - 1)
+        prefetch_rows_l2(w_ptr + rows * stride_wn + k_start, PREFETCH_BYTES)
+    start_after_predecessor(PDL)
     m_mask = offs_m[:, None] < M
     acc = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
     for kk in range(k_start, k_start + K_PER_SPLIT, BLOCK_K):
@@ -223,9 +235,13 @@ def matmul_batch_invariant(
         w_src = TensorDescriptor.from_tensor(w, [cfg.block_n, cfg.block_k])
     else:
         x_src, w_src = x2, w
+    on = pdl.use_pdl(x.device)
+    prefetch = cfg.num_stages * cfg.block_k if cfg.prefetch_k is None else cfg.prefetch_k
+    prefetch_bytes = min(prefetch, k // cfg.split_k) * w.element_size() if on else 0
     _gemm_kernel[grid](
         x_src,
         w_src,
+        w,
         out,
         partials,
         tickets,
@@ -241,7 +257,10 @@ def matmul_batch_invariant(
         EVEN_N=n % cfg.block_n == 0,
         TMA=cfg.tma,
         IEEE=x.dtype == torch.float32,
+        PDL=on,
+        PREFETCH_BYTES=prefetch_bytes,
         num_warps=cfg.num_warps,
         num_stages=cfg.num_stages,
+        launch_pdl=on,
     )
     return out.reshape(*lead_shape, n)

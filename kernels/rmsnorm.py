@@ -16,6 +16,8 @@ from __future__ import annotations
 import torch
 import triton
 import triton.language as tl
+from specdash.kernels import pdl
+from specdash.kernels.pdl import start_after_predecessor
 
 
 @triton.jit
@@ -38,7 +40,9 @@ def _rms_norm_kernel(
     HAS_WEIGHT: tl.constexpr,
     ZERO_CENTRED: tl.constexpr,
     BLOCK: tl.constexpr,
+    PDL: tl.constexpr,
 ):
+    start_after_predecessor(PDL)
     # row r of width n_cols is element (r // group, r % group) of a [rows/group, group, n_cols]
     # view whose last two dims are contiguous: head rows of a strided projection need no copy
     row = tl.program_id(0)
@@ -99,6 +103,7 @@ def _launch(
     out = torch.empty(x.shape, device=x.device, dtype=out_dtype)
     res_out = None if residual is None else torch.empty_like(out)
     block = triton.next_power_of_2(n)
+    on = pdl.use_pdl(x.device)
     _rms_norm_kernel[(x.numel() // n,)](
         xv,
         rv,
@@ -118,7 +123,9 @@ def _launch(
         HAS_WEIGHT=weight is not None,
         ZERO_CENTRED=zero_centred,
         BLOCK=block,
+        PDL=on,
         num_warps=min(max(block // 512, 1), 16),  # a function of the row width only
+        launch_pdl=on,
     )
     return out, res_out
 

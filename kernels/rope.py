@@ -12,6 +12,8 @@ from __future__ import annotations
 import torch
 import triton
 import triton.language as tl
+from specdash.kernels import pdl
+from specdash.kernels.pdl import start_after_predecessor
 
 
 @triton.jit
@@ -34,7 +36,9 @@ def _qk_norm_rope_kernel(
     R: tl.constexpr,
     Q_STRIDE: tl.constexpr,
     ZERO_CENTRED: tl.constexpr,
+    PDL: tl.constexpr,
 ):
+    start_after_predecessor(PDL)
     t = tl.program_id(0)
     h = tl.program_id(1)
     pos = tl.load(pos_ptr) + t
@@ -99,6 +103,7 @@ def qk_norm_rope_rows(
     if k_cache.stride(-1) != 1 or k_cache.stride(-2) != d or v_cache.stride() != k_cache.stride():
         raise ValueError("k/v caches need the [Hkv, cap, D] contiguous layout")
     q = torch.empty((t, num_heads, d), device=qkv.device, dtype=qkv.dtype)
+    on = pdl.use_pdl(qkv.device)
     _qk_norm_rope_kernel[(t, num_heads + num_kv_heads)](
         qkv,
         q_norm,
@@ -118,6 +123,8 @@ def qk_norm_rope_rows(
         R=r,
         Q_STRIDE=q_stride,
         ZERO_CENTRED=zero_centred,
+        PDL=on,
         num_warps=1 if d <= 128 else 2,
+        launch_pdl=on,
     )
     return q

@@ -29,6 +29,10 @@ from specdash.state import GdnSteps, SeqState
 
 Tensor = torch.Tensor
 Mode = Literal["prefill", "exact", "fast"]
+PREFILL_CHUNK = 16384
+"""Prompt tokens per prefill pass. Activations grow with the tokens in a pass (a 131072-token
+pass of the 27B shape would hold ~9 GB in the gate/up projection alone, next to 51 GB of
+weights); chunks keep them bounded, and the GEMMs stay compute-bound at this size."""
 Observer = Callable[[int, str, Tensor], Tensor]
 """Called as `observer(layer, sub_op, rows)` after each sub-op; returns the rows to use.
 
@@ -249,8 +253,8 @@ class Model:
         """Run `tokens` [T] at positions state.length.. and return fp32 log-probs.
 
         Returns [T, V] (for prefill only the last row unless `all_logits`). Prefill
-        updates `state` in place; exact/fast leave the GDN steps pending for
-        `state.commit(rows)`.
+        updates `state` in place, PREFILL_CHUNK tokens per pass unless observed; exact/fast
+        leave the GDN steps pending for `state.commit(rows)`.
         """
         t_len, start = tokens.shape[0], state.length
         if start + t_len > min(state.capacity, self.cfg.max_position_embeddings):
@@ -262,6 +266,12 @@ class Model:
             from specdash.cuda_graphs import graphed_forward
 
             return graphed_forward(self, tokens, state, mode)
+        if mode == "prefill" and t_len > PREFILL_CHUNK and observe is None:
+            out = [
+                self.forward_eager(tokens[c : c + PREFILL_CHUNK], state, mode, None, all_logits)
+                for c in range(0, t_len, PREFILL_CHUNK)
+            ]
+            return torch.cat(out) if all_logits else out[-1]
         return self.forward_eager(tokens, state, mode, observe, all_logits)
 
     def forward_eager(

@@ -18,6 +18,7 @@ from collections.abc import Callable
 
 import torch
 import torch.nn.functional as F
+from torch.nn.attention.bias import causal_lower_right
 from torch.utils.weak import WeakIdKeyDictionary
 
 from specdash.errors import EnvironmentProblem
@@ -276,11 +277,17 @@ def attention_batched(
     t = q.shape[0]
     n = start + t
     # from position 0 plain causal attention: the flash kernel, O(T) memory at 128k tokens;
-    # one row (a draft step) sees every cached key, so it needs no mask at all
+    # one row (a draft step) sees every cached key, so it needs no mask at all. Rows after
+    # cached keys (a later prefill chunk, a verify) see keys up to their own position: on CUDA
+    # the lower-right causal bias keeps the flash kernel (a [T, n] mask would not); the CPU
+    # kernels take the mask
     causal = start == 0 and t > 1
     mask = None
     if start > 0 and t > 1:
-        mask = torch.ones(t, n, dtype=torch.bool, device=q.device).tril(start)
+        if q.is_cuda:
+            mask = causal_lower_right(t, n)
+        else:
+            mask = torch.ones(t, n, dtype=torch.bool, device=q.device).tril(start)
     out = F.scaled_dot_product_attention(
         q.transpose(0, 1)[None],
         k_cache[None, :, :n],

@@ -18,6 +18,7 @@ import triton
 from triton.backends.compiler import GPUTarget
 from triton.compiler import ASTSource
 from triton.runtime.jit import JITFunction
+from triton.tools.tensor_descriptor import TensorDescriptor
 
 TARGET = GPUTarget("cuda", 90, 32)
 TYPES = {
@@ -27,13 +28,16 @@ TYPES = {
     torch.int32: "*i32",
     torch.int64: "*i64",
 }
-OPTIONS = ("num_warps", "num_stages")
+OPTIONS = ("num_warps", "num_stages", "launch_pdl")
 compiled: dict[str, str] = {}
 
 
 def _type(value: object) -> str:
     if isinstance(value, torch.Tensor):
         return TYPES[value.dtype]
+    if isinstance(value, TensorDescriptor):
+        block = ", ".join(map(str, value.block_shape))
+        return f"tensordesc<{TYPES[value.base.dtype][1:]}[{block}]>"
     if isinstance(value, bool):
         return "i1"
     if isinstance(value, int):
@@ -44,7 +48,7 @@ def _type(value: object) -> str:
 
 
 def offline_run(self: JITFunction, *args, grid, warmup, **kwargs):
-    name = self.fn.__name__
+    name = self.fn.__name__ + (" (PDL)" if kwargs.get("launch_pdl") else "")
     options = {k: kwargs.pop(k) for k in OPTIONS if k in kwargs}
     bound = dict(zip(self.arg_names[: len(args)], args, strict=True)) | kwargs
     signature, constexprs = {}, {}
@@ -64,9 +68,23 @@ def offline_run(self: JITFunction, *args, grid, warmup, **kwargs):
 
 def main() -> int:
     JITFunction.run = offline_run
+    from specdash.kernels import pdl
+
+    for on in (False, True):  # plain launches, then with programmatic dependent launch
+        pdl.use_pdl = lambda device, on=on: on
+        launch_all()
+    for name, result in sorted(compiled.items()):
+        print(f"{name}: {result}")
+    print(f"triton {triton.__version__}, target {TARGET}")
+    return 0 if compiled and all(r.startswith("ok") for r in compiled.values()) else 1
+
+
+def launch_all() -> None:
+    from specdash.kernels import pdl
     from specdash.kernels.decode_attention import verify_as_decode_rows
     from specdash.kernels.elementwise import causal_conv_silu_rows, sigmoid_gate_rows, swiglu_rows
     from specdash.kernels.gdn import gdn_verify_steps
+    from specdash.kernels.gemm import BLOCK_M, GemmConfig, _gemm_kernel
     from specdash.kernels.rmsnorm import add_rms_norm_rows, gated_rms_norm_rows, rms_norm_rows
     from specdash.kernels.rope import qk_norm_rope_rows
 
@@ -99,10 +117,26 @@ def main() -> int:
         torch.randn(hv),
         torch.zeros(1, hv, dk, dv),
     )
-    for name, result in sorted(compiled.items()):
-        print(f"{name}: {result}")
-    print(f"triton {triton.__version__}, target {TARGET}")
-    return 0 if compiled and all(r.startswith("ok") for r in compiled.values()) else 1
+    # the GEMM wrapper refuses a CPU device outside the interpreter: launch its kernel as it
+    # does, for a pointer-load config and a TMA one with split-K, weight prefetch included
+    for cfg in (GemmConfig(64, 128, 1), GemmConfig(64, 128, 2, num_stages=3, tma=True)):
+        wt, xt = torch.randn(192, 512, dtype=bf), torch.randn(3, 512, dtype=bf)
+        on = pdl.use_pdl(xt.device)
+        src = (
+            (
+                TensorDescriptor.from_tensor(xt, [BLOCK_M, cfg.block_k]),
+                TensorDescriptor.from_tensor(wt, [cfg.block_n, cfg.block_k]),
+            )
+            if cfg.tma
+            else (xt, wt)
+        )
+        _gemm_kernel[(3, cfg.split_k, 1)](
+            *src, wt, xt, torch.empty(cfg.split_k, 3, 192), torch.zeros(8, dtype=torch.int32),
+            3, 192, 512 // cfg.split_k, 512, 512, BLOCK_M=BLOCK_M, BLOCK_N=cfg.block_n,
+            BLOCK_K=cfg.block_k, SPLIT_K=cfg.split_k, EVEN_N=True, TMA=cfg.tma, IEEE=False,
+            PDL=on, PREFETCH_BYTES=512 if on else 0, num_warps=cfg.num_warps,
+            num_stages=cfg.num_stages, launch_pdl=on,
+        )  # fmt: skip
 
 
 if __name__ == "__main__":

@@ -9,13 +9,16 @@ from dataclasses import replace
 
 import pytest
 import torch
+from specdash.kernels import pdl
 from tiny_models import plain_greedy
 
+from specdash import model as model_module
 from specdash import ops
 from specdash.drafters import ModelDrafter
 from specdash.engine import Engine
 from specdash.model import Model, random_tensors
 from specdash.model_config import preset
+from specdash.state import SeqState
 
 pytestmark = [
     pytest.mark.gpu,
@@ -69,6 +72,27 @@ def test_graphed_spec_equals_eager_plain_greedy(k: int) -> None:
     assert accepted > 0
 
 
+def _decode_prompts(engine: Engine, k: int, mode: str, seed: int) -> tuple[list[int], list[float]]:
+    """Ids and logprobs of four prompts through `engine`, concatenated."""
+    cfg = engine.target.cfg
+    gen = torch.Generator().manual_seed(seed)
+    ids, lps = [], []
+    for i in range(4):
+        prompt = torch.randint(0, cfg.vocab_size, (9 + 5 * i,), generator=gen).tolist()
+        seq, _ = engine.start(i, prompt, 24, 16, shadow=False)
+        while not seq.done:
+            engine.spec_step(seq, k, mode, 24)
+        ids += seq.ids
+        lps += seq.logprobs
+        engine.release(seq)
+    return ids, lps
+
+
+def _same_bits(a: tuple[list[int], list[float]], b: tuple[list[int], list[float]]) -> None:
+    assert a[0] == b[0]
+    assert torch.equal(torch.tensor(a[1]), torch.tensor(b[1]))
+
+
 def test_graphed_fast_verify_equals_eager_fast_verify() -> None:
     """Fast mode is graphed too (for the exact/fast throughput ratio): a replay must compute
     what the eager forward computes, and the commit graphs must roll back the same way."""
@@ -77,16 +101,35 @@ def test_graphed_fast_verify_equals_eager_fast_verify() -> None:
     for graphs in (True, False):
         engine = Engine(target, lambda: ModelDrafter(draft), [])
         engine.cuda_graphs = graphs
-        gen = torch.Generator().manual_seed(3)
-        ids, lps = [], []
-        for i in range(4):
-            prompt = torch.randint(0, target.cfg.vocab_size, (9 + 5 * i,), generator=gen).tolist()
-            seq, _ = engine.start(i, prompt, 24, 16, shadow=False)
-            while not seq.done:
-                engine.spec_step(seq, 4, "fast", 24)
-            ids += seq.ids
-            lps += seq.logprobs
-            engine.release(seq)
-        runs.append((ids, lps))
-    assert runs[0][0] == runs[1][0]
-    assert torch.equal(torch.tensor(runs[0][1]), torch.tensor(runs[1][1]))
+        runs.append(_decode_prompts(engine, 4, "fast", 3))
+    _same_bits(*runs)
+
+
+@pytest.mark.skipif(
+    not torch.cuda.is_available() or torch.cuda.get_device_capability()[0] < 9,
+    reason="programmatic dependent launch needs Hopper",
+)
+def test_pdl_launches_give_the_same_bits(monkeypatch) -> None:  # noqa: ANN001
+    """With PDL each row kernel starts before its predecessor ends: a missing wait would read
+    stale inputs. Graphed exact speculation with and without PDL must agree bit for bit."""
+    target, draft = _model(0), _model(1, noise=0.05)
+    runs = []
+    for on in (True, False):
+        monkeypatch.setattr(pdl, "ENABLED", on)
+        engine = Engine(target, lambda: ModelDrafter(draft), [])
+        assert pdl.use_pdl(target.device) is on
+        runs.append(_decode_prompts(engine, 4, "exact", 4))
+    _same_bits(*runs)
+
+
+def test_chunked_prefill_on_cuda(monkeypatch) -> None:  # noqa: ANN001
+    """Later prefill chunks take SDPA's lower-right causal bias (GQA, flash kernel) on CUDA."""
+    m = _model(0)
+    prompt = torch.randint(0, m.cfg.vocab_size, (300,), generator=torch.Generator().manual_seed(5))
+    out = []
+    for chunk in (1 << 20, 64):
+        monkeypatch.setattr(model_module, "PREFILL_CHUNK", chunk)
+        state = SeqState.empty(m.cfg, 310, m.dtype, m.device)
+        out.append(m.forward(prompt.cuda(), state, "prefill", all_logits=True))
+    torch.testing.assert_close(out[1], out[0], rtol=0, atol=0.1)  # bf16 model
+    assert (out[1].argmax(-1) == out[0].argmax(-1)).float().mean() > 0.95

@@ -1,0 +1,63 @@
+"""A long prompt is prefilled in chunks (bounded activation memory): later chunks attend to the
+cached keys before them and continue the GDN state, so the model computes the same function.
+Prefill is shared by the speculative run and its shadow, so exactness is unaffected."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+from tiny_models import tiny_config
+
+from specdash import model as model_module
+from specdash import ops
+from specdash.drafters import ModelDrafter
+from specdash.engine import Engine
+from specdash.model import Model, random_tensors
+from specdash.state import SeqState
+
+
+def _model(seed: int) -> Model:
+    cfg = tiny_config(vocab_size=320)
+    return Model.from_tensors(
+        cfg, random_tensors(cfg, seed), ops.resolve_gemm_backend("torch", torch.device("cpu"))
+    )
+
+
+def _prefill(m: Model, prompt: list[int]) -> tuple[torch.Tensor, SeqState]:
+    state = SeqState.empty(m.cfg, len(prompt) + 8, m.dtype, m.device)
+    with torch.inference_mode():
+        lp = m.forward(torch.tensor(prompt), state, "prefill", all_logits=True)
+    return lp, state
+
+
+@pytest.mark.parametrize("chunk", [1, 7, 16])
+def test_chunked_prefill_computes_the_unchunked_function(monkeypatch, chunk: int) -> None:  # noqa: ANN001
+    m = _model(0)
+    prompt = torch.randint(0, 320, (45,), generator=torch.Generator().manual_seed(chunk)).tolist()
+    whole, whole_state = _prefill(m, prompt)
+    monkeypatch.setattr(model_module, "PREFILL_CHUNK", chunk)
+    chunked, chunked_state = _prefill(m, prompt)
+    assert chunked_state.length == whole_state.length == len(prompt)
+    torch.testing.assert_close(chunked, whole, rtol=0, atol=2e-4)
+    assert torch.equal(chunked.argmax(-1), whole.argmax(-1))
+    for i in whole_state.kv:
+        torch.testing.assert_close(chunked_state.kv[i].k, whole_state.kv[i].k, rtol=0, atol=1e-4)
+    for i in whole_state.gdn:
+        a, b = chunked_state.gdn[i], whole_state.gdn[i]
+        torch.testing.assert_close(a.ssm, b.ssm, rtol=0, atol=1e-4)
+        torch.testing.assert_close(a.conv, b.conv, rtol=0, atol=1e-4)
+
+
+def test_spec_after_chunked_prefill_equals_its_shadow(monkeypatch) -> None:  # noqa: ANN001
+    monkeypatch.setattr(model_module, "PREFILL_CHUNK", 8)
+    target, draft = _model(0), _model(1)
+    engine = Engine(target, lambda: ModelDrafter(draft), [])
+    gen = torch.Generator().manual_seed(2)
+    for i in range(4):
+        prompt = torch.randint(0, 320, (20 + 9 * i,), generator=gen).tolist()
+        seq, _ = engine.start(i, prompt, 24, 16, shadow=True)
+        with torch.inference_mode():
+            while not seq.done:
+                engine.spec_step(seq, 4, "exact", 24)
+        assert seq.diverged_at is None and seq.compared == len(seq.ids) == 24
+        engine.release(seq)
