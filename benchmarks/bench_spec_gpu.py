@@ -28,10 +28,10 @@ import statistics
 import sys
 import threading
 import time
-from dataclasses import replace
 
 import torch
-from specdash.kernels import gemm, pdl
+from specdash.kernels import pdl
+from torch.profiler import ProfilerActivity, profile
 
 from specdash import ops
 from specdash.engine import Engine
@@ -144,8 +144,6 @@ def profile_step(model: Model, prompt: list[int], rows: int) -> dict:
     """Device time of one eager exact step of `rows` rows by kernel (the graphs replay these):
     rows=1 is decode, rows=k+1 a verify step, so the two tables show where verify's extra
     time goes."""
-    from torch.profiler import ProfilerActivity, profile
-
     state = SeqState.empty(model.cfg, len(prompt) + rows + 8, model.dtype, model.device)
     model.forward(torch.tensor(prompt, device=model.device), state, "prefill")
     tokens = torch.tensor(prompt[-rows:], device=model.device)
@@ -157,14 +155,18 @@ def profile_step(model: Model, prompt: list[int], rows: int) -> dict:
         model.forward_eager(tokens, state, "exact")
         torch.cuda.synchronize()
     state.pending = {}
+    return {"rows": rows, **kernel_table(prof, 15)}
+
+
+def kernel_table(prof: profile, top_n: int) -> dict:
+    """Device time by kernel name from a torch profiler run."""
     kernels: dict[str, list[float]] = {}
     for e in prof.events():
         if e.device_type.name == "CUDA" and e.device_time > 0:
             kernels.setdefault(e.name[:60], []).append(e.device_time)
     total = sum(sum(t) for t in kernels.values())
-    top = sorted(kernels.items(), key=lambda kv: -sum(kv[1]))[:15]
+    top = sorted(kernels.items(), key=lambda kv: -sum(kv[1]))[:top_n]
     return {
-        "rows": rows,
         "kernels": sum(len(t) for t in kernels.values()),
         "kernel_ms": total / 1e3,
         "top": [{"name": n, "count": len(t), "ms": sum(t) / 1e3} for n, t in top],
@@ -211,12 +213,14 @@ def main() -> int:
             state.reset()
             torch.cuda.synchronize()
             t1 = time.perf_counter()
-            model.forward(p, state, "prefill")
-            torch.cuda.synchronize()
+            with profile(activities=[ProfilerActivity.CUDA]) as prof:
+                model.forward(p, state, "prefill")
+                torch.cuda.synchronize()
             out["long_prefill"] = {
                 "tokens": args.long_prefill,
                 "s": time.perf_counter() - t1,
                 "peak_GB": torch.cuda.max_memory_allocated() / 1e9,
+                "profile": kernel_table(prof, 12),
             }
         except torch.OutOfMemoryError as e:
             out["long_prefill"] = {"tokens": args.long_prefill, "error": str(e)[:200]}
@@ -243,32 +247,25 @@ def main() -> int:
         out["decode"].append(row)
         print(row, flush=True)
 
-    # PDL off/on and the weight-prefetch depth (exact, Triton tile), and exact vs fast mode
-    # (cuBLAS, batched: the usual way); each on its own engine, so each captures its own graphs
+    # PDL modes (exact, Triton tile), and exact vs fast mode (cuBLAS, batched: the usual way);
+    # each on its own engine, so each captures its own graphs
     exact_gemm, cublas = model.gemm, ops.resolve_gemm_backend("cublas", dev)
-    tuned = dict(gemm.TUNED_BF16)
-    variants = {  # name: (backend, mode, PDL, GemmConfig.prefetch_k override)
-        "exact/triton": (exact_gemm, "exact", True, None),
-        "exact/triton, no PDL": (exact_gemm, "exact", False, None),
-        "exact/triton, PDL without prefetch": (exact_gemm, "exact", True, 0),
-        "exact/triton, PDL prefetch 2048": (exact_gemm, "exact", True, 2048),
-        "fast/cublas": (cublas, "fast", True, None),
+    shipped = pdl.MODE
+    variants = {  # name: (backend, mode, PDL mode)
+        "exact/triton": (exact_gemm, "exact", shipped),
+        **{f"exact/triton, PDL {m}": (exact_gemm, "exact", m) for m in pdl.MODES if m != shipped},
+        "fast/cublas": (cublas, "fast", shipped),
     }
     engines = {name: Engine(model, plain.make_drafter, []) for name in variants}
     ratio_prompt, runs = rand_prompt(2048), {name: [] for name in variants}
     outputs: dict[str, tuple[list[int], list[float]]] = {}
     for _ in range(3):
-        for name, (backend, mode, on, prefetch) in variants.items():
-            model.gemm, pdl.ENABLED = backend, on
-            if prefetch is not None:
-                gemm.TUNED_BF16.update(
-                    {nk: replace(c, prefetch_k=prefetch) for nk, c in tuned.items()}
-                )
+        for name, (backend, mode, pdl_mode) in variants.items():
+            model.gemm, pdl.MODE = backend, pdl_mode
             ids, lps, tps = plain_decode(engines[name], ratio_prompt, args.decode_tokens, mode=mode)
-            gemm.TUNED_BF16.update(tuned)
             runs[name].append(tps)
             outputs.setdefault(name, (ids, lps))
-    model.gemm, pdl.ENABLED = exact_gemm, True
+    model.gemm, pdl.MODE = exact_gemm, shipped
     engines = None
     med = {name: statistics.median(r) for name, r in runs.items()}
     exact_names = [n for n in variants if n.startswith("exact")]
@@ -276,7 +273,7 @@ def main() -> int:
         "tokens_per_s": med,
         "runs": runs,
         "ratio": med["exact/triton"] / med["fast/cublas"],
-        "pdl_on_over_off": med["exact/triton"] / med["exact/triton, no PDL"],
+        "pdl_mode": shipped,
         "exact_variants_same_ids_and_logprob_bits": all(
             outputs[n][0] == outputs["exact/triton"][0]
             and torch.equal(torch.tensor(outputs[n][1]), torch.tensor(outputs["exact/triton"][1]))

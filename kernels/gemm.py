@@ -21,7 +21,7 @@ import torch.nn.functional as F
 import triton
 import triton.language as tl
 from specdash.kernels import pdl
-from specdash.kernels.pdl import prefetch_rows_l2, start_after_predecessor
+from specdash.kernels.pdl import let_successor_launch, start_after_predecessor
 from triton.tools.tensor_descriptor import TensorDescriptor
 
 BLOCK_M = 16
@@ -39,9 +39,6 @@ class GemmConfig:
     num_warps: int = 4
     num_stages: int = 4
     tma: bool = False  # tiles through the Hopper bulk tensor copy engine instead of pointer loads
-    # with PDL: K elements of each weight row pulled into L2 before waiting for the input
-    # (None: the pipeline's first num_stages * block_k; 0: none)
-    prefetch_k: int | None = None
 
 
 # The fastest CUDA-graph time of a sweep on an H200 (benchmarks/bench_gemm.py --sweep, 2026-12-02,
@@ -90,7 +87,6 @@ def gemm_config(n: int, k: int, dtype: torch.dtype) -> GemmConfig:
 def _gemm_kernel(
     x_src,
     w_src,
-    w_ptr,
     out_ptr,
     part_ptr,
     ticket_ptr,
@@ -107,7 +103,6 @@ def _gemm_kernel(
     TMA: tl.constexpr,
     IEEE: tl.constexpr,
     PDL: tl.constexpr,
-    PREFETCH_BYTES: tl.constexpr,
 ):
     pid_n = tl.program_id(0)
     pid_s = tl.program_id(1)
@@ -116,9 +111,6 @@ def _gemm_kernel(
     offs_n = pid_n * BLOCK_N + tl.arange(0, BLOCK_N)
     offs_k = tl.arange(0, BLOCK_K)
     k_start = pid_s * K_PER_SPLIT
-    if PDL and PREFETCH_BYTES > 0:  # the weights are constant: stream them while waiting
-        rows = tl.minimum(offs_n, N - 1)
-        prefetch_rows_l2(w_ptr + rows * stride_wn + k_start, PREFETCH_BYTES)
     start_after_predecessor(PDL)
     m_mask = offs_m[:, None] < M
     acc = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
@@ -139,6 +131,7 @@ def _gemm_kernel(
             acc = tl.dot(xt, tl.trans(wt), acc, input_precision="ieee")
         else:
             acc = tl.dot(xt, tl.trans(wt), acc)
+    let_successor_launch(PDL)
     tile = offs_m[:, None] * N + offs_n[None, :]
     mask = m_mask & (offs_n[None, :] < N)
     if SPLIT_K == 1:
@@ -235,13 +228,10 @@ def matmul_batch_invariant(
         w_src = TensorDescriptor.from_tensor(w, [cfg.block_n, cfg.block_k])
     else:
         x_src, w_src = x2, w
-    on = pdl.use_pdl(x.device)
-    prefetch = cfg.num_stages * cfg.block_k if cfg.prefetch_k is None else cfg.prefetch_k
-    prefetch_bytes = min(prefetch, k // cfg.split_k) * w.element_size() if on else 0
+    pdl_mode = pdl.use_pdl(x.device)
     _gemm_kernel[grid](
         x_src,
         w_src,
-        w,
         out,
         partials,
         tickets,
@@ -257,10 +247,9 @@ def matmul_batch_invariant(
         EVEN_N=n % cfg.block_n == 0,
         TMA=cfg.tma,
         IEEE=x.dtype == torch.float32,
-        PDL=on,
-        PREFETCH_BYTES=prefetch_bytes,
+        PDL=pdl_mode,
         num_warps=cfg.num_warps,
         num_stages=cfg.num_stages,
-        launch_pdl=on,
+        launch_pdl=pdl_mode > 0,
     )
     return out.reshape(*lead_shape, n)

@@ -110,16 +110,17 @@ def test_graphed_fast_verify_equals_eager_fast_verify() -> None:
     reason="programmatic dependent launch needs Hopper",
 )
 def test_pdl_launches_give_the_same_bits(monkeypatch) -> None:  # noqa: ANN001
-    """With PDL each row kernel starts before its predecessor ends: a missing wait would read
-    stale inputs. Graphed exact speculation with and without PDL must agree bit for bit."""
+    """With PDL a row kernel launches before its predecessor ends: a missing wait would read
+    stale inputs. Graphed exact speculation must agree bit for bit in every PDL mode."""
     target, draft = _model(0), _model(1, noise=0.05)
     runs = []
-    for on in (True, False):
-        monkeypatch.setattr(pdl, "ENABLED", on)
+    for mode in pdl.MODES:
+        monkeypatch.setattr(pdl, "MODE", mode)
         engine = Engine(target, lambda: ModelDrafter(draft), [])
-        assert pdl.use_pdl(target.device) is on
+        assert pdl.use_pdl(target.device) == pdl.MODES[mode]
         runs.append(_decode_prompts(engine, 4, "exact", 4))
-    _same_bits(*runs)
+    _same_bits(runs[0], runs[1])
+    _same_bits(runs[0], runs[2])
 
 
 def test_chunked_prefill_on_cuda(monkeypatch) -> None:  # noqa: ANN001
