@@ -68,7 +68,7 @@ def main() -> None:
                         row["gqa"] = "native"
                     except RuntimeError:  # backend without GQA: expanded K/V (not timed)
                         ke, ve = k.repeat_interleave(rep, 1), v.repeat_interleave(rep, 1)
-                        ms = time_ms(lambda fn=fn: fn(ke, ve))
+                        ms = time_ms(lambda fn=fn, ke=ke, ve=ve: fn(ke, ve))
                         row["gqa"] = "expanded"
                         del ke, ve
                 row |= {"ms": ms, "TFLOPs": flops / ms / 1e9}
