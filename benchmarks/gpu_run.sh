@@ -50,6 +50,11 @@ if [ -z "${SKIP_GEMM:-}" ]; then
   PYTHONPATH="$PYTHONPATH${DG:+:$DG}" python3 benchmarks/bench_gemm.py --json "$OUT/gemm.json" \
     "$@" 2>&1 | tee "$OUT/gemm.txt"
 fi
+if [ -n "${PREFILL_ATTN:-}" ]; then
+  echo "== prefill attention $(date -u +%T)"
+  timeout 120 python3 benchmarks/bench_prefill_attention.py --json "$OUT/prefill_attn.json" \
+    2>&1 | grep -v Warning | tee "$OUT/prefill_attn.txt"
+fi
 if [ -n "${ENGINE:-}" ]; then
   read -r -a ENGINE_ARGS <<< "${ENGINE_ARGS:-}"
   echo "== engine $(date -u +%T)"
