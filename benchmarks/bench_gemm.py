@@ -249,11 +249,11 @@ def nvml_during(fn, ws, x, seconds: float = 2.0) -> dict:
 
 
 def without_pdl(fn, a: torch.Tensor, b: torch.Tensor, cfg: GemmConfig) -> torch.Tensor:
-    shipped, pdl.MODE = pdl.MODE, "off"
+    pdl.ENABLED = False
     try:
         return fn(a, b, config=cfg)
     finally:
-        pdl.MODE = shipped
+        pdl.ENABLED = True
 
 
 def main() -> None:

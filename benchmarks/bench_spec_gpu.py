@@ -7,9 +7,9 @@ mode, all through `specdash.engine.Engine` (the code `specdash run` uses). In on
 2. plain greedy decode (the shadow's path) at each `--contexts` length: t/s and the weight
    bytes / step time, next to NVML GPM DRAM bandwidth sampled during the decode;
 3. plain-decode t/s, all graphed, interleaved repeats, each configuration on its own engine:
-   exact mode (Triton tile) with programmatic dependent launch off / on (and the GEMM's
-   weight-prefetch depth), fast mode (cuBLAS); the exact variants must give the same ids
-   and logprob bits; then the device time by kernel of one eager decode and verify step;
+   exact mode (Triton tile) with programmatic dependent launch on and off, fast mode
+   (cuBLAS); the exact variants must give the same ids and logprob bits; then the device
+   time by kernel of one eager decode and verify step;
 4. a verify step of k+1 rows vs a decode step (graph replay, median of repeats);
 5. speculative decoding at k with an oracle drafter (replays the plain run's tokens of the
    same mode: 100% acceptance in exact mode; fast verify is not fast decode, so less there)
@@ -250,22 +250,21 @@ def main() -> int:
     # PDL modes (exact, Triton tile), and exact vs fast mode (cuBLAS, batched: the usual way);
     # each on its own engine, so each captures its own graphs
     exact_gemm, cublas = model.gemm, ops.resolve_gemm_backend("cublas", dev)
-    shipped = pdl.MODE
-    variants = {  # name: (backend, mode, PDL mode)
-        "exact/triton": (exact_gemm, "exact", shipped),
-        **{f"exact/triton, PDL {m}": (exact_gemm, "exact", m) for m in pdl.MODES if m != shipped},
-        "fast/cublas": (cublas, "fast", shipped),
+    variants = {  # name: (backend, mode, PDL)
+        "exact/triton": (exact_gemm, "exact", True),
+        "exact/triton, no PDL": (exact_gemm, "exact", False),
+        "fast/cublas": (cublas, "fast", True),
     }
     engines = {name: Engine(model, plain.make_drafter, []) for name in variants}
     ratio_prompt, runs = rand_prompt(2048), {name: [] for name in variants}
     outputs: dict[str, tuple[list[int], list[float]]] = {}
     for _ in range(3):
-        for name, (backend, mode, pdl_mode) in variants.items():
-            model.gemm, pdl.MODE = backend, pdl_mode
+        for name, (backend, mode, on) in variants.items():
+            model.gemm, pdl.ENABLED = backend, on
             ids, lps, tps = plain_decode(engines[name], ratio_prompt, args.decode_tokens, mode=mode)
             runs[name].append(tps)
             outputs.setdefault(name, (ids, lps))
-    model.gemm, pdl.MODE = exact_gemm, shipped
+    model.gemm, pdl.ENABLED = exact_gemm, True
     engines = None
     med = {name: statistics.median(r) for name, r in runs.items()}
     exact_names = [n for n in variants if n.startswith("exact")]
@@ -273,7 +272,7 @@ def main() -> int:
         "tokens_per_s": med,
         "runs": runs,
         "ratio": med["exact/triton"] / med["fast/cublas"],
-        "pdl_mode": shipped,
+        "pdl_on_over_off": med["exact/triton"] / med["exact/triton, no PDL"],
         "exact_variants_same_ids_and_logprob_bits": all(
             outputs[n][0] == outputs["exact/triton"][0]
             and torch.equal(torch.tensor(outputs[n][1]), torch.tensor(outputs["exact/triton"][1]))

@@ -199,7 +199,7 @@ def _attention_rows(
     lse_sum = torch.empty_like(m)
     acc = torch.empty((rows, hq, max_splits, d), device=dev, dtype=torch.float32)
     seq_lens = seq_lens.to(device=dev, dtype=torch.int32)
-    pdl_mode = pdl.use_pdl(dev)
+    pdl_on = pdl.use_pdl(dev)
     _split_kernel[(bsz * triton.cdiv(rows_per_seq, slots), hkv, max_splits)](
         q,
         k_cache,
@@ -227,10 +227,10 @@ def _attention_rows(
         SPLIT=split_size,
         BLOCK_T=cfg.block_t,
         IEEE=q.dtype == torch.float32,
-        PDL=pdl_mode,
+        PDL=pdl_on,
         num_warps=cfg.num_warps,
         num_stages=cfg.num_stages,
-        launch_pdl=pdl_mode > 0,
+        launch_pdl=pdl_on,
     )
     out = torch.empty_like(q)
     _merge_kernel[(rows, hq)](
@@ -245,8 +245,8 @@ def _attention_rows(
         HQ=hq,
         D=d,
         SPLIT=split_size,
-        PDL=pdl_mode,
-        launch_pdl=pdl_mode > 0,
+        PDL=pdl_on,
+        launch_pdl=pdl_on,
     )
     return out
 

@@ -66,7 +66,7 @@ def _gated(x: torch.Tensor, g: torch.Tensor, silu: bool) -> torch.Tensor:
         raise ValueError(f"x {tuple(x.shape)} and gate {tuple(g.shape)} do not pair up")
     m = x2.shape[0]
     out = torch.empty((m, n), device=x.device, dtype=x.dtype)
-    pdl_mode = pdl.use_pdl(x.device)
+    pdl_on = pdl.use_pdl(x.device)
     _gated_kernel[(m, triton.cdiv(n, _BLOCK))](
         x2,
         g,
@@ -78,9 +78,9 @@ def _gated(x: torch.Tensor, g: torch.Tensor, silu: bool) -> torch.Tensor:
         stride_gi,
         SILU=silu,
         BLOCK=_BLOCK,
-        PDL=pdl_mode,
+        PDL=pdl_on,
         num_warps=4,
-        launch_pdl=pdl_mode > 0,
+        launch_pdl=pdl_on,
     )
     return out.reshape(x.shape)
 
@@ -147,9 +147,9 @@ def causal_conv_silu_rows(
     window, weight = window.contiguous(), weight.contiguous()
     out = torch.empty((t, c), device=x.device, dtype=x.dtype)
     seq = torch.empty((w - 1 + t, c), device=x.device, dtype=x.dtype)
-    pdl_mode = pdl.use_pdl(x.device)
+    pdl_on = pdl.use_pdl(x.device)
     _conv_kernel[(t, triton.cdiv(c, _BLOCK))](
-        window, x, weight, out, seq, c, x.stride(0), W=w, BLOCK=_BLOCK, PDL=pdl_mode, num_warps=4,
-        launch_pdl=pdl_mode > 0,
+        window, x, weight, out, seq, c, x.stride(0), W=w, BLOCK=_BLOCK, PDL=pdl_on, num_warps=4,
+        launch_pdl=pdl_on,
     )  # fmt: skip
     return out, seq

@@ -121,7 +121,7 @@ def gdn_verify_steps(
     state = state.contiguous()
     o = torch.empty((bsz, t, hv, dv), device=v.device, dtype=v.dtype)
     states = torch.empty((bsz, t, hv, dk, dv), device=v.device, dtype=torch.float32)
-    pdl_mode = pdl.use_pdl(v.device)
+    pdl_on = pdl.use_pdl(v.device)
     _gdn_steps_kernel[(bsz * hv, dv // BLOCK_V)](
         q,
         k,
@@ -152,9 +152,9 @@ def gdn_verify_steps(
         DK=dk,
         DV=dv,
         BV=BLOCK_V,
-        PDL=pdl_mode,
+        PDL=pdl_on,
         num_warps=_NUM_WARPS,
-        launch_pdl=pdl_mode > 0,
+        launch_pdl=pdl_on,
     )
     return o, states
 

@@ -228,7 +228,7 @@ def matmul_batch_invariant(
         w_src = TensorDescriptor.from_tensor(w, [cfg.block_n, cfg.block_k])
     else:
         x_src, w_src = x2, w
-    pdl_mode = pdl.use_pdl(x.device)
+    pdl_on = pdl.use_pdl(x.device)
     _gemm_kernel[grid](
         x_src,
         w_src,
@@ -247,9 +247,9 @@ def matmul_batch_invariant(
         EVEN_N=n % cfg.block_n == 0,
         TMA=cfg.tma,
         IEEE=x.dtype == torch.float32,
-        PDL=pdl_mode,
+        PDL=pdl_on,
         num_warps=cfg.num_warps,
         num_stages=cfg.num_stages,
-        launch_pdl=pdl_mode > 0,
+        launch_pdl=pdl_on,
     )
     return out.reshape(*lead_shape, n)

@@ -103,7 +103,7 @@ def qk_norm_rope_rows(
     if k_cache.stride(-1) != 1 or k_cache.stride(-2) != d or v_cache.stride() != k_cache.stride():
         raise ValueError("k/v caches need the [Hkv, cap, D] contiguous layout")
     q = torch.empty((t, num_heads, d), device=qkv.device, dtype=qkv.dtype)
-    pdl_mode = pdl.use_pdl(qkv.device)
+    pdl_on = pdl.use_pdl(qkv.device)
     _qk_norm_rope_kernel[(t, num_heads + num_kv_heads)](
         qkv,
         q_norm,
@@ -123,8 +123,8 @@ def qk_norm_rope_rows(
         R=r,
         Q_STRIDE=q_stride,
         ZERO_CENTRED=zero_centred,
-        PDL=pdl_mode,
+        PDL=pdl_on,
         num_warps=1 if d <= 128 else 2,
-        launch_pdl=pdl_mode > 0,
+        launch_pdl=pdl_on,
     )
     return q

@@ -48,7 +48,7 @@ def _type(value: object) -> str:
 
 
 def offline_run(self: JITFunction, *args, grid, warmup, **kwargs):
-    name = self.fn.__name__ + {0: "", 1: " (PDL late)", 2: " (PDL early)"}[kwargs.get("PDL", 0)]
+    name = self.fn.__name__ + (" (PDL)" if kwargs.get("launch_pdl") else "")
     options = {k: kwargs.pop(k) for k in OPTIONS if k in kwargs}
     bound = dict(zip(self.arg_names[: len(args)], args, strict=True)) | kwargs
     signature, constexprs = {}, {}
@@ -70,8 +70,8 @@ def main() -> int:
     JITFunction.run = offline_run
     from specdash.kernels import pdl
 
-    for mode in (0, 1, 2):  # plain launches, then each programmatic dependent launch mode
-        pdl.use_pdl = lambda device, mode=mode: mode
+    for on in (False, True):  # plain launches, then with programmatic dependent launch
+        pdl.use_pdl = lambda device, on=on: on
         launch_all()
     for name, result in sorted(compiled.items()):
         print(f"{name}: {result}")
@@ -121,7 +121,7 @@ def launch_all() -> None:
     # does, for a pointer-load config and a TMA one with split-K
     for cfg in (GemmConfig(64, 128, 1), GemmConfig(64, 128, 2, num_stages=3, tma=True)):
         wt, xt = torch.randn(192, 512, dtype=bf), torch.randn(3, 512, dtype=bf)
-        mode = pdl.use_pdl(xt.device)
+        on = pdl.use_pdl(xt.device)
         src = (
             (
                 TensorDescriptor.from_tensor(xt, [BLOCK_M, cfg.block_k]),
@@ -134,7 +134,7 @@ def launch_all() -> None:
             *src, xt, torch.empty(cfg.split_k, 3, 192), torch.zeros(8, dtype=torch.int32),
             3, 192, 512 // cfg.split_k, 512, 512, BLOCK_M=BLOCK_M, BLOCK_N=cfg.block_n,
             BLOCK_K=cfg.block_k, SPLIT_K=cfg.split_k, EVEN_N=True, TMA=cfg.tma, IEEE=False,
-            PDL=mode, num_warps=cfg.num_warps, num_stages=cfg.num_stages, launch_pdl=mode > 0,
+            PDL=on, num_warps=cfg.num_warps, num_stages=cfg.num_stages, launch_pdl=on,
         )  # fmt: skip
 
 

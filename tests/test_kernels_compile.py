@@ -1,4 +1,5 @@
-"""The row kernels compile for a Hopper GPU (sm_90, cubin via ptxas) on this GPU-less machine.
+"""The row kernels and the GEMM compile for a Hopper GPU (sm_90, cubin via ptxas) on this
+GPU-less machine, as launched plainly and with programmatic dependent launch.
 
 The interpreter tests check arithmetic but never run Triton's GPU compiler, which rejects
 things the interpreter accepts (a loop variable re-bound with another type, say). This is the
@@ -21,6 +22,8 @@ def test_row_kernels_compile_for_sm90() -> None:
         [sys.executable, str(SCRIPT)], env=env, capture_output=True, text=True, timeout=300
     )
     assert run.returncode == 0, run.stdout + run.stderr[-3000:]
-    for kernel in ("_rms_norm_kernel", "_gated_kernel", "_conv_kernel", "_qk_norm_rope_kernel",
-                   "_gdn_steps_kernel", "_split_kernel", "_merge_kernel"):  # fmt: skip
+    kernels = ("_rms_norm_kernel", "_gated_kernel", "_conv_kernel", "_qk_norm_rope_kernel",
+               "_gdn_steps_kernel", "_split_kernel", "_merge_kernel", "_gemm_kernel")  # fmt: skip
+    for kernel in kernels:
         assert f"{kernel}: ok" in run.stdout
+        assert f"{kernel} (PDL): ok" in run.stdout  # programmatic dependent launch variant
