@@ -43,7 +43,7 @@ tail -5 "$OUT/gpu_tests.txt"
 if [ -z "${SKIP_ATTN:-}" ]; then
   echo "== attention/gdn $(date -u +%T)"
   PYTHONPATH="$PYTHONPATH:$FLA" timeout 150 python3 benchmarks/bench_attention_gdn.py \
-    --json "$OUT/attn_gdn.json" 2>&1 | grep -v Warning | tee "$OUT/attn_gdn.txt"
+    --json "$OUT/attn_gdn.json" 2>&1 | grep --line-buffered -v Warning | tee "$OUT/attn_gdn.txt"
 fi
 if [ -z "${SKIP_GEMM:-}" ]; then
   echo "== gemm $(date -u +%T)"
@@ -53,12 +53,12 @@ fi
 if [ -n "${PREFILL_ATTN:-}" ]; then
   echo "== prefill attention $(date -u +%T)"
   timeout 120 python3 benchmarks/bench_prefill_attention.py --json "$OUT/prefill_attn.json" \
-    2>&1 | grep -v Warning | tee "$OUT/prefill_attn.txt"
+    2>&1 | grep --line-buffered -v Warning | tee "$OUT/prefill_attn.txt"
 fi
 if [ -n "${ENGINE:-}" ]; then
   read -r -a ENGINE_ARGS <<< "${ENGINE_ARGS:-}"
   echo "== engine $(date -u +%T)"
   PYTHONPATH="$PYTHONPATH:$FLA" timeout "${ENGINE_TIMEOUT:-400}" python3 benchmarks/bench_spec_gpu.py \
-    "${ENGINE_ARGS[@]}" --json "$OUT/spec_gpu.json" 2>&1 | grep -v Warning | tee "$OUT/spec_gpu.txt"
+    "${ENGINE_ARGS[@]}" --json "$OUT/spec_gpu.json" 2>&1 | grep --line-buffered -v Warning | tee "$OUT/spec_gpu.txt"
 fi
 echo "== done $(date -u +%T)"
