@@ -34,46 +34,11 @@ from specdash.kernels import pdl
 from torch.profiler import ProfilerActivity, profile
 
 from specdash import ops
+from specdash.drafters import RandomDrafter, ReplayDrafter
 from specdash.engine import Engine
 from specdash.model import PREFILL_CHUNK, Model
 from specdash.model_config import preset
 from specdash.state import SeqState
-
-
-class OracleDrafter:
-    """Proposes the plain greedy continuation, known from a previous run."""
-
-    name = "oracle"
-
-    def __init__(self, continuation: dict[tuple[int, ...], list[int]]) -> None:
-        self.continuation, self.prompt = continuation, ()
-
-    def start(self, prompt: list[int], capacity: int) -> None:
-        self.prompt = tuple(prompt)
-
-    def propose(self, context: list[int], k: int) -> list[int]:
-        done = len(context) - len(self.prompt)
-        return self.continuation[self.prompt][done : done + k]
-
-    def accept(self, context: list[int], accepted: int) -> None:
-        pass
-
-
-class RandomDrafter:
-    name = "random"
-
-    def __init__(self, vocab: int) -> None:
-        self.gen = torch.Generator().manual_seed(7)
-        self.vocab = vocab
-
-    def start(self, prompt: list[int], capacity: int) -> None:
-        pass
-
-    def propose(self, context: list[int], k: int) -> list[int]:
-        return torch.randint(0, self.vocab, (k,), generator=self.gen).tolist()
-
-    def accept(self, context: list[int], accepted: int) -> None:
-        pass
 
 
 class GpmSampler(threading.Thread):
@@ -327,8 +292,8 @@ def main() -> int:
         }
     out["spec"] = []
     for name, make, mode, backend in (
-        ("oracle", lambda: OracleDrafter(continuation["exact"]), "exact", exact_gemm),
-        ("oracle", lambda: OracleDrafter(continuation["fast"]), "fast", cublas),
+        ("oracle", lambda: ReplayDrafter(continuation["exact"]), "exact", exact_gemm),
+        ("oracle", lambda: ReplayDrafter(continuation["fast"]), "fast", cublas),
         ("random", lambda: RandomDrafter(cfg.vocab_size), "exact", exact_gemm),
     ):
         model.gemm = backend

@@ -49,6 +49,45 @@ class NgramDrafter:
         pass
 
 
+class ReplayDrafter:
+    """Proposes a continuation known in advance (a previous plain run's tokens): with the
+    target's own greedy output, every draft is accepted — speculation's best case."""
+
+    name = "replay"
+
+    def __init__(self, continuation: dict[tuple[int, ...], list[int]]) -> None:
+        self.continuation, self.prompt = continuation, ()
+
+    def start(self, prompt: list[int], capacity: int) -> None:
+        self.prompt = tuple(prompt)
+
+    def propose(self, context: list[int], k: int) -> list[int]:
+        done = len(context) - len(self.prompt)
+        return self.continuation[self.prompt][done : done + k]
+
+    def accept(self, context: list[int], accepted: int) -> None:
+        pass
+
+
+class RandomDrafter:
+    """Uniform random tokens: almost never accepted — speculation's worst case."""
+
+    name = "random"
+
+    def __init__(self, vocab_size: int, seed: int = 7) -> None:
+        self.gen = torch.Generator().manual_seed(seed)
+        self.vocab_size = vocab_size
+
+    def start(self, prompt: list[int], capacity: int) -> None:
+        pass
+
+    def propose(self, context: list[int], k: int) -> list[int]:
+        return torch.randint(0, self.vocab_size, (k,), generator=self.gen).tolist()
+
+    def accept(self, context: list[int], accepted: int) -> None:
+        pass
+
+
 CATCH_UP_BATCHED = 32
 """Catch-ups longer than this take the chunked prefill path; shorter ones one batched step."""
 

@@ -14,7 +14,7 @@ from tiny_models import plain_greedy
 
 from specdash import model as model_module
 from specdash import ops
-from specdash.drafters import ModelDrafter
+from specdash.drafters import ModelDrafter, RandomDrafter, ReplayDrafter
 from specdash.engine import Engine
 from specdash.model import Model, random_tensors
 from specdash.model_config import preset
@@ -133,3 +133,41 @@ def test_chunked_prefill_on_cuda(monkeypatch) -> None:  # noqa: ANN001
         out.append(m.forward(prompt.cuda(), state, "prefill", all_logits=True))
     torch.testing.assert_close(out[1], out[0], rtol=0, atol=0.1)  # bf16 model
     assert (out[1].argmax(-1) == out[0].argmax(-1)).float().mean() > 0.95
+
+
+@pytest.fixture(scope="module")
+def model_27b() -> Model:
+    """The Qwen3.5-27B shape with random bf16 weights (51 GB), Triton GEMM backend."""
+    dev = torch.device("cuda")
+    cfg = preset("qwen3.5-27b-shape")
+    return Model.random(cfg, 0, torch.bfloat16, dev, ops.resolve_gemm_backend("triton", dev))
+
+
+@pytest.mark.parametrize("drafter", ["replay", "random"])
+def test_27b_shape_spec_equals_shadow_on_24_prompts(model_27b: Model, drafter: str) -> None:
+    """Speculation's best case (every draft accepted: all k+1 verify rows are compared) and
+    worst case (none) on the real shapes, k=9: 24/24 prompts equal the lockstep plain decode."""
+    vocab, n = model_27b.cfg.vocab_size, 16
+    gen = torch.Generator().manual_seed(11)
+    prompts = [torch.randint(0, vocab, (64,), generator=gen).tolist() for _ in range(24)]
+    make = lambda: RandomDrafter(vocab)  # noqa: E731
+    if drafter == "replay":
+        plain = Engine(model_27b, make, [])
+        continuation = {}
+        for i, p in enumerate(prompts):
+            seq, _ = plain.start(i, p, n + 10, 16, shadow=False)
+            while not seq.done:
+                plain.spec_step(seq, 0, "exact", n + 10)
+            continuation[tuple(p)] = seq.ids
+            plain.release(seq)
+        make = lambda: ReplayDrafter(continuation)  # noqa: E731
+    engine = Engine(model_27b, make, [])
+    accepted = 0
+    for i, p in enumerate(prompts):
+        seq, _ = engine.start(i, p, n, 16, shadow=True)
+        while not seq.done:
+            accepted += engine.spec_step(seq, 9, "exact", n).accepted
+        assert seq.diverged_at is None and seq.compared == len(seq.ids) == n, i
+        engine.release(seq)
+    if drafter == "replay":  # the k+1 verify rows were really compared
+        assert accepted == 24 * (n - 1 - 2)  # 15 tokens: 9 drafts + 1, then 4 + 1
