@@ -18,7 +18,6 @@ from collections.abc import Callable
 
 import torch
 import torch.nn.functional as F
-from torch.nn.attention.bias import causal_lower_right
 from torch.utils.weak import WeakIdKeyDictionary
 
 from specdash.errors import EnvironmentProblem
@@ -285,6 +284,10 @@ def attention_batched(
     mask = None
     if start > 0 and t > 1:
         if q.is_cuda:
+            # imported here: it imports Triton, which on a CPU machine must first see
+            # TRITON_INTERPRET (set by specdash.kernels)
+            from torch.nn.attention.bias import causal_lower_right
+
             mask = causal_lower_right(t, n)
         else:
             mask = torch.ones(t, n, dtype=torch.bool, device=q.device).tril(start)
