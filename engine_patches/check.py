@@ -1,14 +1,16 @@
 """`specdash patches check`: does the installed SGLang still have what each patch replaces?
 
-Each target resolves to OK (same source hash as the release the patch was checked against),
-changed (it exists but its source differs: the patch may no longer be right), or missing
-(renamed or removed: the patch cannot apply). Needs no GPU and no torch: the targets are read
-from SGLang's installed files, not imported.
+The installed SGLang is checked against one release row of the patch table (0.5.17 or 0.5.23):
+its own row when it is a supported release, else the row it matches best. Each target of that
+row resolves to OK (same source hash), changed (it exists but its source differs: the patch
+may no longer be right), or missing (renamed or removed: the patch cannot apply). Needs no
+GPU and no torch: the targets are read from SGLang's installed files, not imported.
 """
 
 from __future__ import annotations
 
 import argparse
+import os
 import sys
 from dataclasses import dataclass
 
@@ -29,14 +31,14 @@ class TargetStatus:
     detail: str = ""
 
 
-def check_targets() -> list[TargetStatus]:
-    """Find and hash every target of every patch in the installed SGLang's source files."""
+def check_targets(row: str) -> list[TargetStatus]:
+    """Find and hash every target of every patch's `row` variant in the installed SGLang."""
     root = installed_source.sglang_root()
     if root is None:
         raise EnvironmentProblem(INSTALL_HINT)
     statuses = []
     for patch in registry.all_patches():
-        for t in patch.targets:
+        for t in patch.variant(row).targets:
             text = installed_source.target_source(t.path, root)
             if text is None:
                 statuses.append(
@@ -58,10 +60,33 @@ def require_sglang() -> str:
     return version
 
 
-def format_report(version: str, statuses: list[TargetStatus]) -> str:
-    known = ", ".join(registry.KNOWN_GOOD_VERSIONS)
-    verdict = "known good" if version in registry.KNOWN_GOOD_VERSIONS else "NOT checked"
-    lines = [f"sglang {version} ({verdict}; patches checked against: {known})"]
+def matching_row(version: str) -> tuple[str, list[TargetStatus]]:
+    """The release row to check (and apply) for `version`, with its target statuses: its own
+    row when supported, else the row with the most OK targets (fewest missing on a tie)."""
+    if version in registry.SUPPORTED_VERSIONS:
+        return version, check_targets(version)
+    rows = {row: check_targets(row) for row in registry.SUPPORTED_VERSIONS}
+
+    def score(row: str) -> tuple[int, int]:
+        statuses = rows[row]
+        return sum(s.status == "OK" for s in statuses), -sum(
+            s.status == "missing" for s in statuses
+        )
+
+    best = max(rows, key=score)
+    return best, rows[best]
+
+
+def format_report(version: str, row: str, statuses: list[TargetStatus]) -> str:
+    supported = ", ".join(registry.SUPPORTED_VERSIONS)
+    if version in registry.SUPPORTED_VERSIONS:
+        head = f"sglang {version}: supported; checked against the {row} row"
+    else:
+        head = (
+            f"sglang {version}: NOT a supported release ({supported}); "
+            f"checked against the row it matches best, {row}"
+        )
+    lines = [head]
     width = max(len(s.path) for s in statuses)
     for s in statuses:
         line = f"  {s.status:<8}{s.path:<{width}}  [{s.patch}, {s.role}]"
@@ -71,15 +96,15 @@ def format_report(version: str, statuses: list[TargetStatus]) -> str:
     return "\n".join(lines)
 
 
-def problems(version: str, statuses: list[TargetStatus]) -> str | None:
+def problems(version: str, row: str, statuses: list[TargetStatus]) -> str | None:
     """Why the patches should not be applied, or None when everything checks out."""
     bad = [s for s in statuses if s.status != "OK"]
-    if version in registry.KNOWN_GOOD_VERSIONS and not bad:
+    if version in registry.SUPPORTED_VERSIONS and not bad:
         return None
     missing = sum(s.status == "missing" for s in bad)
     return (
         f"sglang {version}: {missing} patch targets missing, {len(bad) - missing} changed "
-        f"(patches checked against {', '.join(registry.KNOWN_GOOD_VERSIONS)}); "
+        f"against the {row} row (supported: {', '.join(registry.SUPPORTED_VERSIONS)}); "
         "see `specdash patches check`"
     )
 
@@ -88,21 +113,23 @@ def ensure_patchable(force: bool) -> list[TargetStatus]:
     """Refuse (EnvironmentProblem) an unchecked SGLang unless forced; missing targets always.
 
     On any problem the `patches check` table goes to stderr first, so the refusal is explained.
+    Forced, the matched row is exported (registry.ROW_ENV) for the scheduler processes.
     """
     version = require_sglang()
-    statuses = check_targets()
-    reason = problems(version, statuses)
+    row, statuses = matching_row(version)
+    reason = problems(version, row, statuses)
     if reason is None:
         return statuses
-    print(format_report(version, statuses), file=sys.stderr)
+    print(format_report(version, row, statuses), file=sys.stderr)
     if any(s.status == "missing" for s in statuses) or not force:
         hint = "" if force else "; --force-patches to try anyway"
         raise EnvironmentProblem(reason + hint)
+    os.environ[registry.ROW_ENV] = row
     return statuses
 
 
 def run_check(args: argparse.Namespace) -> int:
     version = require_sglang()
-    statuses = check_targets()
-    print(format_report(version, statuses))
+    row, statuses = matching_row(version)
+    print(format_report(version, row, statuses))
     return EXIT_ENVIRONMENT if any(s.status == "missing" for s in statuses) else EXIT_OK

@@ -10,8 +10,16 @@ Backends: `auto` (SGLang's own choice), `deepgemm` (SGLang's `_matmul_persistent
 `sglang-triton` (SGLang's `matmul_kernel_persistent`), and `specdash-<name>` for each backend
 in `specdash.kernels.registry` (imported lazily; without it only the SGLang ones exist).
 The switch reaches every scheduler rank through `Engine.collective_rpc("specdash_set_gemm_backend",
-name=...)`, a method this patch adds to `Scheduler`; it recaptures the decode CUDA graphs
-(which froze the old kernel) or refuses when it cannot. Checked against SGLang 0.5.23.
+name=...)`, a method this patch adds to `Scheduler`; it recaptures the target's decode CUDA
+graphs (which froze the old kernel) or refuses when it cannot.
+
+Exactness: SGLang's persistent matmul and specdash's Triton tile are batch-invariant (a row's
+bits do not depend on M). cuBLAS and DeepGEMM are not, so they run row by row for M up to
+ROWWISE_MAX_ROWS (every decode and verify GEMM): a verify row then gets the bits of the decode
+row; prefill (larger M) runs batched, the same way in the speculative and the shadow engine.
+
+Per SGLang release: 0.5.23's `matmul_persistent` takes `out_dtype`, 0.5.17's does not; 0.5.17
+recaptures with `ModelRunner.init_decode_cuda_graph` (0.5.23: `recapture_decode_cuda_graph`).
 """
 
 from __future__ import annotations
@@ -20,13 +28,17 @@ import logging
 from collections.abc import Callable
 from typing import Any
 
-from specdash.engine_patches.registry import Patch, Rebinding, Target
+from specdash.engine_patches.registry import Patch, Rebinding, Target, Variant
 
 logger = logging.getLogger(__name__)
 
 _OPS = "sglang.srt.batch_invariant_ops.batch_invariant_ops"
 SGLANG_BACKENDS = ("auto", "deepgemm", "sglang-triton")
 SPECDASH_PREFIX = "specdash-"
+
+ROWWISE_MAX_ROWS = 64
+"""Largest M run row by row on a backend that is not batch-invariant."""
+BATCH_INVARIANT = ("auto", "sglang-triton", "specdash-triton")
 
 _active = "auto"
 
@@ -45,10 +57,6 @@ def backends() -> dict[str, str | None]:
     return {**dict.fromkeys(SGLANG_BACKENDS), **specdash_backends()}
 
 
-def active_backend() -> str:
-    return _active
-
-
 def set_backend(name: str) -> None:
     """Select the backend for the next GEMM in this process.
 
@@ -56,6 +64,13 @@ def set_backend(name: str) -> None:
     backend raises (specdash.errors.EnvironmentProblem, with the reason).
     """
     global _active
+    if name == "deepgemm" and not getattr(registry_ops(), "ENABLE_JIT_DEEPGEMM", False):
+        from specdash.errors import EnvironmentProblem
+
+        raise EnvironmentProblem(
+            "GEMM backend 'deepgemm' is unavailable: SGLang's ENABLE_JIT_DEEPGEMM is off here "
+            "(deep_gemm not installed or not supported on this GPU)"
+        )
     if name not in SGLANG_BACKENDS:
         from specdash.kernels import registry
 
@@ -66,31 +81,57 @@ def set_backend(name: str) -> None:
     _active = name
 
 
-def route(
-    original: Callable[..., Any], a: Any, b: Any, bias: Any = None, out_dtype: Any = None
-) -> Any:
+def registry_ops() -> Any:
+    """SGLang's batch_invariant_ops module (imported on first use: it needs CUDA kernels)."""
+    from specdash.engine_patches.registry import resolve
+
+    return resolve(_OPS)
+
+
+def route(original: Callable[..., Any], a: Any, b: Any, bias: Any = None, **sglang: Any) -> Any:
     """`matmul_persistent(a[M,K], b[K,N])` on the active backend; `original` is SGLang's own
-    (also what diffs/ puts into SGLang's source)."""
+    (also what diffs/ puts into SGLang's source), `sglang` its release-specific keywords
+    (0.5.23: out_dtype)."""
     import torch
 
     name = _active
     if name == "auto" or a.dtype != torch.bfloat16 or b.dtype != torch.bfloat16:
-        return original(a, b, bias=bias, out_dtype=out_dtype)
-    out_dtype = out_dtype or a.dtype
-    ops = original.__globals__
-    if name == "deepgemm":
-        return ops["_matmul_persistent_deepgemm"](a=a, b=b, bias=bias, out_dtype=out_dtype)
+        return original(a, b, bias=bias, **sglang)
     if name == "sglang-triton":
-        return ops["_matmul_persistent_triton"](a=a, b=b, bias=bias, out_dtype=out_dtype)
-    from specdash.kernels import registry
-
-    out = registry.get_backend(name.removeprefix(SPECDASH_PREFIX))(a, b.transpose(0, 1))
+        return original.__globals__["_matmul_persistent_triton"](a=a, b=b, bias=bias, **sglang)
+    out_dtype = sglang.get("out_dtype") or a.dtype
+    gemm = _gemm(name, original, sglang)
+    w = b.transpose(0, 1)
+    if name in BATCH_INVARIANT or a.shape[0] > ROWWISE_MAX_ROWS:
+        out = gemm(a, w)
+    else:
+        out = torch.cat([gemm(a[i : i + 1], w) for i in range(a.shape[0])])
     if bias is not None:
         out = out + bias
     return out.to(out_dtype)
 
 
-def _routed(original: Callable[..., Any]) -> Callable[..., Any]:
+def _gemm(
+    name: str, original: Callable[..., Any], sglang: dict[str, Any]
+) -> Callable[[Any, Any], Any]:
+    """(x[M,K], w[N,K]) -> [M,N] of a backend that is not SGLang's persistent Triton."""
+    if name == "deepgemm":
+        deepgemm = original.__globals__["_matmul_persistent_deepgemm"]
+        return lambda x, w: deepgemm(a=x, b=w.transpose(0, 1), **sglang)
+    from specdash.kernels import registry
+
+    return registry.get_backend(name.removeprefix(SPECDASH_PREFIX))
+
+
+def _routed_0_5_17(original: Callable[..., Any]) -> Callable[..., Any]:
+    def matmul_persistent(a, b, bias=None):
+        return route(original, a, b, bias=bias)
+
+    matmul_persistent.__specdash_original__ = original  # type: ignore[attr-defined]
+    return matmul_persistent
+
+
+def _routed_0_5_23(original: Callable[..., Any]) -> Callable[..., Any]:
     def matmul_persistent(a, b, bias=None, out_dtype=None):
         return route(original, a, b, bias=bias, out_dtype=out_dtype)
 
@@ -98,7 +139,12 @@ def _routed(original: Callable[..., Any]) -> Callable[..., Any]:
     return matmul_persistent
 
 
-def _scheduler_method(_original: Any) -> Callable[..., None]:
+def _scheduler_method(recapture: str) -> Callable[[Any], Callable[..., None]]:
+    """`Scheduler.specdash_set_gemm_backend`, recapturing with ModelRunner.<recapture>()."""
+    return lambda _original: _set_gemm_backend_method(recapture)
+
+
+def _set_gemm_backend_method(recapture: str) -> Callable[..., None]:
     def specdash_set_gemm_backend(self: Any, name: str) -> None:
         """Runs on every scheduler rank (collective_rpc); recaptures graphs using the old kernel."""
         previous = _active
@@ -109,10 +155,7 @@ def _scheduler_method(_original: Any) -> Callable[..., None]:
         ):
             return
         try:
-            self.tp_worker.model_runner.recapture_decode_cuda_graph()
-            draft = getattr(self, "draft_worker", None)
-            if draft is not None and hasattr(draft, "init_cuda_graphs"):
-                draft.init_cuda_graphs()
+            getattr(self.tp_worker.model_runner, recapture)()
         except Exception:
             set_backend(previous)
             logger.exception("CUDA graph recapture after a GEMM switch failed; switch undone")
@@ -121,62 +164,127 @@ def _scheduler_method(_original: Any) -> Callable[..., None]:
     return specdash_set_gemm_backend
 
 
+_RUNNER = "sglang.srt.model_executor.model_runner.ModelRunner"
+_SCHEDULER = "sglang.srt.managers.scheduler.Scheduler"
+
 PATCH = Patch(
     name="gemm_routing",
+    flag="gemm",
     summary="bf16 GEMMs and lm_head through one dispatcher switchable live on every rank",
-    targets=(
-        Target(
-            f"{_OPS}.matmul_persistent",
-            "c00077f7a4ccd52518a7c33f61540d5e15e877a4dbb686231e70d3fdb6accca8",
+    variants={
+        "0.5.17": Variant(
+            targets=(
+                Target(
+                    f"{_OPS}.matmul_persistent",
+                    "cad12a9b50278c2f2bfd8d89d359ff263880d92c55ea435ffa5bb20a1958e5c9",
+                ),
+                Target(
+                    f"{_OPS}.mm_batch_invariant",
+                    "9486abaa90312dd94208755fefe18d45762aa9a76bf747f83a349031377782bb",
+                    role="relied on",
+                ),
+                Target(
+                    f"{_OPS}.addmm_batch_invariant",
+                    "7c512163d38c63e2a24c4a60c69a9ac485d95fafadf988011111be159a64dc55",
+                    role="relied on",
+                ),
+                Target(
+                    f"{_OPS}._matmul_persistent_triton",
+                    "c00bb7a2ef35f4a6f68f04e70857cd73d1b0cb63231c2afb45773d19d0f20864",
+                    role="relied on",
+                ),
+                Target(
+                    f"{_OPS}._matmul_persistent_deepgemm",
+                    "f0b2c2b99a0e4fc851c51f59153e085f71e1864bdca4d3668edf57d6d9a53b8d",
+                    role="relied on",
+                ),
+                Target(
+                    "sglang.srt.layers.quantization.unquant.UnquantizedLinearMethod.apply",
+                    "d4f4982c2c3ded720bf01e67a55c9ebfca273dbb2036a8662c164a3d7cc1c26b",
+                    role="relied on",
+                ),
+                Target(
+                    "sglang.srt.layers.logits_processor.LogitsProcessor._compute_lm_head",
+                    "fdfd5700da47e7b49a6f0c4bb7d6ca9e685a6abd56088c527ab9abe612413633",
+                    role="relied on",
+                ),
+                Target(
+                    f"{_SCHEDULER}.handle_rpc_request",
+                    "b14ebf76765559b6c3674aca142929adf53fe108fdc1d022299a6f7bd859bf61",
+                    role="relied on",
+                ),
+                Target(
+                    f"{_RUNNER}.init_decode_cuda_graph",
+                    "a8493cc1e36f0dc8c3a38088f62b14034499dc70360318bda47ed8dd3a110e6f",
+                    role="relied on",
+                ),
+            ),
+            rebindings=(
+                Rebinding(_OPS, "matmul_persistent", _routed_0_5_17),
+                Rebinding(
+                    _SCHEDULER,
+                    "specdash_set_gemm_backend",
+                    _scheduler_method("init_decode_cuda_graph"),
+                    adds=True,
+                ),
+            ),
         ),
-        Target(
-            f"{_OPS}.mm_batch_invariant",
-            "9486abaa90312dd94208755fefe18d45762aa9a76bf747f83a349031377782bb",
-            role="relied on",
+        "0.5.23": Variant(
+            targets=(
+                Target(
+                    f"{_OPS}.matmul_persistent",
+                    "c00077f7a4ccd52518a7c33f61540d5e15e877a4dbb686231e70d3fdb6accca8",
+                ),
+                Target(
+                    f"{_OPS}.mm_batch_invariant",
+                    "9486abaa90312dd94208755fefe18d45762aa9a76bf747f83a349031377782bb",
+                    role="relied on",
+                ),
+                Target(
+                    f"{_OPS}.addmm_batch_invariant",
+                    "7c512163d38c63e2a24c4a60c69a9ac485d95fafadf988011111be159a64dc55",
+                    role="relied on",
+                ),
+                Target(
+                    f"{_OPS}._matmul_persistent_triton",
+                    "063823de1bd3e2ccbac66a9b63ff2da3993f0388b5110bdf0d41b45b7c82857b",
+                    role="relied on",
+                ),
+                Target(
+                    f"{_OPS}._matmul_persistent_deepgemm",
+                    "fbda7355c0721e81d1302d7adb6e43ae8525e1a6ee63137280732528d7025114",
+                    role="relied on",
+                ),
+                Target(
+                    "sglang.srt.layers.quantization.unquant.UnquantizedLinearMethod.apply",
+                    "7a9dc32424991c10f709a65b34c71e6f334b59fcb9be544fab26edeb8d6912e0",
+                    role="relied on",
+                ),
+                Target(
+                    "sglang.srt.layers.logits_processor.LogitsProcessor._compute_lm_head",
+                    "edee85644b6ea8a99d4c6c0084e72114bdd8e5512387c9157e0a72dfd8662379",
+                    role="relied on",
+                ),
+                Target(
+                    "sglang.srt.managers.scheduler.Scheduler.handle_rpc_request",
+                    "b14ebf76765559b6c3674aca142929adf53fe108fdc1d022299a6f7bd859bf61",
+                    role="relied on",
+                ),
+                Target(
+                    "sglang.srt.model_executor.model_runner.ModelRunner.recapture_decode_cuda_graph",
+                    "982811a5f460dcb7d84058eeb163f92ef37b4abe1cec22500943182c17b6fbf8",
+                    role="relied on",
+                ),
+            ),
+            rebindings=(
+                Rebinding(_OPS, "matmul_persistent", _routed_0_5_23),
+                Rebinding(
+                    _SCHEDULER,
+                    "specdash_set_gemm_backend",
+                    _scheduler_method("recapture_decode_cuda_graph"),
+                    adds=True,
+                ),
+            ),
         ),
-        Target(
-            f"{_OPS}.addmm_batch_invariant",
-            "7c512163d38c63e2a24c4a60c69a9ac485d95fafadf988011111be159a64dc55",
-            role="relied on",
-        ),
-        Target(
-            f"{_OPS}._matmul_persistent_triton",
-            "063823de1bd3e2ccbac66a9b63ff2da3993f0388b5110bdf0d41b45b7c82857b",
-            role="relied on",
-        ),
-        Target(
-            f"{_OPS}._matmul_persistent_deepgemm",
-            "fbda7355c0721e81d1302d7adb6e43ae8525e1a6ee63137280732528d7025114",
-            role="relied on",
-        ),
-        Target(
-            "sglang.srt.layers.quantization.unquant.UnquantizedLinearMethod.apply",
-            "7a9dc32424991c10f709a65b34c71e6f334b59fcb9be544fab26edeb8d6912e0",
-            role="relied on",
-        ),
-        Target(
-            "sglang.srt.layers.logits_processor.LogitsProcessor._compute_lm_head",
-            "edee85644b6ea8a99d4c6c0084e72114bdd8e5512387c9157e0a72dfd8662379",
-            role="relied on",
-        ),
-        Target(
-            "sglang.srt.managers.scheduler.Scheduler.handle_rpc_request",
-            "b14ebf76765559b6c3674aca142929adf53fe108fdc1d022299a6f7bd859bf61",
-            role="relied on",
-        ),
-        Target(
-            "sglang.srt.model_executor.model_runner.ModelRunner.recapture_decode_cuda_graph",
-            "982811a5f460dcb7d84058eeb163f92ef37b4abe1cec22500943182c17b6fbf8",
-            role="relied on",
-        ),
-    ),
-    rebindings=(
-        Rebinding(_OPS, "matmul_persistent", _routed),
-        Rebinding(
-            "sglang.srt.managers.scheduler.Scheduler",
-            "specdash_set_gemm_backend",
-            _scheduler_method,
-            adds=True,
-        ),
-    ),
+    },
 )

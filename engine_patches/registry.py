@@ -1,21 +1,26 @@
 """Patch bookkeeping: which SGLang functions each patch replaces, and applying them reversibly.
 
-Every patch names its targets by dotted path and records the sha256 of each target's source
-(`installed_source.target_source`) in a known-good SGLang release; `patches check` compares
-them with the installed SGLang, and the engine refuses a mismatch unless forced. A patch is
-a set of attribute rebindings; removing it puts back the exact objects that were there, so
-apply/remove/apply leaves SGLang as found.
+Every patch carries one `Variant` per supported SGLang release (0.5.17, 0.5.23): the targets
+it replaces or relies on, by dotted path with the sha256 of each target's source
+(`installed_source.target_source`) in that release, and the rebindings that apply it there.
+`patches check` compares the installed SGLang with the matching release's row, and the engine
+refuses a mismatch unless forced. A variant is a set of attribute rebindings; removing it puts
+back the exact objects that were there, so apply/remove/apply leaves SGLang as found.
 """
 
 from __future__ import annotations
 
 import importlib
+import os
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from importlib import metadata
 from typing import Any
 
-KNOWN_GOOD_VERSIONS: tuple[str, ...] = ("0.5.23",)
+SUPPORTED_VERSIONS: tuple[str, ...] = ("0.5.17", "0.5.23")
+ROW_ENV = "SPECDASH_SGLANG_PATCH_ROW"
+"""The release row to apply on an SGLang outside SUPPORTED_VERSIONS (set by --force-patches
+to the row `patches check` matched best; read by the scheduler process)."""
 _MISSING = object()
 
 
@@ -49,6 +54,20 @@ def sglang_version() -> str | None:
         return metadata.version("sglang")
     except metadata.PackageNotFoundError:
         return None
+
+
+def patch_row() -> str:
+    """The release whose variants apply here: the installed SGLang when supported, else the
+    row --force-patches chose."""
+    version = sglang_version()
+    if version in SUPPORTED_VERSIONS:
+        return version
+    row = os.environ.get(ROW_ENV)
+    if row in SUPPORTED_VERSIONS:
+        return row
+    raise RuntimeError(
+        f"sglang {version}: no patch row (supported: {', '.join(SUPPORTED_VERSIONS)})"
+    )
 
 
 @dataclass
@@ -96,36 +115,61 @@ class Rebinding:
 
 
 @dataclass
-class Patch:
-    """A named group of rebindings applied and removed together."""
+class Variant:
+    """A patch as it applies to one SGLang release."""
 
-    name: str
-    summary: str
     targets: tuple[Target, ...]
     rebindings: tuple[Rebinding, ...]
-    checked_versions: tuple[str, ...] = KNOWN_GOOD_VERSIONS
+
+
+@dataclass
+class Patch:
+    """A named group of rebindings applied and removed together, per SGLang release."""
+
+    name: str
+    flag: str
+    """Its name for `--sglang-unpatch`."""
+    summary: str
+    variants: dict[str, Variant]
+    """SGLang release -> the variant for it."""
+    _applied: Variant | None = field(default=None, repr=False)
+
+    def variant(self, row: str | None = None) -> Variant:
+        return self.variants[row or patch_row()]
+
+    @property
+    def targets(self) -> tuple[Target, ...]:
+        return self.variant().targets
 
     @property
     def applied(self) -> bool:
-        return all(r.applied for r in self.rebindings)
+        return self._applied is not None
 
-    def apply(self) -> None:
+    def apply(self, row: str | None = None) -> None:
+        if self._applied is not None:
+            return
+        variant = self.variant(row)
         done: list[Rebinding] = []
         try:
-            for r in self.rebindings:
+            for r in variant.rebindings:
                 r.apply()
                 done.append(r)
         except BaseException:
             for r in reversed(done):
                 r.remove()
             raise
+        self._applied = variant
 
     def remove(self) -> None:
-        for r in reversed(self.rebindings):
+        if self._applied is None:
+            return
+        for r in reversed(self._applied.rebindings):
             r.remove()
+        self._applied = None
 
     def rebinding(self, name: str) -> Rebinding:
-        return next(r for r in self.rebindings if r.name == name)
+        variant = self._applied or self.variant()
+        return next(r for r in variant.rebindings if r.name == name)
 
 
 def all_patches() -> list[Patch]:
@@ -145,13 +189,16 @@ def all_patches() -> list[Patch]:
     ]
 
 
-def target_table() -> dict[str, tuple[str, tuple[str, ...]]]:
-    """Dotted path -> (expected source hash, SGLang versions it was checked against)."""
-    return {t.path: (t.sha256, p.checked_versions) for p in all_patches() for t in p.targets}
+def by_flag(flag: str) -> Patch:
+    """The patch `--sglang-unpatch FLAG` names; KeyError lists the flags."""
+    patches = {p.flag: p for p in all_patches()}
+    if flag not in patches:
+        raise KeyError(f"unknown patch {flag!r}; one of {', '.join(patches)}")
+    return patches[flag]
 
 
 def apply_all(names: list[str] | None = None) -> list[str]:
-    """Apply the named patches (all by default); returns the names applied."""
+    """Apply the named patches (all by default) for this SGLang release; returns the names."""
     applied = []
     for p in all_patches():
         if names is None or p.name in names:

@@ -2,8 +2,9 @@
 
 Why: SGLang reports speculative statistics only when a request finishes; the dashboard needs
 every verify step as it happens. The hook is an AROUND wrapper on
-`SchedulerBatchResultProcessor._resolve_spec_v2_tokens` (SGLang 0.5.23), which runs once per
-spec-v2 decode batch, overlap or not, after `accept_lens` reached the CPU. It turns the batch
+`SchedulerBatchResultProcessor._resolve_spec_v2_tokens` (0.5.17 and 0.5.23: the wrapped code
+differs, the wrapper does not), which runs once per speculative decode batch (EAGLE family,
+STANDALONE, NGRAM), overlap or not, after `accept_lens` reached the CPU. It turns the batch
 into one plain-dict record per request and hands it to a bounded queue (`put_nowait`, dropped
 when full); a daemon thread sends records over ZMQ PUSH with `NOBLOCK`, dropping when the
 socket is full. The parent binds the PULL side and exports its address in
@@ -25,7 +26,7 @@ import time
 from collections.abc import Callable
 from typing import Any
 
-from specdash.engine_patches.registry import Patch, Rebinding, Target
+from specdash.engine_patches.registry import Patch, Rebinding, Target, Variant
 
 logger = logging.getLogger(__name__)
 
@@ -213,48 +214,54 @@ def _report_after(original: Callable[..., Any]) -> Callable[..., Any]:
     return _resolve_spec_v2_tokens
 
 
+_PATHS = (
+    (_PROCESSOR, "_resolve_spec_v2_tokens", _report_after),
+    (f"{_WORKER}.EAGLEWorkerV2", "verify", _timed_verify),
+    (f"{_WORKER}.EagleDraftWorker", "draft", _timed_draft),
+    (f"{_WORKER}.EagleDraftWorker", "_draft_extend_for_decode", _timed_draft_extend),
+    (f"{_MULTI}.MultiLayerEagleWorkerV2", "verify", _timed_verify),
+    (f"{_MULTI}.MultiLayerEagleDraftWorker", "draft", _timed_draft),
+    (f"{_MULTI}.MultiLayerEagleDraftWorker", "_draft_extend_for_decode", _timed_draft_extend),
+)
+
+
+def _variant(hashes: tuple[str, ...]) -> Variant:
+    """Every wrapped method is a target; the hashes are that release's, in _PATHS order."""
+    return Variant(
+        targets=tuple(
+            Target(f"{owner}.{name}", sha)
+            for (owner, name, _), sha in zip(_PATHS, hashes, strict=True)
+        ),
+        rebindings=tuple(Rebinding(owner, name, make) for owner, name, make in _PATHS),
+    )
+
+
 PATCH = Patch(
     name="telemetry",
+    flag="telemetry",
     summary="per-verify-step accepted lengths and CUDA-event timings over non-blocking ZMQ",
-    targets=(
-        Target(
-            f"{_PROCESSOR}._resolve_spec_v2_tokens",
-            "dd103aa7dd424080ceb31724fdeaf8f86719044b8e69ea0d072848e93dab1a14",
+    variants={
+        "0.5.17": _variant(
+            (
+                "9ca4c74c96e64d4e3145a474082609c76478b2adcbd9ce09efca0488986b62bb",
+                "b770b47110ab81e797fe50ae3d48ffe477c0e63e1a8600aa602073e6c8f3a52c",
+                "1ba5981308828c1df68533375983738e37f5640aabdb13fea8528b052f61b435",
+                "d22e5e9637312c5a9b1b3e1265211f6aa8b61b67648b20c35fca7f0862bfc710",
+                "c6046304ffea5a29f729c7b8630285d470a00dd40bfc4f6866a84cd2610003ce",
+                "a81a0092ed86aa74f962a9ee6642d13a01234c29996bc4ed550b3638ea596502",
+                "84dc70a457591895756fea4d02bc648415de2bcdee803198869abd4bae67f6c4",
+            )
         ),
-        Target(
-            f"{_WORKER}.EAGLEWorkerV2.verify",
-            "676b982bca8519d1f5a8526a51c14ed9ffc42bac356e01576370036bc3218c8b",
+        "0.5.23": _variant(
+            (
+                "dd103aa7dd424080ceb31724fdeaf8f86719044b8e69ea0d072848e93dab1a14",
+                "676b982bca8519d1f5a8526a51c14ed9ffc42bac356e01576370036bc3218c8b",
+                "e1d934df4cf2d11dbe2a8f7e68d9748e2fb6b77b6d13c8b32a986afaf0648164",
+                "d7858851c429dd624820066fafd1555a66b1940642207aa03ba79fb158b7f434",
+                "3ca0cb8deba81edaef55f6b2c7b512882a45ddaf7634ecc1b8e36727f2d360c6",
+                "43160192e566bd30de530ff3550b7a624f04bb0cf91c4c46cd8146b9907294d9",
+                "27edc3abab2aaedea6b7a822ad5bd19948d03761f2bbb3c04c991b4cf0b54fa1",
+            )
         ),
-        Target(
-            f"{_WORKER}.EagleDraftWorker.draft",
-            "e1d934df4cf2d11dbe2a8f7e68d9748e2fb6b77b6d13c8b32a986afaf0648164",
-        ),
-        Target(
-            f"{_WORKER}.EagleDraftWorker._draft_extend_for_decode",
-            "d7858851c429dd624820066fafd1555a66b1940642207aa03ba79fb158b7f434",
-        ),
-        Target(
-            f"{_MULTI}.MultiLayerEagleWorkerV2.verify",
-            "3ca0cb8deba81edaef55f6b2c7b512882a45ddaf7634ecc1b8e36727f2d360c6",
-        ),
-        Target(
-            f"{_MULTI}.MultiLayerEagleDraftWorker.draft",
-            "43160192e566bd30de530ff3550b7a624f04bb0cf91c4c46cd8146b9907294d9",
-        ),
-        Target(
-            f"{_MULTI}.MultiLayerEagleDraftWorker._draft_extend_for_decode",
-            "27edc3abab2aaedea6b7a822ad5bd19948d03761f2bbb3c04c991b4cf0b54fa1",
-        ),
-    ),
-    rebindings=(
-        Rebinding(_PROCESSOR, "_resolve_spec_v2_tokens", _report_after),
-        Rebinding(f"{_WORKER}.EAGLEWorkerV2", "verify", _timed_verify),
-        Rebinding(f"{_WORKER}.EagleDraftWorker", "draft", _timed_draft),
-        Rebinding(f"{_WORKER}.EagleDraftWorker", "_draft_extend_for_decode", _timed_draft_extend),
-        Rebinding(f"{_MULTI}.MultiLayerEagleWorkerV2", "verify", _timed_verify),
-        Rebinding(f"{_MULTI}.MultiLayerEagleDraftWorker", "draft", _timed_draft),
-        Rebinding(
-            f"{_MULTI}.MultiLayerEagleDraftWorker", "_draft_extend_for_decode", _timed_draft_extend
-        ),
-    ),
+    },
 )

@@ -9,9 +9,14 @@ decode kernel with the same per-length split (deterministic mode's fixed split t
 Triton, `decode_num_splits` for FA3). Chains only (topk=1): row (b, i) sees exactly the
 prefix plus candidates 0..i.
 
-Replaces `HybridLinearAttnBackend.forward_extend` (SGLang 0.5.23); other modes and the
-linear-attention layers go to the original. Eager only for Triton (the row index table has a
-data-dependent size); the FA3 path is graph-capturable.
+Replaces `HybridLinearAttnBackend.forward_extend`; other modes and the linear-attention layers
+go to the original. Per release:
+- 0.5.17, Triton: the rows' KV table is built from `req_to_token` by SGLang's own
+  `create_flashinfer_kv_indices_triton`, exactly as its decode builds it, with static shapes,
+  so the verify forward can be captured in a CUDA graph. No FA3 (0.5.17 lacks
+  `get_paged_mha_kv_cache`).
+- 0.5.23, Triton: the table is built from the verify metadata with a host sync (eager only);
+  FA3 rows are graph-capturable.
 """
 
 from __future__ import annotations
@@ -19,7 +24,7 @@ from __future__ import annotations
 from collections.abc import Callable
 from typing import Any
 
-from specdash.engine_patches.registry import Patch, Rebinding, Target
+from specdash.engine_patches.registry import Patch, Rebinding, Target, Variant
 
 _HYBRID = "sglang.srt.layers.attention.hybrid_linear_attn_backend.HybridLinearAttnBackend"
 _FA3 = "sglang.srt.layers.attention.flashattention_backend.FlashAttentionBackend"
@@ -75,6 +80,19 @@ def _save_kv_triton(backend: Any, layer: Any, forward_batch: Any, k: Any, v: Any
         )
 
 
+def _save_kv_triton_0_5_17(backend: Any, layer: Any, forward_batch: Any, k: Any, v: Any) -> None:
+    """As `TritonAttnBackend.forward_decode` saves KV in SGLang 0.5.17."""
+    from sglang.srt.mem_cache.memory_pool import KVWriteLoc
+
+    meta = backend.forward_metadata
+    loc = KVWriteLoc(
+        forward_batch.out_cache_loc,
+        meta.swa_out_cache_loc,
+        full_loc=meta.out_cache_loc_full_physical,
+    )
+    backend._set_kv_buffer(forward_batch, layer, loc, k, v, layer.k_scale, layer.v_scale)
+
+
 def _save_kv_fa3(backend: Any, layer: Any, forward_batch: Any, k: Any, v: Any) -> None:
     """As `FlashAttentionBackend.forward_extend` saves KV for bf16 caches (SGLang 0.5.23)."""
     from sglang.srt.mem_cache.memory_pool import KVWriteLoc
@@ -85,10 +103,7 @@ def _save_kv_fa3(backend: Any, layer: Any, forward_batch: Any, k: Any, v: Any) -
     backend.token_to_kv_pool.set_kv_buffer(layer, loc, k, v, layer.k_scale, layer.v_scale)
 
 
-def triton_rows(backend: Any, q: Any, layer: Any, forward_batch: Any, sinks: Any = None) -> Any:
-    """TritonAttnBackend: `decode_attention_fwd` over bs*n rows with a fixed split tile."""
-    import torch
-
+def _require_fixed_split(backend: Any) -> None:
     if backend.split_tile_size is None:
         raise RuntimeError(
             "verify_attention_as_decode_rows needs a fixed Triton split tile "
@@ -96,6 +111,93 @@ def triton_rows(backend: Any, q: Any, layer: Any, forward_batch: Any, sinks: Any
         )
     if backend.page_size != 1:
         raise RuntimeError("verify_attention_as_decode_rows (Triton) supports page_size 1 only")
+
+
+def decode_row_table(backend: Any, forward_batch: Any, n: int) -> tuple[Any, Any, Any]:
+    """(kv_indptr, kv_indices, num_kv_splits) of the bs*n decode rows, built the way SGLang
+    0.5.17's decode builds its own (`_fill_kv_indptr_and_indices`): row (b, i) is request b's
+    `req_to_token` row read to length seq_lens[b] + i + 1 (the candidates' slots are already in
+    it). Every shape is static (the index buffer has room for rows * max_context_len), so this
+    runs inside a CUDA graph capture; it is built once per forward and shared by the layers."""
+    import torch
+    from sglang.kernels.ops.kvcache.kv_indices import create_flashinfer_kv_indices_triton
+
+    cached = getattr(forward_batch, "specdash_decode_rows", None)
+    if cached is not None and cached[0] == n:
+        return cached[1]
+    bs = forward_batch.batch_size
+    lens = row_lengths(forward_batch.seq_lens[:bs], n)
+    rows = lens.shape[0]
+    device = lens.device
+    indptr = torch.zeros(rows + 1, dtype=torch.int32, device=device)
+    indptr[1:] = torch.cumsum(lens, 0)
+    indices = torch.empty(rows * backend.max_context_len, dtype=torch.int64, device=device)
+    req_to_token = backend.req_to_token
+    create_flashinfer_kv_indices_triton[(rows,)](
+        req_to_token,
+        forward_batch.req_pool_indices[:bs].repeat_interleave(n),
+        lens,
+        indptr,
+        None,
+        indices,
+        req_to_token.stride(0),
+    )
+    tile = backend.split_tile_size
+    splits = ((lens + tile - 1) // tile).to(torch.int32)
+    forward_batch.specdash_decode_rows = (n, (indptr, indices, splits))
+    return indptr, indices, splits
+
+
+def triton_rows_0_5_17(
+    backend: Any, q: Any, layer: Any, forward_batch: Any, sinks: Any = None
+) -> Any:
+    """TritonAttnBackend (0.5.17): `decode_attention_fwd` over bs*n rows, called as
+    `forward_decode` calls it, on `decode_row_table`."""
+    import torch
+
+    _require_fixed_split(backend)
+    if backend._translate_kv_loc is not None:
+        raise RuntimeError("verify_attention_as_decode_rows: unified KV pools are not supported")
+    bs = forward_batch.batch_size
+    n = q.shape[0] // bs
+    heads, dq, dv = layer.tp_q_head_num, layer.qk_head_dim, layer.v_head_dim
+    kv_indptr, kv_indices, num_kv_splits = decode_row_table(backend, forward_batch, n)
+    rows = bs * n
+    max_splits = backend.max_kv_splits
+    attn_logits = torch.empty(rows, heads, max_splits, dv, dtype=torch.float32, device=q.device)
+    attn_lse = torch.empty(rows, heads, max_splits, dtype=torch.float32, device=q.device)
+    o = q.new_empty(rows, heads * dv)
+    scaled = layer.k_scale is not None and layer.v_scale is not None
+    backend.decode_attention_fwd(
+        q.reshape(rows, heads, dq),
+        backend.token_to_kv_pool.get_key_buffer(layer.layer_id),
+        backend.token_to_kv_pool.get_value_buffer(layer.layer_id),
+        o.view(rows, heads, dv),
+        kv_indptr,
+        kv_indices,
+        attn_logits,
+        attn_lse,
+        num_kv_splits,
+        max_splits,
+        layer.scaling,
+        layer.k_scale_float if scaled else 1.0,
+        layer.v_scale_float if scaled else 1.0,
+        logit_cap=_logit_cap(layer),
+        sinks=sinks,
+        xai_temperature_len=layer.xai_temperature_len,
+        has_mla=False,
+        use_pdl=backend.use_pdl,
+        page_size=1,
+    )
+    return o
+
+
+def triton_rows(backend: Any, q: Any, layer: Any, forward_batch: Any, sinks: Any = None) -> Any:
+    """TritonAttnBackend (0.5.23): `decode_attention_fwd` over bs*n rows with a fixed split
+    tile, the row table built from the verify metadata (a host sync: eager only)."""
+    import torch
+
+    _require_fixed_split(backend)
     bs = forward_batch.batch_size
     n = q.shape[0] // bs
     heads, dq, dv = layer.tp_q_head_num, layer.qk_head_dim, layer.v_head_dim
@@ -171,14 +273,20 @@ def fa3_rows(backend: Any, q: Any, layer: Any, forward_batch: Any, sinks: Any = 
     return out.reshape(bs * n, heads * dv)
 
 
-ROW_KERNELS: dict[str, tuple[Callable[..., Any], Callable[..., None]]] = {
-    "TritonAttnBackend": (triton_rows, _save_kv_triton),
-    "FlashAttentionBackend": (fa3_rows, _save_kv_fa3),
-}
+RowKernels = dict[str, tuple[Callable[..., Any], Callable[..., None]]]
 """Full-attention backend class name -> (decode rows, how that backend saves the verify KV)."""
+
+ROW_KERNELS: dict[str, RowKernels] = {
+    "0.5.17": {"TritonAttnBackend": (triton_rows_0_5_17, _save_kv_triton_0_5_17)},
+    "0.5.23": {
+        "TritonAttnBackend": (triton_rows, _save_kv_triton),
+        "FlashAttentionBackend": (fa3_rows, _save_kv_fa3),
+    },
+}
 
 
 def verify_as_decode_rows(
+    row_kernels: RowKernels,
     hybrid: Any,
     layer: Any,
     forward_batch: Any,
@@ -190,11 +298,12 @@ def verify_as_decode_rows(
 ) -> Any:
     """The TARGET_VERIFY full-attention branch (also what diffs/ puts into SGLang's source)."""
     backend = hybrid.full_attn_backend
-    paths = ROW_KERNELS.get(type(backend).__name__)
+    paths = row_kernels.get(type(backend).__name__)
     if paths is None:
         raise RuntimeError(
             f"verify_attention_as_decode_rows: no decode-row path for "
-            f"{type(backend).__name__}; use attention_backend=triton or fa3"
+            f"{type(backend).__name__} here; use attention_backend="
+            + " or ".join(sorted(row_kernels))
         )
     rows, save_kv = paths
     if save_kv_cache and k is not None:
@@ -202,7 +311,13 @@ def verify_as_decode_rows(
     return rows(backend, q, layer, forward_batch, sinks=kwargs.get("sinks"))
 
 
-def _as_decode_rows(original: Callable[..., Any]) -> Callable[..., Any]:
+def _as_decode_rows(row: str) -> Callable[[Callable[..., Any]], Callable[..., Any]]:
+    return lambda original: _decode_rows_forward_extend(original, ROW_KERNELS[row])
+
+
+def _decode_rows_forward_extend(
+    original: Callable[..., Any], row_kernels: RowKernels
+) -> Callable[..., Any]:
     def forward_extend(
         self,
         layer,
@@ -220,7 +335,7 @@ def _as_decode_rows(original: Callable[..., Any]) -> Callable[..., Any]:
             layer, kwargs.get("layer_id")
         ):
             return verify_as_decode_rows(
-                self, layer, forward_batch, save_kv_cache, q, k, v, **kwargs
+                row_kernels, self, layer, forward_batch, save_kv_cache, q, k, v, **kwargs
             )
         return original(
             self, layer, forward_batch, save_kv_cache, q, k, v, mixed_qkv, a, b, **kwargs
@@ -230,59 +345,115 @@ def _as_decode_rows(original: Callable[..., Any]) -> Callable[..., Any]:
     return forward_extend
 
 
+_TRITON = "sglang.srt.layers.attention.triton_backend.TritonAttnBackend"
+
 PATCH = Patch(
     name="verify_attention_as_decode_rows",
+    flag="attention",
     summary="TARGET_VERIFY full attention through the decode kernel, one row per candidate",
-    targets=(
-        Target(
-            f"{_HYBRID}.forward_extend",
-            "7feebbdc1924eddec77dd8397228e9dcce06db94558e38a53ea8ba8aef31d728",
+    variants={
+        "0.5.17": Variant(
+            targets=(
+                Target(
+                    f"{_HYBRID}.forward_extend",
+                    "7feebbdc1924eddec77dd8397228e9dcce06db94558e38a53ea8ba8aef31d728",
+                ),
+                Target(
+                    f"{_HYBRID}._is_full_attn",
+                    "fa0f3067149d81c47bfd5f3d45750de60793bb12ac5fc75612e1685ebb6bb628",
+                    role="relied on",
+                ),
+                Target(
+                    f"{_TRITON}.forward_decode",
+                    "7d358d0c723bac03f1b95f3db50201bb2277d80ff5158e7a56d151542e71febb",
+                    role="relied on",
+                ),
+                Target(
+                    f"{_TRITON}.forward_extend",
+                    "5e4ab06c1a98c45223d448f135a2756bc47b72e48471a9feb57388a9b52cb0e2",
+                    role="relied on",
+                ),
+                Target(
+                    f"{_TRITON}._set_kv_buffer",
+                    "f38832844a1952cfcc533f9324fb2417d1568fea1a521b51ce7c2252c65651bd",
+                    role="relied on",
+                ),
+                Target(
+                    f"{_TRITON}.get_num_kv_splits",
+                    "c28179d8c2356b9719745e87fa1ab58b258e414da6729cf00ebd664cbf84e010",
+                    role="relied on",
+                ),
+                Target(
+                    f"{_TRITON}._fill_kv_indptr_and_indices",
+                    "e7a0fcd1c3299a87cfab6896ef7f2087886c08e067208204e33c3608d49d537c",
+                    role="relied on",
+                ),
+                Target(
+                    "sglang.kernels.ops.attention.decode_attention.decode_attention_fwd",
+                    "d02eb025dc3d041e6eff3f2f9965c9cdfe6087fcb69efa4335ee876ea004c737",
+                    role="relied on",
+                ),
+                Target(
+                    "sglang.kernels.ops.kvcache.kv_indices.create_flashinfer_kv_indices_triton",
+                    "4fe3e8074774bda14c6fdc5c05a24911e1ed41d688ab9be872adc0fc1a779af7",
+                    role="relied on",
+                ),
+            ),
+            rebindings=(Rebinding(_HYBRID, "forward_extend", _as_decode_rows("0.5.17")),),
         ),
-        Target(
-            f"{_HYBRID}._is_full_attn",
-            "fa0f3067149d81c47bfd5f3d45750de60793bb12ac5fc75612e1685ebb6bb628",
-            role="relied on",
+        "0.5.23": Variant(
+            targets=(
+                Target(
+                    f"{_HYBRID}.forward_extend",
+                    "7feebbdc1924eddec77dd8397228e9dcce06db94558e38a53ea8ba8aef31d728",
+                ),
+                Target(
+                    f"{_HYBRID}._is_full_attn",
+                    "fa0f3067149d81c47bfd5f3d45750de60793bb12ac5fc75612e1685ebb6bb628",
+                    role="relied on",
+                ),
+                Target(
+                    "sglang.srt.layers.attention.triton_backend.TritonAttnBackend.forward_decode",
+                    "7577d9e3055af8a4aebeaeb1ede2a66742e830cb11630936a7647ccd2b61e69f",
+                    role="relied on",
+                ),
+                Target(
+                    "sglang.srt.layers.attention.triton_backend.TritonAttnBackend.forward_extend",
+                    "3dfe4c158fa799b1bacd290eca44c283175e161a95f35222c5858d3d7108756b",
+                    role="relied on",
+                ),
+                Target(
+                    "sglang.srt.layers.attention.triton_backend.TritonAttnBackend._set_kv_buffer",
+                    "5b11c98941c9b742b5ff65e65ddcd5370933395bec971a4ebeed988fba0bd892",
+                    role="relied on",
+                ),
+                Target(
+                    "sglang.srt.layers.attention.triton_backend.TritonAttnBackend.get_num_kv_splits",
+                    "f2a2daa2fedaa129ab55f793dfbac41773f5b840a1f13a6e26fd95b9377e387d",
+                    role="relied on",
+                ),
+                Target(
+                    f"{_FA3}.forward_decode",
+                    "8a467a1a32f93feedcb798ac4f85f642b9d32c82b4aab312aefc092f58f5b74c",
+                    role="relied on",
+                ),
+                Target(
+                    f"{_FA3}.forward_extend",
+                    "626b79d522ad1e1acbe6bf3c274e78fd548c4a9b4f02aa4fe893a3033fe74d69",
+                    role="relied on",
+                ),
+                Target(
+                    f"{_FA3}.get_paged_mha_kv_cache",
+                    "98aa973d321fed93bd923b25061f98bfd1834a431bb61692cfaf08f87838ba8d",
+                    role="relied on",
+                ),
+                Target(
+                    "sglang.kernels.ops.attention.decode_attention.decode_attention_fwd",
+                    "618af192d7dfd748399048fb8e63b06b1526e92c1b52add09b3930c67447bf46",
+                    role="relied on",
+                ),
+            ),
+            rebindings=(Rebinding(_HYBRID, "forward_extend", _as_decode_rows("0.5.23")),),
         ),
-        Target(
-            "sglang.srt.layers.attention.triton_backend.TritonAttnBackend.forward_decode",
-            "7577d9e3055af8a4aebeaeb1ede2a66742e830cb11630936a7647ccd2b61e69f",
-            role="relied on",
-        ),
-        Target(
-            "sglang.srt.layers.attention.triton_backend.TritonAttnBackend.forward_extend",
-            "3dfe4c158fa799b1bacd290eca44c283175e161a95f35222c5858d3d7108756b",
-            role="relied on",
-        ),
-        Target(
-            "sglang.srt.layers.attention.triton_backend.TritonAttnBackend._set_kv_buffer",
-            "5b11c98941c9b742b5ff65e65ddcd5370933395bec971a4ebeed988fba0bd892",
-            role="relied on",
-        ),
-        Target(
-            "sglang.srt.layers.attention.triton_backend.TritonAttnBackend.get_num_kv_splits",
-            "f2a2daa2fedaa129ab55f793dfbac41773f5b840a1f13a6e26fd95b9377e387d",
-            role="relied on",
-        ),
-        Target(
-            f"{_FA3}.forward_decode",
-            "8a467a1a32f93feedcb798ac4f85f642b9d32c82b4aab312aefc092f58f5b74c",
-            role="relied on",
-        ),
-        Target(
-            f"{_FA3}.forward_extend",
-            "626b79d522ad1e1acbe6bf3c274e78fd548c4a9b4f02aa4fe893a3033fe74d69",
-            role="relied on",
-        ),
-        Target(
-            f"{_FA3}.get_paged_mha_kv_cache",
-            "98aa973d321fed93bd923b25061f98bfd1834a431bb61692cfaf08f87838ba8d",
-            role="relied on",
-        ),
-        Target(
-            "sglang.kernels.ops.attention.decode_attention.decode_attention_fwd",
-            "618af192d7dfd748399048fb8e63b06b1526e92c1b52add09b3930c67447bf46",
-            role="relied on",
-        ),
-    ),
-    rebindings=(Rebinding(_HYBRID, "forward_extend", _as_decode_rows),),
+    },
 )

@@ -51,6 +51,13 @@ def _add_session_flags(p: argparse.ArgumentParser) -> None:
         action="store_true",
         help="apply the engine patches on an SGLang version they were not checked on",
     )
+    sgl.add_argument(
+        "--sglang-unpatch",
+        action="append",
+        default=[],
+        choices=["gdn", "attention", "gemm", "telemetry"],
+        help="leave one patch off in both engines, to see which fix matters (repeatable)",
+    )
 
 
 def _add_trace_commands(sub: argparse._SubParsersAction) -> None:

@@ -31,6 +31,7 @@ from typing import Any, Literal
 
 from specdash.controls import Controls
 from specdash.engine_patches import telemetry
+from specdash.engine_patches.registry import sglang_version
 from specdash.errors import EnvironmentProblem, UsageError
 from specdash.events import (
     ControlChange,
@@ -74,6 +75,9 @@ class SGLangOptions:
     engine_args: dict[str, Any] = field(default_factory=dict)
     shadow_mode: Literal["split", "sequential"] = "split"
     force_patches: bool = False
+    unpatch: tuple[str, ...] = ()
+    """Patch flags (`gdn`, `attention`, `gemm`, `telemetry`) left off in both engines, to see
+    which fix matters on a model: the divergences come back."""
 
 
 def parse_engine_arg(text: str) -> tuple[str, Any]:
@@ -97,6 +101,7 @@ def options_from_args(args: argparse.Namespace) -> SGLangOptions:
         engine_args=dict(parse_engine_arg(a) for a in args.sglang_arg),
         shadow_mode=args.sglang_shadow,
         force_patches=args.force_patches,
+        unpatch=tuple(args.sglang_unpatch),
     )
 
 
@@ -130,6 +135,10 @@ def engine_kwargs(
             kw["speculative_num_steps"] = settings.k
             kw["speculative_eagle_topk"] = 1
             kw["speculative_num_draft_tokens"] = settings.k + 1
+        elif options.speculative_algorithm == "NGRAM":
+            # a chain of k drafts (breadth 1): the verify rows are a chain, as the patch needs
+            kw["speculative_num_draft_tokens"] = settings.k + 1
+            kw["speculative_ngram_max_bfs_breadth"] = 1
         if options.speculative_algorithm == "NEXTN":
             kw["speculative_draft_model_path"] = str(settings.draft or settings.model)
         elif settings.draft is not None:
@@ -139,11 +148,23 @@ def engine_kwargs(
         user = {k: v for k, v in user.items() if not k.startswith("speculative_")}
     merged = {**kw, **user}
     graph_choice = any("cuda_graph" in key for key in user)
-    if speculative and merged["attention_backend"] == "triton" and not graph_choice:
-        # The Triton decode-row verify sizes its row index table from the batch (a host
+    eager_rows = sglang_version() == "0.5.23" and "attention" not in options.unpatch
+    if speculative and merged["attention_backend"] == "triton" and eager_rows and not graph_choice:
+        # 0.5.23's Triton decode-row verify sizes its row index table from the batch (a host
         # sync), so it cannot be captured: decode/verify graphs off unless asked for.
         merged["disable_decode_cuda_graph"] = True
     return merged
+
+
+def applied_patches(options: SGLangOptions) -> list[str]:
+    """Names of the patches the scheduler processes apply: all but `--sglang-unpatch`."""
+    from specdash.engine_patches import registry
+
+    try:
+        off = {registry.by_flag(flag).name for flag in options.unpatch}
+    except KeyError as e:
+        raise UsageError(f"--sglang-unpatch: {e.args[0]}") from None
+    return [p.name for p in registry.all_patches() if p.name not in off]
 
 
 class SchedulerFailed(EnvironmentProblem):
@@ -200,7 +221,7 @@ def scheduler_entry(*args: Any, **kwargs: Any) -> Any:
         from specdash.engine_patches import registry
 
         names = os.environ.get(PATCHES_ENV)
-        registry.apply_all(names.split(",") if names else None)
+        registry.apply_all(None if names is None else [n for n in names.split(",") if n])
     except Exception as e:
         if error_file:
             write_reason(error_file, f"specdash patches failed: {type(e).__name__}: {e}")
@@ -226,9 +247,11 @@ def _remove(path: str) -> None:
 
 
 def patched_engine_class() -> type:
-    import sglang
+    """`sglang.Engine` with the patching scheduler entry. The class comes from its module:
+    `sglang.Engine` is a `sglang.utils.LazyImport` instance, which cannot be subclassed."""
+    from sglang.srt.entrypoints.engine import Engine
 
-    class PatchedEngine(sglang.Engine):
+    class PatchedEngine(Engine):
         run_scheduler_process_func = staticmethod(scheduler_entry)
 
     return PatchedEngine
@@ -249,6 +272,7 @@ def check_environment(options: SGLangOptions) -> None:
             f"one of {', '.join(ALGORITHMS)}"
         )
     ensure_patchable(options.force_patches)
+    os.environ[PATCHES_ENV] = ",".join(applied_patches(options))
 
 
 def start_engine(kwargs: dict[str, Any]) -> Any:
@@ -472,14 +496,13 @@ class SGLangSession:
     def _session_start(self) -> SessionStart:
         import torch
 
-        from specdash.engine_patches.registry import sglang_version
-
         return SessionStart(
             config={
                 **self.settings.model_dump(mode="json"),
                 "speculative_algorithm": self.options.speculative_algorithm,
                 "sglang_args": {k: repr(v) for k, v in self.options.engine_args.items()},
                 "shadow_mode": self.options.shadow_mode,
+                "sglang_patches": applied_patches(self.options),
             },
             versions={"sglang": sglang_version() or "?", "torch": torch.__version__},
             device=(

@@ -1,0 +1,329 @@
+"""Real SGLang on a GPU: is speculative output its own plain decode, bit for bit? And how fast?
+
+Phases (each engine started by specdash's own `engine_kwargs` + `start_engine`, so the patched
+scheduler entry is the product's; 24 shipped prompts submitted together, greedy, ignore_eos):
+- anchor:  stock SGLang (no patch), NGRAM and STANDALONE k=3 vs stock plain decode;
+- matrix:  patched, NGRAM and STANDALONE, k in {1, 3, 5}, CUDA graphs off and on, each vs the
+           patched plain decode with the same graph setting;
+- unpatch: each exactness patch left off alone (gdn, attention, gemm): NGRAM k=3 vs plain;
+- gemm:    a patched NGRAM engine and its plain shadow both alive; the GEMM backend switched
+           live on both (SGLang persistent Triton, specdash Triton tile, cuBLAS, DeepGEMM) and
+           the prompts run again after each switch;
+- speed:   one prompt at a time (batch 1), CUDA graphs on: stock plain, stock spec, patched
+           spec; generated tokens / wall time of the generate calls, after a warm-up prompt.
+Every comparison: per prompt, token ids equal and fp32 logprob bits equal (struct-packed).
+
+Usage (on the GPU box, SGLang importable): python benchmarks/bench_sglang.py --target DIR
+    --draft DIR --json OUT.json [--phases anchor,matrix,...] [--budget-s 540]
+Results are written after every cell, so a cut-off run keeps what it measured.
+"""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+import json
+import os
+import struct
+import sys
+import time
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+from specdash.prompts import load_prompts
+from specdash.settings import SessionSettings
+from specdash.sglang_engine import (
+    ERROR_FILE_ENV,
+    PATCHES_ENV,
+    SGLangOptions,
+    applied_patches,
+    engine_kwargs,
+    new_error_file,
+    start_engine,
+)
+
+ALL_OFF = ("gdn", "attention", "gemm", "telemetry")
+T0 = time.monotonic()
+
+
+def bits(x: float | None) -> str | None:
+    return None if x is None else struct.pack("<f", x).hex()
+
+
+@contextlib.contextmanager
+def engine(
+    args: argparse.Namespace,
+    *,
+    algorithm: str | None,
+    k: int = 3,
+    graphs: bool = False,
+    off: tuple[str, ...] = (),
+    mem: float = 0.5,
+) -> Iterator[Any]:
+    """A started engine; patches = all but `off` (ALL_OFF: stock SGLang)."""
+    options = SGLangOptions(
+        speculative_algorithm=algorithm or "NGRAM",
+        unpatch=off,
+        engine_args={
+            "disable_cuda_graph": not graphs,
+            "cuda_graph_max_bs_decode": 32,
+            "mem_fraction_static": mem,
+            "max_running_requests": 32,
+        },
+    )
+    settings = SessionSettings(
+        engine="sglang",
+        model=args.target,
+        draft=args.draft if algorithm == "STANDALONE" else None,
+        k=k,
+        speculation=algorithm is not None,
+        max_new_tokens=args.max_new,
+    )
+    os.environ[PATCHES_ENV] = ",".join(applied_patches(options))
+    kwargs = engine_kwargs(settings, options, speculative=algorithm is not None, split=False)
+    t = time.monotonic()
+    e = start_engine(kwargs)
+    print(
+        f"  engine {algorithm or 'plain'} k={k} graphs={graphs} off={off} "
+        f"started in {time.monotonic() - t:.1f}s",
+        flush=True,
+    )
+    try:
+        yield e
+    finally:
+        e.shutdown()
+
+
+def generate(e: Any, texts: list[str], max_new: int) -> list[dict[str, Any]]:
+    outs = e.generate(
+        prompt=texts,
+        sampling_params={"temperature": 0.0, "max_new_tokens": max_new, "ignore_eos": True},
+        return_logprob=True,
+    )
+    result = []
+    for o in outs:
+        meta = o["meta_info"]
+        lps = [t[0] for t in meta.get("output_token_logprobs") or []]
+        result.append(
+            {
+                "ids": [int(t) for t in o["output_ids"]],
+                "logprob_bits": [bits(x) for x in lps],
+                "verify_ct": meta.get("spec_verify_ct"),
+                "accepted": meta.get("spec_num_correct_drafts"),
+                "proposed": meta.get("spec_num_proposed_drafts"),
+            }
+        )
+    return result
+
+
+def compare(spec: list[dict[str, Any]], plain: list[dict[str, Any]]) -> dict[str, Any]:
+    ids_differ, bits_differ, first = [], [], {}
+    for i, (a, b) in enumerate(zip(spec, plain, strict=True)):
+        if a["ids"] != b["ids"]:
+            ids_differ.append(i)
+        if a["logprob_bits"] != b["logprob_bits"]:
+            bits_differ.append(i)
+            first[i] = next(
+                j
+                for j, (x, y) in enumerate(zip(a["logprob_bits"], b["logprob_bits"], strict=False))
+                if x != y or a["ids"][j] != b["ids"][j]
+            )
+    accepted = sum(o["accepted"] or 0 for o in spec)
+    proposed = sum(o["proposed"] or 0 for o in spec)
+    steps = sum(o["verify_ct"] or 0 for o in spec)
+    tokens = sum(len(o["ids"]) for o in spec)
+    return {
+        "prompts": len(spec),
+        "ids_differ": ids_differ,
+        "bits_differ": bits_differ,
+        "first_divergence": first,
+        "identical": len(spec) - len(bits_differ),
+        "acceptance": accepted / proposed if proposed else None,
+        "mean_accepted_length": tokens / steps if steps else None,
+    }
+
+
+class Results:
+    def __init__(self, path: Path, budget_s: float) -> None:
+        self.path, self.budget_s = path, budget_s
+        self.data: dict[str, Any] = {"started": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())}
+
+    def left(self) -> float:
+        return self.budget_s - (time.monotonic() - T0)
+
+    def put(self, key: str, value: Any) -> None:
+        self.data[key] = value
+        self.path.write_text(json.dumps(self.data, indent=1))
+        summary = (
+            {k: v for k, v in value.items() if k != "first_divergence"}
+            if isinstance(value, dict)
+            else value
+        )
+        print(f"[{time.monotonic() - T0:6.0f}s] {key}: {json.dumps(summary)}", flush=True)
+
+
+def plain_run(args, res, texts, *, graphs, off, tag) -> list[dict[str, Any]]:
+    with engine(args, algorithm=None, graphs=graphs, off=off) as e:
+        out = generate(e, texts, args.max_new)
+    res.put(f"{tag}/plain", {"tokens": sum(len(o["ids"]) for o in out)})
+    return out
+
+
+def spec_cell(args, res, texts, plain, *, algorithm, k, graphs, off, tag) -> None:
+    if res.left() < 60:
+        res.put(f"{tag}/{algorithm}/k{k}", {"skipped": "device budget"})
+        return
+    try:
+        with engine(args, algorithm=algorithm, k=k, graphs=graphs, off=off) as e:
+            out = generate(e, texts, args.max_new)
+        res.put(f"{tag}/{algorithm}/k{k}", compare(out, plain))
+    except Exception as ex:  # one failing cell must not lose the others
+        res.put(f"{tag}/{algorithm}/k{k}", {"error": f"{type(ex).__name__}: {ex}"[:600]})
+
+
+def phase_anchor(args, res, texts) -> None:
+    plain = plain_run(args, res, texts, graphs=False, off=ALL_OFF, tag="anchor")
+    for algorithm in ("NGRAM", "STANDALONE"):
+        spec_cell(
+            args,
+            res,
+            texts,
+            plain,
+            algorithm=algorithm,
+            k=3,
+            graphs=False,
+            off=ALL_OFF,
+            tag="anchor",
+        )
+
+
+def phase_matrix(args, res, texts) -> None:
+    for graphs in args.graphs:
+        tag = f"matrix/graphs_{'on' if graphs else 'off'}"
+        plain = plain_run(args, res, texts, graphs=graphs, off=(), tag=tag)
+        for algorithm in ("NGRAM", "STANDALONE"):
+            for k in args.ks:
+                spec_cell(
+                    args,
+                    res,
+                    texts,
+                    plain,
+                    algorithm=algorithm,
+                    k=k,
+                    graphs=graphs,
+                    off=(),
+                    tag=tag,
+                )
+
+
+def phase_unpatch(args, res, texts) -> None:
+    for flag in ("gdn", "attention", "gemm"):
+        tag = f"unpatch/{flag}"
+        plain = plain_run(args, res, texts, graphs=False, off=(flag,), tag=tag)
+        spec_cell(
+            args, res, texts, plain, algorithm="NGRAM", k=3, graphs=False, off=(flag,), tag=tag
+        )
+
+
+def phase_gemm(args, res, texts) -> None:
+    from specdash.sglang_engine import _switch_gemm
+
+    with (
+        engine(args, algorithm="NGRAM", k=3, graphs=True, mem=0.35) as spec,
+        engine(args, algorithm=None, graphs=True, mem=0.35) as plain,
+    ):
+        for name in ("sglang-triton", "specdash-triton", "specdash-cublas", "deepgemm", "auto"):
+            try:
+                t = time.monotonic()
+                _switch_gemm(spec, name)
+                _switch_gemm(plain, name)
+                switch_s = time.monotonic() - t
+            except Exception as ex:
+                res.put(f"gemm/{name}", {"unavailable": f"{type(ex).__name__}: {ex}"[:400]})
+                continue
+            cell = compare(
+                generate(spec, texts, args.max_new), generate(plain, texts, args.max_new)
+            )
+            res.put(f"gemm/{name}", {**cell, "switch_s": round(switch_s, 2)})
+
+
+def tokens_per_s(e: Any, texts: list[str], max_new: int) -> dict[str, float]:
+    generate(e, texts[:1], max_new)  # warm-up (first Triton compiles, graph paths)
+    t, tokens = time.monotonic(), 0
+    for text in texts:
+        tokens += len(generate(e, [text], max_new)[0]["ids"])
+    seconds = time.monotonic() - t
+    return {"tokens": tokens, "seconds": round(seconds, 3), "tokens_per_s": tokens / seconds}
+
+
+def phase_speed(args, res, texts) -> None:
+    cells = [
+        ("stock_plain", None, ALL_OFF),
+        ("stock_spec", args.speed_algorithm, ALL_OFF),
+        ("patched_spec", args.speed_algorithm, ()),
+        ("patched_plain", None, ()),
+    ]
+    speed = {}
+    for name, algorithm, off in cells:
+        if res.left() < 60:
+            break
+        with engine(args, algorithm=algorithm, k=3, graphs=True, off=off) as e:
+            speed[name] = tokens_per_s(e, texts, args.max_new)
+        res.put(f"speed/{name}", speed[name])
+    if "patched_spec" in speed and "stock_spec" in speed:
+        ratio = speed["patched_spec"]["tokens_per_s"] / speed["stock_spec"]["tokens_per_s"]
+        res.put(
+            "speed/ratio", {"patched_over_stock_spec": ratio, "algorithm": args.speed_algorithm}
+        )
+
+
+PHASES = {
+    "anchor": phase_anchor,
+    "matrix": phase_matrix,
+    "unpatch": phase_unpatch,
+    "gemm": phase_gemm,
+    "speed": phase_speed,
+}
+
+
+def main() -> int:
+    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    p.add_argument("--target", type=Path, required=True)
+    p.add_argument("--draft", type=Path, required=True)
+    p.add_argument("--json", type=Path, required=True)
+    p.add_argument("--phases", default="anchor,matrix")
+    p.add_argument("--ks", default="1,3,5")
+    p.add_argument("--graphs", default="off,on")
+    p.add_argument("--max-new", type=int, default=48)
+    p.add_argument("--prompts", type=int, default=24)
+    p.add_argument("--speed-algorithm", default="STANDALONE")
+    p.add_argument("--budget-s", type=float, default=540)
+    args = p.parse_args()
+    args.ks = [int(k) for k in args.ks.split(",")]
+    args.graphs = [g == "on" for g in args.graphs.split(",")]
+    os.environ.setdefault(ERROR_FILE_ENV, new_error_file())
+    texts = [pr.text for pr in load_prompts(None)][: args.prompts]
+    res = Results(args.json, args.budget_s)
+    import sglang
+    import torch
+
+    res.put(
+        "env",
+        {
+            "sglang": sglang.__version__,
+            "torch": torch.__version__,
+            "device": torch.cuda.get_device_name(),
+            "argv": sys.argv[1:],
+        },
+    )
+    for name in args.phases.split(","):
+        if res.left() < 60:
+            res.put(f"{name}", {"skipped": "device budget"})
+            continue
+        PHASES[name](args, res, texts)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,56 @@
+#!/usr/bin/env bash
+# One device call on the H200: real SGLang 0.5.17 (carried wheels) with specdash's patches.
+# Installs .carry/sglang/*.whl and .carry/ui/*.whl to /tmp/site, builds the benchmark pair
+# (benchmarks/sglang_checkpoint.py), then runs, in order, what STEPS names (default below):
+#   cli       specdash run --headless --engine sglang (NGRAM k=3, --json --trace)
+#   bench     benchmarks/bench_sglang.py --phases $PHASES
+#   tests     pytest -m sglang_gpu
+#   dashboard benchmarks/sglang_dashboard_shot.py (Textual headless, SVG)
+# Results under $OUT; SGLang's own log lines go to $OUT/*.log, not to stdout.
+set -u
+T0=$(date +%s)
+BUDGET=${BUDGET:-560}
+OUT=${OUT:-/tmp/out}; mkdir -p "$OUT"
+export PYTHONUNBUFFERED=1 TOKENIZERS_PARALLELISM=false HF_HUB_OFFLINE=1 TRANSFORMERS_OFFLINE=1
+export SGLANG_IS_FLASHINFER_AVAILABLE=false   # flashinfer is an import stub in the carry
+export NCCL_NVLS_ENABLE=0 TORCH_SYMM_MEM_DISABLE_MULTICAST=1 NVSHMEM_DISABLE_NVLS=1
+left() { echo $(( BUDGET - ($(date +%s) - T0) )); }
+{ date -u; nvidia-smi --query-gpu=name,driver_version --format=csv,noheader; } | tee "$OUT/env.txt"
+python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade \
+  --target /tmp/site .carry/sglang/*.whl .carry/ui/*.whl > "$OUT/install.log" 2>&1 \
+  || { tail -5 "$OUT/install.log"; exit 1; }
+export PYTHONPATH=/tmp/site:$PWD
+[ -e specdash/kernels ] || ln -s ../kernels specdash/kernels
+[ -e specdash/engine_patches ] || ln -s ../engine_patches specdash/engine_patches
+python3 -c 'import torch,sys; sys.exit(0 if hasattr(torch.Tensor,"__dlpack_c_exchange_api__") else 1)' \
+  || export TVM_FFI_DISABLE_TORCH_C_DLPACK=1
+python3 -c "import sglang, torch, triton; print('sglang', sglang.__version__, 'torch', torch.__version__, 'triton', triton.__version__)" | tee -a "$OUT/env.txt"
+echo "== install done $(( $(date +%s) - T0 ))s"
+CK=/tmp/sglang_pair
+[ -e $CK/draft/model.safetensors ] || python3 benchmarks/sglang_checkpoint.py $CK 2>&1 | tail -2
+python3 -c "from specdash.cli import main; main(['patches', 'check'])" > "$OUT/patches_check.txt" 2>&1
+tail -2 "$OUT/patches_check.txt"
+quiet() { grep --line-buffered -v -E '^\[20|^[0-9]{4}-|Warning|warn\(|^ *$|it/s\]|Capturing|Loading' ; }
+for step in ${STEPS:-cli bench}; do
+  l=$(left); [ "$l" -lt 60 ] && { echo "== SKIP $step (${l}s left)"; continue; }
+  echo "== $step $(date -u +%T) (${l}s left)"
+  case $step in
+    cli)
+      timeout $(( l - 20 )) python3 -c "from specdash.cli import main; import sys; sys.exit(main(sys.argv[1:]))" \
+        run --headless --engine sglang --model $CK/target --speculative-algorithm NGRAM -k 3 \
+        --max-new-tokens ${CLI_MAX_NEW:-32} --json --trace "$OUT/cli_trace.jsonl" ${CLI_ARGS:-} \
+        > "$OUT/cli.json" 2> "$OUT/cli.log"; echo "exit $?"
+      cut -c1-1500 "$OUT/cli.json"; grep -a "specdash: error\|Error\|error:" "$OUT/cli.log" | tail -5 ;;
+    bench)
+      timeout $(( l - 15 )) python3 benchmarks/bench_sglang.py --target $CK/target --draft $CK/draft \
+        --json "$OUT/bench.json" --phases "${PHASES:-anchor,matrix}" --budget-s $(( l - 30 )) \
+        ${BENCH_ARGS:-} 2>&1 | tee "$OUT/bench.log" | grep --line-buffered -E '^\[|engine |Error|error' | cut -c1-700 ;;
+    tests)
+      timeout $(( l - 10 )) python3 -m pytest -q -p no:cacheprovider -m sglang_gpu tests/sglang \
+        > "$OUT/gpu_tests.txt" 2>&1; tail -15 "$OUT/gpu_tests.txt" ;;
+    dashboard)
+      timeout $(( l - 10 )) python3 benchmarks/sglang_dashboard_shot.py --target $CK/target \
+        --out "$OUT" > "$OUT/dashboard.log" 2>&1; echo "exit $?"; tail -8 "$OUT/dashboard.log" ;;
+  esac
+done
+echo "== done $(( $(date +%s) - T0 ))s"
