@@ -32,7 +32,7 @@ from specdash.kernels.gemm import GemmConfig, gemm_config, matmul_batch_invarian
 from triton.testing import do_bench
 
 HIDDEN = 5120
-# (name, N, K) for Qwen3.5-27B (exactness.md section 4); fused variants an engine may use.
+# (name, N, K) for Qwen3.5-27B (docs/exactness.md §4); fused variants an engine may use.
 SHAPES = [
     ("attn q_proj (gated)", 12288, HIDDEN),
     ("attn k_proj / v_proj", 1024, HIDDEN),

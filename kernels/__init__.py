@@ -3,6 +3,7 @@
 On a machine without CUDA, Triton kernels can only run through Triton's CPU interpreter, so it is
 selected here, before any kernel is defined (Triton reads TRITON_INTERPRET when it decorates a
 kernel). The interpreter's ``tl.dot`` is then replaced by a row-independent one; see _interpreter.
+The exactness rule each kernel implements, and its test: docs/exactness.md.
 """
 
 import os

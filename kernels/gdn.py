@@ -5,7 +5,7 @@ that T decode steps would. So verify runs the decode recurrence token by token (
 WY form, which is the same math in another order) through the same compiled kernel: decode is the
 T=1 launch of it. beta = sigmoid(b) stays fp32, the state is fp32, and the launch configuration
 (BV, num_warps) is pinned. Every step's state is written out so that accepting j of T tokens
-restores the state after step j. Math (exactness.md section 3), per token and v-head, in fp32:
+restores the state after step j. Math (docs/exactness.md §3), per token and v-head, in fp32:
 q, k <- x / sqrt(sum x^2 + 1e-6); q *= Dk^-1/2; g = -exp(A_log) * softplus(a + dt_bias) (threshold
 20); beta = sigmoid(b); h *= exp(g); v' = beta * (v - sum_K h*k); h += k (x) v'; o = sum_K h*q.
 """

@@ -8,6 +8,7 @@ Greedy acceptance (gpt-fast's `speculative_decode`, greedy case):
 The shadow is a plain greedy decode of the same prompt on the same weights, started
 from the same prefill and advanced to the same position after every step, so each
 emitted token is compared (id and fp32 logprob bits) the moment both exist.
+What makes the verify rows equal the shadow's decode rows: docs/exactness.md.
 """
 
 from __future__ import annotations

@@ -11,6 +11,8 @@ training script can reuse it.
   * ``exact``: every row computed as decode computes that position (see `ops`). Decode is
     `exact` with one row; an exact verify is `exact` with k+1 rows.
   * ``fast``: one batched verify pass the usual way (batched GEMMs and SDPA).
+
+Why each sub-op is exact on each path, and which test proves it: docs/exactness.md.
 """
 
 from __future__ import annotations

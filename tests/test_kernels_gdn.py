@@ -9,7 +9,7 @@ from specdash.kernels.gdn import gdn_chunked_prefill, gdn_recurrent_step, gdn_ve
 
 
 def _reference(q, k, v, a, b, a_log, dt_bias, state):
-    """exactness.md section 3 in fp64, token by token."""
+    """docs/exactness.md §3 in fp64, token by token."""
     q, k, v, a, b = (x.double() for x in (q, k, v, a, b))
     h = state.double().clone()
     rep, dk = v.shape[2] // q.shape[2], q.shape[-1]
