@@ -40,6 +40,7 @@ from specdash.sglang_engine import (
     applied_patches,
     engine_kwargs,
     new_error_file,
+    parse_engine_arg,
     start_engine,
 )
 
@@ -66,6 +67,7 @@ def engine(
         speculative_algorithm=algorithm or "NGRAM",
         unpatch=off,
         engine_args={
+            **args.sglang_args,
             "disable_cuda_graph": not graphs,
             "cuda_graph_max_bs_decode": 32,
             "mem_fraction_static": mem,
@@ -174,6 +176,11 @@ def spec_cell(args, res, texts, plain, *, algorithm, k, graphs, off, tag) -> Non
     if res.left() < 60:
         res.put(f"{tag}/{algorithm}/k{k}", {"skipped": "device budget"})
         return
+    if f"{tag}/{algorithm}/k{k}" in args.skip_cells:
+        return
+    if algorithm in args.no_graph_algorithms and graphs:
+        res.put(f"{tag}/{algorithm}/k{k}", {"skipped": args.no_graph_reason})
+        return
     try:
         with engine(args, algorithm=algorithm, k=k, graphs=graphs, off=off) as e:
             out = generate(e, texts, args.max_new)
@@ -202,7 +209,7 @@ def phase_matrix(args, res, texts) -> None:
     for graphs in args.graphs:
         tag = f"matrix/graphs_{'on' if graphs else 'off'}"
         plain = plain_run(args, res, texts, graphs=graphs, off=(), tag=tag)
-        for algorithm in ("NGRAM", "STANDALONE"):
+        for algorithm in args.algorithms:
             for k in args.ks:
                 spec_cell(
                     args,
@@ -299,9 +306,18 @@ def main() -> int:
     p.add_argument("--prompts", type=int, default=24)
     p.add_argument("--speed-algorithm", default="STANDALONE")
     p.add_argument("--budget-s", type=float, default=540)
+    p.add_argument("--sglang-arg", action="append", default=[], metavar="KEY=VALUE")
+    p.add_argument("--algorithms", default="NGRAM,STANDALONE")
+    p.add_argument("--no-graph-algorithms", default="", help="algorithms not run with graphs")
+    p.add_argument("--no-graph-reason", default="")
+    p.add_argument("--skip-cells", default="", help="cell keys measured in an earlier call")
     args = p.parse_args()
+    args.sglang_args = dict(parse_engine_arg(a) for a in args.sglang_arg)
     args.ks = [int(k) for k in args.ks.split(",")]
     args.graphs = [g == "on" for g in args.graphs.split(",")]
+    args.algorithms = args.algorithms.split(",")
+    args.skip_cells = args.skip_cells.split(",")
+    args.no_graph_algorithms = args.no_graph_algorithms.split(",")
     os.environ.setdefault(ERROR_FILE_ENV, new_error_file())
     texts = [pr.text for pr in load_prompts(None)][: args.prompts]
     res = Results(args.json, args.budget_s)

@@ -15,7 +15,6 @@ import sys
 from dataclasses import dataclass
 
 from specdash.engine_patches import installed_source, registry
-
 from specdash.errors import EXIT_ENVIRONMENT, EXIT_OK, EnvironmentProblem
 
 INSTALL_HINT = "SGLang is not installed: pip install 'specdash[sglang]'"

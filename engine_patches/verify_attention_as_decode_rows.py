@@ -118,13 +118,12 @@ def decode_row_table(backend: Any, forward_batch: Any, n: int) -> tuple[Any, Any
     0.5.17's decode builds its own (`_fill_kv_indptr_and_indices`): row (b, i) is request b's
     `req_to_token` row read to length seq_lens[b] + i + 1 (the candidates' slots are already in
     it). Every shape is static (the index buffer has room for rows * max_context_len), so this
-    runs inside a CUDA graph capture; it is built once per forward and shared by the layers."""
+    runs inside a CUDA graph capture. Built per layer call, never cached on the ForwardBatch:
+    SGLang runs a captured batch eagerly before capturing it, and a table cached then would
+    be frozen into the graph as a constant (seen on the H200: every graphed verify wrong)."""
     import torch
     from sglang.kernels.ops.kvcache.kv_indices import create_flashinfer_kv_indices_triton
 
-    cached = getattr(forward_batch, "specdash_decode_rows", None)
-    if cached is not None and cached[0] == n:
-        return cached[1]
     bs = forward_batch.batch_size
     lens = row_lengths(forward_batch.seq_lens[:bs], n)
     rows = lens.shape[0]
@@ -144,7 +143,6 @@ def decode_row_table(backend: Any, forward_batch: Any, n: int) -> tuple[Any, Any
     )
     tile = backend.split_tile_size
     splits = ((lens + tile - 1) // tile).to(torch.int32)
-    forward_batch.specdash_decode_rows = (n, (indptr, indices, splits))
     return indptr, indices, splits
 
 

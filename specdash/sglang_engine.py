@@ -86,7 +86,7 @@ def parse_engine_arg(text: str) -> tuple[str, Any]:
     key = key.strip().replace("-", "_")
     if not sep or not key.isidentifier():
         raise UsageError(f"--sglang-arg {text!r}: expected KEY=VALUE, e.g. mem_fraction_static=0.4")
-    lowered = {"true": True, "false": False, "none": None}
+    lowered = {"true": True, "false": False}  # `none` stays a string: grammar_backend=none
     if raw.strip().lower() in lowered:
         return key, lowered[raw.strip().lower()]
     try:
