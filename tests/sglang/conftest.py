@@ -1,11 +1,17 @@
-"""The real sglang 0.5.23 wheel from PyPI, importable on a CPU-only machine, without touching torch.
+"""The real sglang 0.5.17 and 0.5.23 wheels from PyPI, importable on a CPU-only machine, without
+touching torch.
 
-`pip install --no-deps --target .cache/sglang-0.5.23` fetches the wheel and the small
+`pip install --no-deps --target .cache/sglang-<version>` fetches the wheel and the small
 pure-Python/binary packages its patched modules import (pinned; sglang's own pins where it
 pins), next to, never inside, the main venv: torch, triton and transformers come from the
-venv. Tests run SGLang code in subprocesses with that directory and the torchvision import
-stub on PYTHONPATH, so nothing leaks into the rest of the suite. No network is a failure,
-not a skip: CI has PyPI.
+venv. Tests run SGLang code in subprocesses with that directory and the import stubs on
+PYTHONPATH, so nothing leaks into the rest of the suite. No network is a failure, not a skip:
+CI has PyPI.
+
+0.5.17 needs two things 0.5.23 fixed: an xgrammar import stub (it imports `xgrammar` at module
+level; `stubs-0.5.17/`), and `AutoConfig.register("qwen3_asr", ..., exist_ok=True)` (without it
+transformers >= 5.17 refuses the import; the same one-line fix as 0.5.23's own), applied to
+the installed copy.
 """
 
 from __future__ import annotations
@@ -23,8 +29,17 @@ import pytest
 
 REPO = Path(__file__).resolve().parents[2]
 SGLANG_VERSION = "0.5.23"
-CACHE = REPO / ".cache" / f"sglang-{SGLANG_VERSION}"
-STUBS = Path(__file__).resolve().parent / "stubs"
+"""The release the single-version tests run on (`sglang_path`, `run_sglang`)."""
+SGLANG_VERSIONS = ("0.5.17", "0.5.23")
+HERE = Path(__file__).resolve().parent
+STUBS = {v: [HERE / "stubs"] for v in SGLANG_VERSIONS} | {
+    "0.5.17": [HERE / "stubs", HERE / "stubs-0.5.17"]
+}
+QWEN3_ASR_FIX = (
+    "sglang/srt/configs/qwen3_asr.py",
+    'AutoConfig.register("qwen3_asr", Qwen3ASRConfig)',
+    'AutoConfig.register("qwen3_asr", Qwen3ASRConfig, exist_ok=True)',
+)
 IMPORT_DEPS = [
     "aiohappyeyeballs==2.7.1",
     "aiohttp==3.14.5",
@@ -67,9 +82,14 @@ IMPORT_DEPS = [
 ]
 
 
-def _install() -> None:
+def cache(version: str) -> Path:
+    return REPO / ".cache" / f"sglang-{version}"
+
+
+def _install(version: str) -> None:
     """Install into a sibling directory, then rename: a half-finished install is never used."""
-    partial = CACHE.with_name(CACHE.name + ".partial")
+    target = cache(version)
+    partial = target.with_name(target.name + ".partial")
     shutil.rmtree(partial, ignore_errors=True)
     cmd = [
         sys.executable,
@@ -82,29 +102,51 @@ def _install() -> None:
         "--disable-pip-version-check",
         "--target",
         str(partial),
-        f"sglang=={SGLANG_VERSION}",
+        f"sglang=={version}",
         *IMPORT_DEPS,
     ]
     proc = subprocess.run(cmd, capture_output=True, text=True)
     if proc.returncode != 0:
-        pytest.fail(f"could not install sglang {SGLANG_VERSION} from PyPI:\n{proc.stderr[-3000:]}")
-    partial.rename(CACHE)
+        pytest.fail(f"could not install sglang {version} from PyPI:\n{proc.stderr[-3000:]}")
+    if version == "0.5.17":
+        rel, old, new = QWEN3_ASR_FIX
+        path = partial / rel
+        path.write_text(path.read_text().replace(old, new, 1))
+    partial.rename(target)
+
+
+def sglang_path_for(version: str) -> str:
+    """PYTHONPATH entries that make the real sglang `version` wheel importable."""
+    target = cache(version)
+    target.parent.mkdir(parents=True, exist_ok=True)
+    with open(target.parent / f".sglang-{version}.lock", "w") as lock:
+        fcntl.flock(lock, fcntl.LOCK_EX)
+        if not (target / "sglang" / "__init__.py").exists():
+            _install(version)
+    return os.pathsep.join([*map(str, STUBS[version]), str(target)])
 
 
 @pytest.fixture(scope="session")
 def sglang_path() -> str:
-    """PYTHONPATH entries that make the real sglang wheel importable."""
-    CACHE.parent.mkdir(parents=True, exist_ok=True)
-    with open(CACHE.parent / f".sglang-{SGLANG_VERSION}.lock", "w") as lock:
-        fcntl.flock(lock, fcntl.LOCK_EX)
-        if not (CACHE / "sglang" / "__init__.py").exists():
-            _install()
-    return os.pathsep.join([str(STUBS), str(CACHE)])
+    return sglang_path_for(SGLANG_VERSION)
 
 
 @pytest.fixture(scope="session")
 def run_sglang(sglang_path: str) -> Callable[..., subprocess.CompletedProcess[str]]:
-    """Run a Python snippet (or `-m module args`) with SGLang importable.
+    """Run a Python snippet (or `-m module args`) with SGLang 0.5.23 importable."""
+    return runner(sglang_path)
+
+
+@pytest.fixture(scope="session", params=SGLANG_VERSIONS)
+def run_each_sglang(request) -> Callable[..., subprocess.CompletedProcess[str]]:
+    """`run_sglang` once per supported release (the test runs twice); `.version` says which."""
+    run = runner(sglang_path_for(request.param))
+    run.version = request.param  # type: ignore[attr-defined]
+    return run
+
+
+def runner(path: str) -> Callable[..., subprocess.CompletedProcess[str]]:
+    """Run a Python snippet (or `-m module args`) with `path` on PYTHONPATH.
 
     With check=True (the default) a non-zero exit fails the test with the child's output.
     """
@@ -118,7 +160,7 @@ def run_sglang(sglang_path: str) -> Callable[..., subprocess.CompletedProcess[st
         timeout: float = 240,
     ) -> subprocess.CompletedProcess[str]:
         argv = ["-m", *module_args] if module_args else ["-c", textwrap.dedent(code or "")]
-        full_env = {**os.environ, "PYTHONPATH": sglang_path, "PYTHONWARNINGS": "ignore"}
+        full_env = {**os.environ, "PYTHONPATH": path, "PYTHONWARNINGS": "ignore"}
         proc = subprocess.run(
             [sys.executable, *argv],
             capture_output=True,
