@@ -49,9 +49,9 @@ argv = ["--engine", "sglang", "--model", "/models/m", "--sglang-arg", "mem_fract
 DASHBOARD_SCRIPT = (
     STAND_IN
     + r"""
-from specdash.app import dashboard_app
+from specdash.ui.app import dashboard_app
 from specdash.cli import build_parser
-from specdash.widgets.help_screen import HelpScreen
+from specdash.ui.widgets.help_screen import HelpScreen
 
 async def main():
     app = dashboard_app(build_parser().parse_args(argv))

@@ -10,6 +10,7 @@ import subprocess
 from pathlib import Path
 
 import pytest
+
 from specdash.engine_patches import registry
 
 DIFFS = Path(registry.__file__).parent / "diffs"

@@ -1,5 +1,5 @@
-"""The exactness patches on SGLang 0.5.23's own Triton kernels, run by the Triton interpreter
-(TRITON_INTERPRET=1) on tiny shapes; both scripts share one subprocess (one SGLang import).
+"""The exactness patches on SGLang's own Triton kernels (0.5.17 and 0.5.23), run by the Triton
+interpreter (TRITON_INTERPRET=1) on tiny shapes; both scripts share one subprocess per release.
 
 GDN: decode runs token by token through `GDNKernelDispatcher`, branching exactly as
 `GDNAttnBackend.forward_decode` does (packed kernel when the dispatcher says so); verify runs
@@ -9,7 +9,8 @@ decode, bf16-rounded beta) they are not, which is why the patch exists.
 
 Verify rows: the bs*n verify rows equal, bit for bit, a plain decode batch in which each row is
 its own sequence of length seq_len + i + 1, with the split counts SGLang's own
-`TritonAttnBackend.get_num_kv_splits` picks in deterministic mode.
+`TritonAttnBackend.get_num_kv_splits` picks in deterministic mode (0.5.23: the table from the
+verify metadata; 0.5.17: the graph-capturable table from `req_to_token`).
 """
 
 from __future__ import annotations
@@ -24,11 +25,15 @@ import torch
 import triton
 import triton.language as tl
 
+import sglang
 from sglang.kernels.ops.attention.fla import fused_recurrent
 from sglang.srt.layers.attention.linear.gdn_backend import GDNKernelDispatcher
 from sglang.srt.layers.attention.linear.utils import LinearAttnKernelBackend
 from specdash.engine_patches import gdn_verify_as_decode as gdn
-from sglang.kernels.ops.attention.linear import fused_sigmoid_gating_recurrent as launch
+
+NEW = sglang.__version__ == "0.5.23"
+if NEW:  # 0.5.17 launches GDN decode and verify alike: no launch config to pin
+    from sglang.kernels.ops.attention.linear import fused_sigmoid_gating_recurrent as launch
 
 
 @triton.jit
@@ -50,7 +55,7 @@ slot = torch.tensor([1], dtype=torch.int32)
 
 def dispatcher():
     triton_backend = LinearAttnKernelBackend.TRITON
-    return GDNKernelDispatcher(triton_backend, triton_backend, triton_backend)
+    return GDNKernelDispatcher(triton_backend, triton_backend)
 
 
 def decode(d):
@@ -92,6 +97,8 @@ def compare():
 
 
 def launches():
+    if not NEW:
+        return None
     launch._is_sm90 = True  # as on an H100/H200, where verify gets its own narrow launch
     select = launch._select_recurrent_launch_config
     return [list(select(1, 16, 32, 128, 128, False, target_verify=tv)) for tv in (False, True)]
@@ -114,7 +121,9 @@ import torch
 
 from sglang.kernels.ops.attention.decode_attention import decode_attention_fwd
 from sglang.srt.layers.attention.triton_backend import TritonAttnBackend
-from specdash.engine_patches.verify_attention_as_decode_rows import triton_rows
+from specdash.engine_patches.verify_attention_as_decode_rows import ROW_KERNELS
+
+rows_kernel = ROW_KERNELS[sglang.__version__]["TritonAttnBackend"][0]
 
 torch.manual_seed(0)
 H, HKV, D, TILE, MAX_CTX, SLOTS = 2, 1, 16, 4, 32, 64
@@ -123,7 +132,8 @@ req_to_token = torch.randperm(SLOTS)[: 2 * MAX_CTX].reshape(2, MAX_CTX).to(torch
 backend = SimpleNamespace(
     split_tile_size=TILE, page_size=1, max_kv_splits=MAX_CTX // TILE,
     enable_deterministic=True, static_kv_splits=False, device_core_count=132,
-    req_to_token_pool=SimpleNamespace(req_to_token=req_to_token),
+    req_to_token_pool=SimpleNamespace(req_to_token=req_to_token), req_to_token=req_to_token,
+    max_context_len=MAX_CTX, _translate_kv_loc=None, use_pdl=False,
     token_to_kv_pool=SimpleNamespace(get_key_buffer=lambda i: k_buf,
                                      get_value_buffer=lambda i: v_buf),
     decode_attention_fwd=decode_attention_fwd,
@@ -144,7 +154,7 @@ backend.forward_metadata = SimpleNamespace(
 out_cache_loc = torch.cat(
     [req_to_token[pools[b], seq_lens[b] : seq_lens[b] + n] for b in range(bs)]
 ).to(torch.int64)
-verify = triton_rows(backend, q, layer,
+verify = rows_kernel(backend, q, layer,
                      SimpleNamespace(batch_size=bs, seq_lens=seq_lens, req_pool_indices=pools,
                                      out_cache_loc=out_cache_loc))
 
@@ -176,14 +186,15 @@ print("ROWS " + json.dumps({
 
 
 @pytest.fixture(scope="module")
-def interpreted(run_sglang) -> dict[str, dict]:
-    proc = run_sglang(GDN_SCRIPT + ROWS_SCRIPT, env={"TRITON_INTERPRET": "1"})
+def interpreted(run_each_sglang) -> dict[str, dict]:
+    proc = run_each_sglang(GDN_SCRIPT + ROWS_SCRIPT, env={"TRITON_INTERPRET": "1"})
     results = {}
     for line in proc.stdout.splitlines():
         tag, _, payload = line.partition(" ")
         if tag in ("GDN", "ROWS"):
             results[tag] = json.loads(payload)
     assert set(results) == {"GDN", "ROWS"}, proc.stdout[-2000:]
+    results["version"] = run_each_sglang.version
     return results
 
 
@@ -197,9 +208,12 @@ def test_patched_gdn_decode_equals_verify_bitwise(interpreted) -> None:
     assert not r["unpatched"]["out_equal"], "the unpatched pair must differ, else this test is moot"
     assert not r["unpatched"]["state_equal"]
 
-    assert r["unpatched_launch"] == [[32, 1], [4, 1]]  # SM90: verify BV=4, decode BV=32
-    assert r["patched_launch"] == [[32, 1], [32, 1]]
-    assert r["removed_launch"] == [[32, 1], [4, 1]]
+    if interpreted["version"] == "0.5.23":
+        assert r["unpatched_launch"] == [[32, 1], [4, 1]]  # SM90: verify BV=4, decode BV=32
+        assert r["patched_launch"] == [[32, 1], [32, 1]]
+        assert r["removed_launch"] == [[32, 1], [4, 1]]
+    else:
+        assert r["unpatched_launch"] is None
 
 
 def test_verify_rows_equal_sglang_decode_bitwise(interpreted) -> None:

@@ -1,6 +1,7 @@
-"""Patch targets against the real sglang 0.5.23 source: they resolve with the recorded hashes,
-apply/remove/re-apply leaves SGLang's objects exactly as found, `patches check` reports a
-renamed target as missing, and the bad-input paths give one line, not a traceback."""
+"""Patch targets against the real sglang 0.5.17 and 0.5.23 sources: each release's row resolves
+with its recorded hashes, apply/remove/re-apply leaves SGLang's objects exactly as found,
+`patches check` names the row it checked and reports a renamed target as missing, and the
+bad-input paths give one line, not a traceback."""
 
 from __future__ import annotations
 
@@ -10,19 +11,24 @@ import subprocess
 from pathlib import Path
 
 import pytest
-from specdash.engine_patches import check, installed_source, registry
 
 from specdash.cli import main
+from specdash.engine_patches import check, installed_source, registry
 from specdash.errors import EnvironmentProblem
 
-ALL_TARGETS = {t.path for p in registry.all_patches() for t in p.targets}
+
+def row_targets(row: str) -> set[str]:
+    return {t.path for p in registry.all_patches() for t in p.variant(row).targets}
+
+
+ALL_TARGETS = row_targets("0.5.23")
 
 IDENTITY_SCRIPT = """
 from specdash.cli import main
 from specdash.engine_patches import registry
 
 print("EXIT", main(["patches", "check"]))
-for path in registry.target_table():
+for path in {t.path for p in registry.all_patches() for t in p.targets}:
     try:
         registry.resolve(path)
     except Exception as e:
@@ -33,7 +39,7 @@ ABSENT = object()
 def snapshot():
     out = {}
     for p in registry.all_patches():
-        for r in p.rebindings:
+        for r in p.variant().rebindings:
             owner = registry.resolve(r.owner_path)
             out[(r.owner_path, r.name)] = (vars(owner).get(r.name, ABSENT),
                                            getattr(owner, r.name, ABSENT))
@@ -67,21 +73,27 @@ def report_rows(stdout: str) -> dict[str, str]:
     }
 
 
-def test_targets_resolve_and_patches_restore_sglang_exactly(run_sglang) -> None:
-    out = run_sglang(IDENTITY_SCRIPT).stdout
-    assert out.startswith("sglang 0.5.23 (known good; patches checked against: 0.5.23)")
+def test_targets_resolve_and_patches_restore_sglang_exactly(run_each_sglang) -> None:
+    version = run_each_sglang.version
+    out = run_each_sglang(IDENTITY_SCRIPT).stdout
+    assert out.startswith(f"sglang {version}: supported; checked against the {version} row")
     rows = report_rows(out)
-    assert set(rows) == ALL_TARGETS
+    targets = row_targets(version)
+    assert set(rows) == targets
     assert set(rows.values()) == {"OK"}, rows
-    assert f"{len(ALL_TARGETS)} OK, 0 changed, 0 missing" in out
+    assert f"{len(targets)} OK, 0 changed, 0 missing" in out
     assert "EXIT 0" in out
-    # every target imports on CPU except FA3's, whose module needs sgl_kernel (CUDA)
     unresolved = [line.split()[1:] for line in out.splitlines() if line.startswith("UNRESOLVED")]
-    assert unresolved and all(
-        ".flashattention_backend.FlashAttentionBackend." in path and kind == "ModuleNotFoundError"
-        for path, kind, *_ in unresolved
-    ), unresolved
-    assert "IDENTITY-OK 12" in out  # every rebinding of the four patches
+    if version == "0.5.23":  # FA3's module needs sgl_kernel (CUDA); 0.5.17 has no FA3 row
+        assert unresolved and all(
+            ".flashattention_backend.FlashAttentionBackend." in path
+            and kind == "ModuleNotFoundError"
+            for path, kind, *_ in unresolved
+        ), unresolved
+    else:
+        assert unresolved == []
+    # every rebinding of the four patches: 0.5.17 has no launch-config pin
+    assert f"IDENTITY-OK {12 if version == '0.5.23' else 11}" in out
 
 
 RENAMED = (
@@ -142,17 +154,25 @@ def _all_ok(monkeypatch) -> None:
     monkeypatch.setattr(
         check,
         "check_targets",
-        lambda: [check.TargetStatus("p", t, "replaced", "OK") for t in sorted(ALL_TARGETS)],
+        lambda row: [
+            check.TargetStatus("p", t, "replaced", "OK" if row == "0.5.17" else "changed")
+            for t in sorted(row_targets(row))
+        ],
     )
 
 
 def test_unchecked_sglang_version_is_refused_unless_forced(monkeypatch, capsys) -> None:
     monkeypatch.setattr(registry, "sglang_version", lambda: "0.6.0")
+    monkeypatch.setenv(registry.ROW_ENV, "")  # restored after: ensure_patchable sets it
     _all_ok(monkeypatch)
-    with pytest.raises(EnvironmentProblem, match="checked against 0.5.23.*--force-patches"):
+    with pytest.raises(EnvironmentProblem, match="against the 0.5.17 row.*--force-patches"):
         check.ensure_patchable(force=False)
-    assert capsys.readouterr().err.startswith("sglang 0.6.0 (NOT checked; patches checked")
-    assert len(check.ensure_patchable(force=True)) == len(ALL_TARGETS)
+    assert capsys.readouterr().err.startswith(
+        "sglang 0.6.0: NOT a supported release (0.5.17, 0.5.23); checked against the row it "
+        "matches best, 0.5.17"
+    )
+    assert len(check.ensure_patchable(force=True)) == len(row_targets("0.5.17"))
+    assert registry.patch_row() == "0.5.17"  # what the forced scheduler processes apply
 
 
 def test_sglang_session_without_cuda_is_a_clear_error(monkeypatch, capsys, tmp_path) -> None:
