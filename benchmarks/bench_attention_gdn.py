@@ -18,6 +18,8 @@ import sys
 import torch
 import triton
 from cuda_timing import graph_us
+from triton.testing import do_bench
+
 from specdash.kernels.decode_attention import decode_attention, verify_as_decode_rows
 from specdash.kernels.gdn import (
     gdn_chunked_prefill,
@@ -25,7 +27,6 @@ from specdash.kernels.gdn import (
     gdn_recurrent_step,
     gdn_verify_steps,
 )
-from triton.testing import do_bench
 
 HQ, HKV, HEAD_DIM = 24, 4, 256
 GDN_H, GDN_HV, GDN_D = 16, 48, 128

@@ -29,7 +29,7 @@ from pathlib import Path
 import torch
 
 from specdash.events import Event, VerifyStep
-from specdash.session import SessionRunner, load_models
+from specdash.runs.native import SessionRunner, load_models
 from specdash.settings import SessionSettings
 
 CONFIGS = {

@@ -17,7 +17,7 @@ the UI process's CPU time not spent on the engine thread, per second of wall tim
 While the app runs, the benchmark only sleeps (a `Pilot.pause` loop would message every
 widget 20 times a second and bill that to the dashboard).
 
-The engine is `specdash.session.run_session` on the embedded default pair (CPU).
+The engine is `specdash.runs.native.run_session` on the embedded default pair (CPU).
 """
 
 from __future__ import annotations
@@ -33,12 +33,12 @@ from collections.abc import Callable
 
 import torch
 
-from specdash.app import SpecdashApp
 from specdash.controls import Controls
 from specdash.events import Event, Token
-from specdash.session import run_session
+from specdash.runs.native import run_session
 from specdash.settings import SessionSettings
-from specdash.sources import EventBuffer, Sink
+from specdash.ui.app import SpecdashApp
+from specdash.ui.sources import EventBuffer, Sink
 
 SIZE = (160, 48)
 BATCH_S = 0.05

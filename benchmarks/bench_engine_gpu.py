@@ -1,8 +1,8 @@
 """Native model on the GPU, random weights of a preset shape: decode and verify step times, eager.
 
-Builds specdash.model.Model on `--preset` (default qwen3.5-27b-shape, bf16, ~51 GB) and times,
-per GEMM backend: an exact decode step (1 row), an exact verify step (k+1 rows), and a fast-mode
-decode step, after a prefill. Also checks that the verify rows' log-probs equal the decode
+Builds specdash.engine.model.Model on `--preset` (default qwen3.5-27b-shape, bf16, ~51 GB) and
+times, per GEMM backend: an exact decode step (1 row), an exact verify step (k+1 rows), and a
+fast-mode decode step, after a prefill. Also checks that the verify rows' log-probs equal the decode
 log-probs bit for bit (the exact guarantee end to end on random weights). Eager PyTorch: no CUDA
 graphs (the engine has none yet), so host launch overhead is part of every number.
 
@@ -20,10 +20,10 @@ import time
 
 import torch
 
-from specdash import ops
-from specdash.model import Model
-from specdash.model_config import preset
-from specdash.state import SeqState
+from specdash.engine import ops
+from specdash.engine.config import preset
+from specdash.engine.model import Model
+from specdash.engine.state import SeqState
 
 
 def timed(fn, repeats: int) -> list[float]:

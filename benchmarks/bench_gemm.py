@@ -27,9 +27,10 @@ import torch
 import torch.nn.functional as F
 import triton
 from cuda_timing import graph_us
+from triton.testing import do_bench
+
 from specdash.kernels import pdl
 from specdash.kernels.gemm import GemmConfig, gemm_config, matmul_batch_invariant
-from triton.testing import do_bench
 
 HIDDEN = 5120
 # (name, N, K) for Qwen3.5-27B (docs/exactness.md §4); fused variants an engine may use.

@@ -1,7 +1,7 @@
 """Native engine on a GPU, CUDA graphs on: decode t/s, verify/decode step time, spec envelope.
 
 Random weights of `--preset` (default qwen3.5-27b-shape, bf16), Triton GEMM backend, exact
-mode, all through `specdash.engine.Engine` (the code `specdash run` uses). In one run:
+mode, all through `specdash.engine.engine.Engine` (the code `specdash run` uses). In one run:
 
 1. prefill time of a `--long-prefill`-token prompt (first, before any graph pool exists);
 2. plain greedy decode (the shadow's path) at each `--contexts` length: t/s and the weight
@@ -30,15 +30,15 @@ import threading
 import time
 
 import torch
-from specdash.kernels import pdl
 from torch.profiler import ProfilerActivity, profile
 
-from specdash import ops
-from specdash.drafters import RandomDrafter, ReplayDrafter
-from specdash.engine import Engine
-from specdash.model import PREFILL_CHUNK, Model
-from specdash.model_config import preset
-from specdash.state import SeqState
+from specdash.engine import ops
+from specdash.engine.config import preset
+from specdash.engine.drafters import RandomDrafter, ReplayDrafter
+from specdash.engine.engine import Engine
+from specdash.engine.model import PREFILL_CHUNK, Model
+from specdash.engine.state import SeqState
+from specdash.kernels import pdl
 
 
 class GpmSampler(threading.Thread):
@@ -256,9 +256,9 @@ def main() -> int:
     # verify (k+1 rows) vs decode (1 row), graph replays from the same position
     state = SeqState.empty(cfg, 4096, model.dtype, dev)
     model.forward(torch.tensor(rand_prompt(2048), device=dev), state, "prefill")
-    from specdash import cuda_graphs
+    from specdash.engine import graphs
 
-    cuda_graphs.enable(state)
+    graphs.enable(state)
     times: dict[int, list[float]] = {1: [], args.k + 1: []}
     rows = torch.tensor(rand_prompt(args.k + 1), device=dev)
     for t in times:

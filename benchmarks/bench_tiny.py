@@ -28,7 +28,7 @@ import torch
 
 from specdash.events import Event, Prefill, Summary, VerifyStep
 from specdash.prompts import default_prompts_path
-from specdash.session import SessionRunner, load_models
+from specdash.runs.native import SessionRunner, load_models
 from specdash.settings import SessionSettings
 
 SPEED_CONFIGS = {

@@ -29,9 +29,9 @@ from specdash.events import (
     Token,
     VerifyStep,
 )
-from specdash.export import perfetto_trace
-from specdash.report import render_report
-from specdash.trace import TraceWriter, read_trace
+from specdash.trace.export import perfetto_trace
+from specdash.trace.jsonl import TraceWriter, read_trace
+from specdash.trace.report import render_report
 
 
 def session(steps: int, k: int) -> list[Event]:

@@ -22,6 +22,7 @@ from dataclasses import dataclass
 import torch
 import triton
 import triton.language as tl
+
 from specdash.kernels import pdl
 from specdash.kernels.pdl import start_after_predecessor
 

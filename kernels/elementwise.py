@@ -13,6 +13,7 @@ from __future__ import annotations
 import torch
 import triton
 import triton.language as tl
+
 from specdash.kernels import pdl
 from specdash.kernels.pdl import start_after_predecessor
 

@@ -16,6 +16,7 @@ import torch
 import torch.nn.functional as F
 import triton
 import triton.language as tl
+
 from specdash.kernels import pdl
 from specdash.kernels.pdl import start_after_predecessor
 
@@ -200,7 +201,7 @@ def gdn_chunked_prefill(
     Prefill is shared by the speculative and the plain run, so it need not match the recurrent
     bits; this is the same math as the recurrence in chunk-parallel order (HF's torch reference).
     """
-    from specdash import ops  # one torch chunked implementation, shared with the CPU engine
+    from specdash.engine import ops  # one torch chunked implementation, shared with the CPU engine
 
     bsz, _, h, dk = q.shape
     hv, dv = v.shape[2], v.shape[3]

@@ -20,9 +20,10 @@ import torch
 import torch.nn.functional as F
 import triton
 import triton.language as tl
+from triton.tools.tensor_descriptor import TensorDescriptor
+
 from specdash.kernels import pdl
 from specdash.kernels.pdl import let_successor_launch, start_after_predecessor
-from triton.tools.tensor_descriptor import TensorDescriptor
 
 BLOCK_M = 16
 _SUPPORTED_DTYPES = (torch.bfloat16, torch.float16, torch.float32)

@@ -18,7 +18,7 @@ from specdash.events import (
     VerifyStep,
 )
 from specdash.settings import SessionSettings
-from specdash.sources import Sink
+from specdash.ui.sources import Sink
 
 WORDS = ["the", " cat", " sat", " on", " a", " mat", ",", " and", " then", " it", " slept", "."]
 STEP_NS = 20_000_000

@@ -9,13 +9,13 @@ import types
 import pytest
 from fake_events import ScriptedSource, fake_session
 
-from specdash.app import CONTROL_ACTIONS, SpecdashApp
 from specdash.events import EngineError
 from specdash.settings import MAX_K, SessionSettings
-from specdash.sources import EventBuffer, LiveSession
-from specdash.trace import read_trace
-from specdash.widgets.divergence import DivergenceDetail
-from specdash.widgets.help_screen import HelpScreen
+from specdash.trace.jsonl import read_trace
+from specdash.ui.app import CONTROL_ACTIONS, SpecdashApp
+from specdash.ui.sources import EventBuffer, LiveSession
+from specdash.ui.widgets.divergence import DivergenceDetail
+from specdash.ui.widgets.help_screen import HelpScreen
 
 SIZE = (160, 48)
 
@@ -270,9 +270,9 @@ async def test_status_bar_shows_verdict(tmp_path):
 
 @pytest.fixture
 def fake_engine(monkeypatch):
-    """A stand-in `specdash.session` so LiveSession's threading is tested without torch."""
-    module = types.ModuleType("specdash.session")
-    monkeypatch.setitem(sys.modules, "specdash.session", module)
+    """A stand-in `specdash.runs.native` so LiveSession's threading is tested without torch."""
+    module = types.ModuleType("specdash.runs.native")
+    monkeypatch.setitem(sys.modules, "specdash.runs.native", module)
     return module
 
 
@@ -307,7 +307,7 @@ def test_live_session_stop_ends_the_engine(fake_engine):
 
 async def test_divergence_table_follows_a_model_reset(tmp_path):
     """A replay seek rebuilds the model; the table must not keep stale rows."""
-    from specdash.dashboard_model import DashboardModel
+    from specdash.ui.dashboard_model import DashboardModel
 
     app = make_app(tmp_path)
     async with app.run_test(size=SIZE) as pilot:
@@ -324,7 +324,7 @@ async def test_divergence_table_follows_a_model_reset(tmp_path):
 async def test_trace_given_up_front_records_from_the_header(tmp_path):
     """`specdash --trace PATH`: events before session_start (GPU samples) are kept too."""
     from specdash.events import TelemetrySample
-    from specdash.trace import TraceWriter
+    from specdash.trace.jsonl import TraceWriter
 
     events = fake_session()
     early = TelemetrySample(t_ns=1, window_s=0.0, source="none", note="no NVIDIA GPU")
@@ -381,9 +381,9 @@ SGLANG_FLAGS = [
 @pytest.mark.parametrize("prefix", [[], ["run"]], ids=["specdash", "specdash run"])
 def test_dashboard_gets_the_sglang_options_headless_gets(fake_engine, prefix):
     """Same flags, same `session_options`, same `run_engine` call as `run --headless`."""
-    from specdash.app import dashboard_app
     from specdash.cli import build_parser
     from specdash.sglang_engine import SGLangOptions, session_options
+    from specdash.ui.app import dashboard_app
 
     args = build_parser().parse_args([*prefix, *SGLANG_FLAGS])
     expected = SGLangOptions("EAGLE3", {"mem_fraction_static": 0.3}, "sequential", True)
@@ -404,8 +404,8 @@ def test_dashboard_gets_the_sglang_options_headless_gets(fake_engine, prefix):
 def test_native_engine_gets_no_sglang_options_and_keeps_sigquit(fake_engine):
     import signal
 
-    from specdash.app import dashboard_app
     from specdash.cli import build_parser
+    from specdash.ui.app import dashboard_app
 
     source = dashboard_app(build_parser().parse_args(["--speculative-algorithm", "EAGLE3"])).source
     assert source.sglang_options is None

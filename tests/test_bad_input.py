@@ -17,7 +17,7 @@ from tiny_models import build_tokenizer, write_pair
 
 from specdash.cli import main
 from specdash.errors import EXIT_CHECKPOINT, EXIT_ENVIRONMENT, EXIT_INTERRUPTED, EXIT_USAGE
-from specdash.trace import read_trace
+from specdash.trace.jsonl import read_trace
 
 
 @pytest.fixture(scope="module")

@@ -13,7 +13,7 @@ import pytest
 import torch
 import torch.nn.functional as F
 
-from specdash import ops
+from specdash.engine import ops
 
 
 def _pairwise_by_slicing(x: torch.Tensor) -> torch.Tensor:

@@ -8,8 +8,8 @@ import sys
 
 from fake_events import STEP_NS, fake_session
 
-from specdash.dashboard_model import DashboardModel
 from specdash.events import ControlChange, EngineError, Summary, TelemetrySample, VerifyStep
+from specdash.ui.dashboard_model import DashboardModel
 
 
 def folded(events) -> DashboardModel:
@@ -109,7 +109,7 @@ def test_bounded_series():
 def test_dashboard_core_never_imports_textual():
     """The model, sources and sampler are core: the live engine and replay use them headless."""
     code = (
-        "import sys, specdash.dashboard_model, specdash.sources, specdash.telemetry; "
+        "import sys, specdash.ui.dashboard_model, specdash.ui.sources, specdash.runs.nvml_sampler; "
         "print('textual' in sys.modules)"
     )
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)

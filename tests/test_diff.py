@@ -6,10 +6,10 @@ import pytest
 from synthetic_trace import Plan, session
 
 from specdash.cli import main
-from specdash.diff import diff_prompts
 from specdash.errors import EXIT_DIVERGED, EXIT_OK, EXIT_USAGE
 from specdash.events import PromptStart, Token
-from specdash.trace import TraceWriter
+from specdash.trace.diff import diff_prompts
+from specdash.trace.jsonl import TraceWriter
 
 
 def write(path, events):

@@ -16,7 +16,7 @@ from tiny_models import plain_greedy, write_pair
 
 from specdash.events import Divergence, Event, Token
 from specdash.prompts import load_prompts
-from specdash.session import SessionRunner, load_models
+from specdash.runs.native import SessionRunner, load_models
 from specdash.settings import SessionSettings
 
 MAX_NEW = 24

@@ -9,10 +9,10 @@ from collections.abc import Iterator
 
 from fake_events import ScriptedSource, fake_session
 
-from specdash.app import SpecdashApp
-from specdash.event_log import EventLog
 from specdash.events import Divergence, Event, PromptDone, PromptStart, SessionStart, Token
-from specdash.trace import TraceWriter, read_trace
+from specdash.trace.event_log import EventLog
+from specdash.trace.jsonl import TraceWriter, read_trace
+from specdash.ui.app import SpecdashApp
 
 SIZE = (160, 48)
 

@@ -18,8 +18,8 @@ from synthetic_trace import T0_NS, Plan, session
 from specdash.cli import main
 from specdash.errors import EXIT_ENVIRONMENT, EXIT_OK, EXIT_USAGE
 from specdash.events import TelemetrySample, VerifyStep
-from specdash.export import GPU_COUNTERS, perfetto_trace, step_rows
-from specdash.trace import TraceWriter
+from specdash.trace.export import GPU_COUNTERS, perfetto_trace, step_rows
+from specdash.trace.jsonl import TraceWriter
 
 PHASES = {"B", "E", "X", "i", "I", "C", "b", "e", "n", "s", "t", "f", "M"}
 

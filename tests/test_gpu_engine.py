@@ -9,16 +9,16 @@ from dataclasses import replace
 
 import pytest
 import torch
-from specdash.kernels import pdl
 from tiny_models import plain_greedy
 
-from specdash import model as model_module
-from specdash import ops
-from specdash.drafters import ModelDrafter, RandomDrafter, ReplayDrafter
-from specdash.engine import Engine
-from specdash.model import Model, random_tensors
-from specdash.model_config import preset
-from specdash.state import SeqState
+from specdash.engine import model as model_module
+from specdash.engine import ops
+from specdash.engine.config import preset
+from specdash.engine.drafters import ModelDrafter, RandomDrafter, ReplayDrafter
+from specdash.engine.engine import Engine
+from specdash.engine.model import Model, random_tensors
+from specdash.engine.state import SeqState
+from specdash.kernels import pdl
 
 pytestmark = [
     pytest.mark.gpu,

@@ -12,11 +12,11 @@ from pathlib import Path
 import pytest
 import torch
 
-from specdash import ops
-from specdash.checkpoint import load_checkpoint, load_tensors, save_checkpoint
-from specdash.model import Model, random_tensors
-from specdash.model_config import config_from_hf, preset
-from specdash.state import SeqState
+from specdash.engine import ops
+from specdash.engine.checkpoint import load_checkpoint, load_tensors, save_checkpoint
+from specdash.engine.config import config_from_hf, preset
+from specdash.engine.model import Model, random_tensors
+from specdash.engine.state import SeqState
 
 transformers = pytest.importorskip("transformers")
 

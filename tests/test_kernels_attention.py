@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import pytest
 import torch
+
 from specdash.kernels.decode_attention import decode_attention, verify_as_decode_rows
 
 

@@ -7,6 +7,7 @@ from __future__ import annotations
 import pytest
 import torch
 import torch.nn.functional as F
+
 from specdash.kernels.elementwise import causal_conv_silu_rows, sigmoid_gate_rows, swiglu_rows
 from specdash.kernels.rmsnorm import add_rms_norm_rows, gated_rms_norm_rows
 from specdash.kernels.rope import qk_norm_rope_rows

@@ -5,6 +5,7 @@ from __future__ import annotations
 import pytest
 import torch
 import torch.nn.functional as F
+
 from specdash.kernels.gdn import gdn_chunked_prefill, gdn_recurrent_step, gdn_verify_steps
 
 
@@ -95,9 +96,9 @@ def test_gpu_27b_shape_decode_equals_verify():
 def test_model_prefill_through_kernels_equals_the_native_torch_path() -> None:
     """The GPU prefill route (kernels.gdn.gdn_prefill, torch fallback here) is the same math
     in the same order as the CPU engine's, bit for bit."""
-    from specdash.model import Model, random_tensors
-    from specdash.model_config import preset
-    from specdash.state import SeqState
+    from specdash.engine.config import preset
+    from specdash.engine.model import Model, random_tensors
+    from specdash.engine.state import SeqState
 
     cfg = preset("tiny-hybrid")
     model = Model.from_tensors(cfg, random_tensors(cfg, 3))

@@ -11,10 +11,10 @@ import warnings
 import pytest
 import torch
 import torch.nn.functional as F
-from specdash.kernels import gemm, registry
-from specdash.kernels.gemm import GemmConfig, gemm_config, matmul_batch_invariant
 
 from specdash.errors import EnvironmentProblem
+from specdash.kernels import gemm, registry
+from specdash.kernels.gemm import GemmConfig, gemm_config, matmul_batch_invariant
 
 DEVICE = "cuda" if torch.cuda.is_available() else "cpu"
 CPU_CONFIGS = [

@@ -10,9 +10,9 @@ from dataclasses import replace
 import pytest
 import torch
 
-from specdash.model import Model, random_tensors
-from specdash.model_config import preset
-from specdash.state import SeqState
+from specdash.engine.config import preset
+from specdash.engine.model import Model, random_tensors
+from specdash.engine.state import SeqState
 
 # Padding tile rows in the attention kernel compute -inf - -inf = NaN that is never read.
 pytestmark = [
@@ -69,8 +69,8 @@ def test_row_path_computes_the_same_model_as_torch(model: Model) -> None:
 def test_speculation_on_the_row_path_equals_plain_greedy(model: Model) -> None:
     from tiny_models import plain_greedy
 
-    from specdash.drafters import NgramDrafter
-    from specdash.engine import Engine
+    from specdash.engine.drafters import NgramDrafter
+    from specdash.engine.engine import Engine
 
     engine = Engine(model, lambda: NgramDrafter(), [])
     prompt = torch.randint(0, CFG.vocab_size, (12,), generator=torch.Generator().manual_seed(1))

@@ -8,12 +8,12 @@ import pytest
 import torch
 from tiny_models import tiny_config
 
-from specdash import model as model_module
-from specdash import ops
-from specdash.drafters import ModelDrafter
-from specdash.engine import Engine
-from specdash.model import Model, random_tensors
-from specdash.state import SeqState
+from specdash.engine import model as model_module
+from specdash.engine import ops
+from specdash.engine.drafters import ModelDrafter
+from specdash.engine.engine import Engine
+from specdash.engine.model import Model, random_tensors
+from specdash.engine.state import SeqState
 
 
 def _model(seed: int) -> Model:

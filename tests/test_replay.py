@@ -9,13 +9,13 @@ from synthetic_trace import Plan, session
 from textual.widgets import DataTable, Static
 from textual_plotext import PlotextPlot
 
-from specdash.app import SpecdashApp
 from specdash.cli import main
 from specdash.errors import EXIT_OK, EXIT_USAGE, UsageError
 from specdash.events import PromptStart, VerifyStep
-from specdash.replay import TraceReplay
-from specdash.replay_app import ReplayApp
-from specdash.trace import TraceWriter, read_trace
+from specdash.trace.jsonl import TraceWriter, read_trace
+from specdash.trace.replay import TraceReplay
+from specdash.ui.app import SpecdashApp
+from specdash.ui.replay_app import ReplayApp
 
 SIZE = (160, 48)
 PANELS = ("#status", "#throughput", "#acceptance", "#gpu", "#divergence", "#tokens")

@@ -7,8 +7,8 @@ import pytest
 from synthetic_trace import Plan, session
 from test_replay import FakeClock, settle
 
-from specdash.replay import TraceReplay
-from specdash.replay_app import ReplayApp
+from specdash.trace.replay import TraceReplay
+from specdash.ui.replay_app import ReplayApp
 
 SIZE = (160, 49)
 

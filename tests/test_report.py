@@ -10,9 +10,9 @@ from synthetic_trace import Plan, session
 
 from specdash.cli import main
 from specdash.errors import EXIT_ENVIRONMENT, EXIT_OK, EXIT_USAGE
-from specdash.export import StepRow
-from specdash.report import PLOTS, acceptance_by_position, windowed_tokens_per_s
-from specdash.trace import TraceWriter
+from specdash.trace.export import StepRow
+from specdash.trace.jsonl import TraceWriter
+from specdash.trace.report import PLOTS, acceptance_by_position, windowed_tokens_per_s
 
 IMG = re.compile(r"<figure id='plot-([a-z-]+)'>.*?src='data:image/png;base64,([^']+)'")
 

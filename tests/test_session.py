@@ -9,7 +9,7 @@ from tiny_models import write_pair
 
 from specdash.controls import Controls
 from specdash.events import ControlChange, EngineError, Event, PromptDone, PromptStart
-from specdash.session import SessionRunner
+from specdash.runs.native import SessionRunner
 from specdash.settings import SessionSettings
 
 

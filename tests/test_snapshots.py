@@ -6,8 +6,8 @@ from __future__ import annotations
 import pytest
 from fake_events import ScriptedSource, fake_session
 
-from specdash.app import SpecdashApp
 from specdash.events import EngineError
+from specdash.ui.app import SpecdashApp
 
 SIZE = (160, 48)
 

@@ -10,8 +10,8 @@ from types import SimpleNamespace
 import pynvml
 import pytest
 
-from specdash import telemetry
-from specdash.telemetry import GpuSampler, NvmlReader, device_index, peak_dram_gbps
+from specdash.runs import nvml_sampler
+from specdash.runs.nvml_sampler import GpuSampler, NvmlReader, device_index, peak_dram_gbps
 
 H200_BUS_BITS, H200_MEM_MHZ = 6016, 3201
 
@@ -132,7 +132,7 @@ def test_nvml_absent_is_one_no_gpu_sample(monkeypatch):
     sampler._thread.join(timeout=5)
     assert not sampler._thread.is_alive()
     assert len(samples) == 1
-    assert samples[0].source == "none" and samples[0].note == telemetry.NO_GPU_NOTE
+    assert samples[0].source == "none" and samples[0].note == nvml_sampler.NO_GPU_NOTE
 
 
 def test_sampler_emits_windows_of_at_least_100_ms(fake_gpu):
@@ -146,7 +146,7 @@ def test_sampler_emits_windows_of_at_least_100_ms(fake_gpu):
             got_two.set()
 
     sampler = GpuSampler(sink, window_s=0.01)  # asks for 100 Hz, gets 10 Hz
-    assert sampler.window_s == telemetry.MIN_WINDOW_S
+    assert sampler.window_s == nvml_sampler.MIN_WINDOW_S
     sampler.start()
     assert got_two.wait(timeout=5)
     sampler.stop()

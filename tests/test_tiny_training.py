@@ -11,10 +11,10 @@ from pathlib import Path
 import pytest
 import torch
 
-from specdash.checkpoint import load_checkpoint
-from specdash.model import Model
-from specdash.session import default_checkpoint
-from specdash.state import SeqState
+from specdash.engine.checkpoint import load_checkpoint
+from specdash.engine.model import Model
+from specdash.engine.state import SeqState
+from specdash.runs.native import default_checkpoint
 
 ROOT = Path(__file__).resolve().parents[1]
 DATA = ROOT / "specdash" / "data"

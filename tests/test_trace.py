@@ -18,7 +18,7 @@ from synthetic_trace import Plan, header, session
 
 from specdash.errors import EnvironmentProblem, UsageError
 from specdash.events import SCHEMA, PromptStart, SessionStart
-from specdash.trace import TraceWriter, git_revision, read_trace
+from specdash.trace.jsonl import TraceWriter, git_revision, read_trace
 
 
 def record(path, events) -> TraceWriter:
@@ -229,7 +229,7 @@ def test_header_model_is_session_start():
 CHILD = """
 import sys, time
 from synthetic_trace import Plan, session
-from specdash.trace import TraceWriter
+from specdash.trace.jsonl import TraceWriter
 writer = TraceWriter(sys.argv[1])
 for event in session(Plan(prompts=40)):
     writer(event)
@@ -260,10 +260,11 @@ def test_kill_9_mid_session_keeps_every_flushed_line(tmp_path):
 
 
 def test_trace_tools_never_import_textual():
-    """The core stays headless: only the replay UI (specdash.replay_app) may import Textual."""
+    """The core stays headless: only the replay UI (specdash.ui.replay_app) may import Textual."""
     code = (
-        "import sys, specdash.trace, specdash.export, specdash.diff, specdash.report, "
-        "specdash.replay; print(sorted(m for m in ('textual', 'torch') if m in sys.modules))"
+        "import sys, specdash.trace.jsonl, specdash.trace.export, specdash.trace.diff, "
+        "specdash.trace.report, specdash.trace.replay; "
+        "print(sorted(m for m in ('textual', 'torch') if m in sys.modules))"
     )
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
     assert out.stdout.strip() == "[]"

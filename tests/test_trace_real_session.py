@@ -17,14 +17,14 @@ from test_export import check_chrome_trace
 from test_replay import SIZE, FakeClock, panel_text, settle
 from tiny_models import write_pair
 
-from specdash.app import SpecdashApp
 from specdash.cli import main
 from specdash.errors import EXIT_OK
 from specdash.events import Token, VerifyStep
-from specdash.replay import TraceReplay
-from specdash.replay_app import ReplayApp
-from specdash.report import PLOTS
-from specdash.trace import read_trace
+from specdash.trace.jsonl import read_trace
+from specdash.trace.replay import TraceReplay
+from specdash.trace.report import PLOTS
+from specdash.ui.app import SpecdashApp
+from specdash.ui.replay_app import ReplayApp
 
 GOLDEN = Path(__file__).parent / "traces" / "native-tiny-v1.jsonl"
 

@@ -7,10 +7,10 @@ import random
 
 from fake_events import ScriptedSource, fake_session
 
-from specdash.app import SpecdashApp
 from specdash.events import Token
-from specdash.widgets.readout import Readout
-from specdash.widgets.series_plot import envelope
+from specdash.ui.app import SpecdashApp
+from specdash.ui.widgets.readout import Readout
+from specdash.ui.widgets.series_plot import envelope
 
 SIZE = (160, 48)
 

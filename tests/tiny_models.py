@@ -13,11 +13,11 @@ from pathlib import Path
 import torch
 from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
 
-from specdash import ops
-from specdash.checkpoint import save_checkpoint
-from specdash.model import Model, random_tensors
-from specdash.model_config import ModelConfig, preset
-from specdash.state import SeqState
+from specdash.engine import ops
+from specdash.engine.checkpoint import save_checkpoint
+from specdash.engine.config import ModelConfig, preset
+from specdash.engine.model import Model, random_tensors
+from specdash.engine.state import SeqState
 
 CORPUS = [
     "def fibonacci(n):\n    a, b = 0, 1\n    for _ in range(n):\n"

@@ -8,7 +8,7 @@ attention); the draft is a 2-layer [GDN, attention] model of the same width and 
 started from the target's embedding, head and one layer of each kind, then distilled
 toward the target's next-token distribution on corpus text and on the target's own greedy
 continuations (the text speculative decoding will actually verify). Both train through
-`specdash.model.Model` itself, so the shipped weights are exactly what the engine runs.
+`specdash.engine.model.Model` itself, so the shipped weights are exactly what the engine runs.
 """
 
 from __future__ import annotations
@@ -25,10 +25,10 @@ import torch
 import torch.nn.functional as F
 from tokenizers import Tokenizer
 
-from specdash.checkpoint import save_checkpoint
-from specdash.model import Model, random_tensors
-from specdash.model_config import LayerType, ModelConfig, hybrid_layer_types
-from specdash.state import SeqState
+from specdash.engine.checkpoint import save_checkpoint
+from specdash.engine.config import LayerType, ModelConfig, hybrid_layer_types
+from specdash.engine.model import Model, random_tensors
+from specdash.engine.state import SeqState
 from training.corpus import EOS, Corpus, collect_corpus, train_tokenizer
 from training.prompts import heldout_prompts
 

@@ -24,10 +24,10 @@ from typing import Literal
 
 import torch
 
-from specdash import ops
+from specdash.engine import ops
+from specdash.engine.config import ModelConfig
+from specdash.engine.state import GdnSteps, SeqState
 from specdash.errors import UsageError
-from specdash.model_config import ModelConfig
-from specdash.state import GdnSteps, SeqState
 
 Tensor = torch.Tensor
 Mode = Literal["prefill", "exact", "fast"]
@@ -265,7 +265,7 @@ class Model:
                 f"{state.capacity} or the model's {self.cfg.max_position_embeddings} positions"
             )
         if state.graphs is not None and self.triton_rows and mode != "prefill" and not observe:
-            from specdash.cuda_graphs import graphed_forward
+            from specdash.engine.graphs import graphed_forward
 
             return graphed_forward(self, tokens, state, mode)
         if mode == "prefill" and t_len > PREFILL_CHUNK and observe is None:

@@ -13,11 +13,11 @@ from textual.app import ComposeResult
 from textual.binding import Binding
 from textual.widgets import Static
 
-from specdash.app import SpecdashApp
-from specdash.dashboard_model import DashboardModel
-from specdash.event_log import EventLog
 from specdash.events import Event
-from specdash.replay import TraceReplay
+from specdash.trace.event_log import EventLog
+from specdash.trace.replay import TraceReplay
+from specdash.ui.app import SpecdashApp
+from specdash.ui.dashboard_model import DashboardModel
 
 TICK_HZ = 30
 SEEK_S = 10.0

@@ -29,8 +29,8 @@ from typing import TYPE_CHECKING, Protocol
 from specdash.controls import Controls
 from specdash.errors import SpecdashError
 from specdash.events import EngineError, Event
+from specdash.runs.nvml_sampler import GpuSampler, device_index
 from specdash.settings import SessionSettings
-from specdash.telemetry import GpuSampler, device_index
 
 if TYPE_CHECKING:
     from specdash.sglang_engine import SGLangOptions
@@ -115,7 +115,7 @@ class LiveSession:
             self._sampler.start()
 
     def _run_engine(self, sink: Sink) -> None:
-        from specdash.session import run_engine
+        from specdash.runs.native import run_engine
 
         try:
             run_engine(self.settings, sink, self.controls, self._stop, self.sglang_options)

@@ -21,8 +21,8 @@ from typing import TYPE_CHECKING
 
 from specdash.errors import EXIT_OK, EnvironmentProblem
 from specdash.events import Divergence, Event, SessionStart, Summary, TelemetrySample
-from specdash.export import StepRow, default_output, step_rows
-from specdash.trace import read_trace
+from specdash.trace.export import StepRow, default_output, step_rows
+from specdash.trace.jsonl import read_trace
 
 if TYPE_CHECKING:
     from matplotlib.axes import Axes

@@ -12,7 +12,7 @@ from dataclasses import dataclass, field
 
 import torch
 
-from specdash.model_config import ModelConfig
+from specdash.engine.config import ModelConfig
 
 Tensor = torch.Tensor
 

@@ -5,8 +5,8 @@ from __future__ import annotations
 
 from rich.text import Text
 
-from specdash.dashboard_model import DashboardModel
-from specdash.widgets.readout import Readout
+from specdash.ui.dashboard_model import DashboardModel
+from specdash.ui.widgets.readout import Readout
 
 
 class StatusBar(Readout):

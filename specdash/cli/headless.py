@@ -52,8 +52,8 @@ def run_headless(args: argparse.Namespace) -> int:
                 sampler.start()
 
         if settings.trace is not None:
-            from specdash.telemetry import GpuSampler, device_index
-            from specdash.trace import TraceWriter
+            from specdash.runs.nvml_sampler import GpuSampler, device_index
+            from specdash.trace.jsonl import TraceWriter
 
             sinks.append(stack.enter_context(TraceWriter(settings.trace)))
             # a recorded session carries GPU samples (or the labelled "no GPU" state),
@@ -82,7 +82,7 @@ def run_headless(args: argparse.Namespace) -> int:
 def _run(
     settings: SessionSettings, sink: Callable[[Event], None], args: argparse.Namespace
 ) -> Summary:
-    from specdash.session import run_engine
+    from specdash.runs.native import run_engine
     from specdash.sglang_engine import session_options
 
     return run_engine(settings, sink, sglang_options=session_options(settings, args))

@@ -29,7 +29,7 @@ from specdash.events import (
     TelemetrySample,
     VerifyStep,
 )
-from specdash.trace import read_trace
+from specdash.trace.jsonl import read_trace
 
 ENGINE_PID, GPU_PID = 1, 2
 TIDS = {"draft": 1, "verify": 2, "shadow": 3}

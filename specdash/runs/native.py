@@ -18,11 +18,15 @@ from pathlib import Path
 
 import torch
 
-from specdash import ops
-from specdash.checkpoint import load_checkpoint
 from specdash.controls import Controls, ControlState
-from specdash.drafters import Drafter, ModelDrafter, NgramDrafter
-from specdash.engine import Engine, Sequence
+from specdash.engine import ops
+from specdash.engine.checkpoint import load_checkpoint
+from specdash.engine.config import preset
+from specdash.engine.drafters import Drafter, ModelDrafter, NgramDrafter
+from specdash.engine.engine import Engine, Sequence
+from specdash.engine.model import Model
+from specdash.engine.root_cause import find_root_cause
+from specdash.engine.tokenizer import ByteTokenizer, TextTokenizer
 from specdash.errors import CheckpointError, EnvironmentProblem, SpecdashError, UsageError
 from specdash.events import (
     ControlChange,
@@ -38,13 +42,9 @@ from specdash.events import (
     Token,
     VerifyStep,
 )
-from specdash.model import Model
-from specdash.model_config import preset
 from specdash.prompts import load_prompts
-from specdash.root_cause import find_root_cause
 from specdash.settings import MAX_K, SessionSettings
 from specdash.stats import SessionStats
-from specdash.tokenizer import ByteTokenizer, TextTokenizer
 
 Sink = Callable[[Event], None]
 SMALL_MODEL_PARAMS = 50_000_000

@@ -12,10 +12,10 @@ from __future__ import annotations
 
 import torch
 
-from specdash.engine import Engine, Sequence
+from specdash.engine.engine import Engine, Sequence
+from specdash.engine.model import Observer
+from specdash.engine.state import SeqState
 from specdash.events import RootCause
-from specdash.model import Observer
-from specdash.state import SeqState
 
 Tensor = torch.Tensor
 Records = list[tuple[int, str, Tensor]]

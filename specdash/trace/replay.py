@@ -18,8 +18,8 @@ from pathlib import Path
 
 from specdash.errors import EXIT_OK, UsageError
 from specdash.events import Event, PromptStart, SessionStart, VerifyStep
-from specdash.sources import Sink
-from specdash.trace import read_trace
+from specdash.trace.jsonl import read_trace
+from specdash.ui.sources import Sink
 
 
 class TraceReplay:
@@ -153,7 +153,7 @@ def run_replay(args: argparse.Namespace) -> int:
     header, events, warnings = read_trace(args.trace)
     for w in warnings:
         print(f"specdash: warning: {w}", file=sys.stderr)
-    from specdash.replay_app import ReplayApp
+    from specdash.ui.replay_app import ReplayApp
 
     replay = TraceReplay(header, events, speed=args.speed)
     ReplayApp(replay, name=Path(args.trace).name, warnings=warnings).run()

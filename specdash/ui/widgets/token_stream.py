@@ -12,8 +12,8 @@ from textual import events
 from textual.containers import Vertical
 from textual.widgets import Static
 
-from specdash.dashboard_model import DashboardModel
-from specdash.widgets.readout import Readout
+from specdash.ui.dashboard_model import DashboardModel
+from specdash.ui.widgets.readout import Readout
 
 STYLES = {"draft": "green", "bonus": "bold cyan", "decode": "default"}
 DIVERGED = "bold white on red"

@@ -24,21 +24,21 @@ from textual.screen import Screen
 from textual.widgets import DataTable, Footer, Input, Static
 
 from specdash.controls import Controls
-from specdash.dashboard_model import DashboardModel
 from specdash.errors import EnvironmentProblem
-from specdash.event_log import EventLog
 from specdash.events import ControlChange, EngineError, Event, SessionStart, Summary
 from specdash.settings import MAX_K, SessionSettings
-from specdash.sources import EventBuffer, EventSource, LiveSession
-from specdash.trace import TraceWriter
-from specdash.widgets.acceptance import AcceptancePanel
-from specdash.widgets.divergence import DivergenceDetail, DivergencePanel
-from specdash.widgets.error_panel import ErrorPanel
-from specdash.widgets.gpu import GpuPanel
-from specdash.widgets.help_screen import HelpScreen
-from specdash.widgets.status_bar import StatusBar
-from specdash.widgets.throughput import ThroughputPanel
-from specdash.widgets.token_stream import TokenStream
+from specdash.trace.event_log import EventLog
+from specdash.trace.jsonl import TraceWriter
+from specdash.ui.dashboard_model import DashboardModel
+from specdash.ui.sources import EventBuffer, EventSource, LiveSession
+from specdash.ui.widgets.acceptance import AcceptancePanel
+from specdash.ui.widgets.divergence import DivergenceDetail, DivergencePanel
+from specdash.ui.widgets.error_panel import ErrorPanel
+from specdash.ui.widgets.gpu import GpuPanel
+from specdash.ui.widgets.help_screen import HelpScreen
+from specdash.ui.widgets.status_bar import StatusBar
+from specdash.ui.widgets.throughput import ThroughputPanel
+from specdash.ui.widgets.token_stream import TokenStream
 
 UI_HZ = 10
 PLOT_HZ = 2
@@ -63,7 +63,7 @@ CONTROL_ACTIONS = (
 
 
 class SpecdashApp(App[int]):
-    """`SpecdashApp(source=...)`: the dashboard over any `specdash.sources.EventSource`."""
+    """`SpecdashApp(source=...)`: the dashboard over any `specdash.ui.sources.EventSource`."""
 
     CSS_PATH = "app.tcss"
     TITLE = "specdash"

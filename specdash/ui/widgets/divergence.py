@@ -14,9 +14,9 @@ from textual.containers import Vertical, VerticalScroll
 from textual.screen import ModalScreen
 from textual.widgets import DataTable, Static
 
-from specdash.dashboard_model import DashboardModel
 from specdash.events import Divergence
-from specdash.widgets.readout import Readout
+from specdash.ui.dashboard_model import DashboardModel
+from specdash.ui.widgets.readout import Readout
 
 COLUMNS = ("prompt", "token", "what", "spec", "shadow", "k", "verify", "GEMM", "root cause")
 

@@ -6,7 +6,7 @@ from __future__ import annotations
 from rich.text import Text
 
 from specdash.events import EngineError
-from specdash.widgets.readout import Readout
+from specdash.ui.widgets.readout import Readout
 
 
 class ErrorPanel(Readout):

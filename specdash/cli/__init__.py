@@ -108,27 +108,27 @@ def main(argv: list[str] | None = None) -> int:
     args = parser.parse_args(argv)
     try:
         if args.command == "run" and args.headless:
-            from specdash.headless import run_headless
+            from specdash.cli.headless import run_headless
 
             return run_headless(args)
         if args.command is None or args.command == "run":
-            from specdash.app import run_dashboard
+            from specdash.ui.app import run_dashboard
 
             return run_dashboard(args)
         if args.command == "audit":
-            from specdash.audit import run_audit
+            from specdash.cli.audit import run_audit
 
             return run_audit(args)
         if args.command == "export":
-            from specdash.export import run_export
+            from specdash.trace.export import run_export
 
             return run_export(args)
         if args.command == "replay":
-            from specdash.replay import run_replay
+            from specdash.trace.replay import run_replay
 
             return run_replay(args)
         if args.command == "report":
-            from specdash.report import run_report
+            from specdash.trace.report import run_report
 
             return run_report(args)
         if args.command == "patches":
@@ -136,7 +136,7 @@ def main(argv: list[str] | None = None) -> int:
 
             return run_check(args)
         if args.command == "diff":
-            from specdash.diff import run_diff
+            from specdash.trace.diff import run_diff
 
             return run_diff(args)
         parser.print_help()
@@ -147,7 +147,3 @@ def main(argv: list[str] | None = None) -> int:
     except KeyboardInterrupt:
         print("specdash: interrupted", file=sys.stderr)
         return EXIT_INTERRUPTED
-
-
-if __name__ == "__main__":
-    sys.exit(main())

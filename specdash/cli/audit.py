@@ -16,7 +16,7 @@ from typing import Any
 from specdash.errors import EXIT_DIVERGED, EXIT_OK, UsageError
 from specdash.events import Divergence, Event
 from specdash.prompts import load_prompts
-from specdash.session import SessionRunner, load_models
+from specdash.runs.native import SessionRunner, load_models
 from specdash.settings import MAX_K, SessionSettings
 
 BATCHES = (1, 8)

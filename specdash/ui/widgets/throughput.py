@@ -6,10 +6,10 @@ from __future__ import annotations
 from textual.app import ComposeResult
 from textual.containers import Vertical
 
-from specdash.dashboard_model import DashboardModel
-from specdash.widgets.numbers import num
-from specdash.widgets.readout import Readout
-from specdash.widgets.series_plot import SeriesPlot
+from specdash.ui.dashboard_model import DashboardModel
+from specdash.ui.widgets.numbers import num
+from specdash.ui.widgets.readout import Readout
+from specdash.ui.widgets.series_plot import SeriesPlot
 
 SPEC_COLOUR = "cyan"
 SHADOW_COLOUR = "orange"

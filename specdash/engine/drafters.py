@@ -7,8 +7,8 @@ from typing import Protocol
 
 import torch
 
-from specdash.model import Model
-from specdash.state import SeqState
+from specdash.engine.model import Model
+from specdash.engine.state import SeqState
 
 Tensor = torch.Tensor
 

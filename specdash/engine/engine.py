@@ -19,11 +19,11 @@ from dataclasses import dataclass, field
 
 import torch
 
-from specdash import cuda_graphs, ops
-from specdash.drafters import Drafter
-from specdash.model import Mode, Model, Observer
-from specdash.ops import GemmBackend
-from specdash.state import SeqState
+from specdash.engine import graphs, ops
+from specdash.engine.drafters import Drafter
+from specdash.engine.model import Mode, Model, Observer
+from specdash.engine.ops import GemmBackend
+from specdash.engine.state import SeqState
 
 Tensor = torch.Tensor
 
@@ -133,7 +133,7 @@ class Engine:
                 slot.reset()
                 return slot
         slot = SeqState.empty(m.cfg, max(capacity, self.slot_capacity), m.dtype, m.device)
-        cuda_graphs.enable(slot)
+        graphs.enable(slot)
         return slot
 
     def release(self, seq: Sequence) -> None:

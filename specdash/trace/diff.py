@@ -15,7 +15,7 @@ from pathlib import Path
 
 from specdash.errors import EXIT_DIVERGED, EXIT_OK, UsageError
 from specdash.events import Event, PromptStart, SessionStart, Token
-from specdash.trace import read_trace
+from specdash.trace.jsonl import read_trace
 
 
 @dataclass(frozen=True, slots=True)

@@ -14,9 +14,9 @@ from safetensors import SafetensorError, safe_open
 from safetensors.torch import save_file
 from tokenizers import Tokenizer
 
+from specdash.engine.config import ModelConfig, config_from_hf, save_hf_config
+from specdash.engine.model import hf_tensor_shapes
 from specdash.errors import CheckpointError
-from specdash.model import hf_tensor_shapes
-from specdash.model_config import ModelConfig, config_from_hf, save_hf_config
 
 INDEX = "model.safetensors.index.json"
 

@@ -13,8 +13,8 @@ from __future__ import annotations
 
 import torch
 
-from specdash.model import Mode, Model
-from specdash.state import GdnSteps, SeqState
+from specdash.engine.model import Mode, Model
+from specdash.engine.state import GdnSteps, SeqState
 
 Tensor = torch.Tensor
 

@@ -1,0 +1,1 @@
+"""The native engine: model, row ops, GEMM backends, state, CUDA graphs, drafters."""

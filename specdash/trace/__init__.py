@@ -1,0 +1,1 @@
+"""Traces: JSONL record and read, replay, export, report, diff. No Textual."""
