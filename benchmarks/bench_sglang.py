@@ -266,16 +266,16 @@ def tokens_per_s(e: Any, texts: list[str], max_new: int) -> dict[str, float]:
 
 def phase_speed(args, res, texts) -> None:
     cells = [
-        ("stock_plain", None, ALL_OFF),
         ("stock_spec", args.speed_algorithm, ALL_OFF),
         ("patched_spec", args.speed_algorithm, ()),
+        ("stock_plain", None, ALL_OFF),
         ("patched_plain", None, ()),
     ]
     speed = {}
     for name, algorithm, off in cells:
         if res.left() < 60:
             break
-        with engine(args, algorithm=algorithm, k=3, graphs=True, off=off) as e:
+        with engine(args, algorithm=algorithm, k=3, graphs=args.speed_graphs, off=off) as e:
             speed[name] = tokens_per_s(e, texts, args.max_new)
         res.put(f"speed/{name}", speed[name])
     if "patched_spec" in speed and "stock_spec" in speed:
@@ -305,6 +305,7 @@ def main() -> int:
     p.add_argument("--max-new", type=int, default=48)
     p.add_argument("--prompts", type=int, default=24)
     p.add_argument("--speed-algorithm", default="STANDALONE")
+    p.add_argument("--speed-graphs", default="on", choices=["on", "off"])
     p.add_argument("--budget-s", type=float, default=540)
     p.add_argument("--sglang-arg", action="append", default=[], metavar="KEY=VALUE")
     p.add_argument("--algorithms", default="NGRAM,STANDALONE")
@@ -316,6 +317,7 @@ def main() -> int:
     args.ks = [int(k) for k in args.ks.split(",")]
     args.graphs = [g == "on" for g in args.graphs.split(",")]
     args.algorithms = args.algorithms.split(",")
+    args.speed_graphs = args.speed_graphs == "on"
     args.skip_cells = args.skip_cells.split(",")
     args.no_graph_algorithms = args.no_graph_algorithms.split(",")
     os.environ.setdefault(ERROR_FILE_ENV, new_error_file())

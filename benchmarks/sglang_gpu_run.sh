@@ -47,6 +47,7 @@ for step in ${STEPS:-cli bench}; do
         --json "$OUT/bench.json" --phases "${PHASES:-anchor,matrix}" --budget-s $(( l - 30 )) \
         $BOX ${BENCH_ARGS:-} 2>&1 | tee "$OUT/bench.log" | grep --line-buffered -E '^\[|engine |Error|error' | cut -c1-700 ;;
     tests)
+      SPECDASH_SGLANG_TEST_ARGS='{"grammar_backend": "none", "sampling_backend": "pytorch"}' \
       timeout $(( l - 10 )) python3 -m pytest -q -p no:cacheprovider -m sglang_gpu tests/sglang \
         > "$OUT/gpu_tests.txt" 2>&1; tail -15 "$OUT/gpu_tests.txt" ;;
     dashboard)

@@ -139,9 +139,12 @@ def run_sglang(sglang_path: str) -> Callable[..., subprocess.CompletedProcess[st
 
 @pytest.fixture(scope="session", params=SGLANG_VERSIONS)
 def run_each_sglang(request) -> Callable[..., subprocess.CompletedProcess[str]]:
-    """`run_sglang` once per supported release (the test runs twice); `.version` says which."""
-    run = runner(sglang_path_for(request.param))
+    """`run_sglang` once per supported release (the test runs twice); `.version` says which,
+    `.wheel` is where that release is installed."""
+    path = sglang_path_for(request.param)
+    run = runner(path)
     run.version = request.param  # type: ignore[attr-defined]
+    run.wheel = Path(path.split(os.pathsep)[-1])  # type: ignore[attr-defined]
     return run
 
 

@@ -1,6 +1,7 @@
-"""engine_patches/diffs/*.diff against the real sglang 0.5.23 files: each applies cleanly with
-`patch -p1`, and the patched-on-disk modules behave like the runtime patches (same launch
-configs, same packed-decode flag, same verify routing, same GEMM routing)."""
+"""engine_patches/diffs/<release>/*.diff against the real sglang 0.5.17 and 0.5.23 files: each
+applies cleanly with `patch -p1`, and the patched-on-disk modules behave like that release's
+runtime patches (same launch configs, same packed-decode flag, same verify routing, same GEMM
+routing)."""
 
 from __future__ import annotations
 
@@ -22,14 +23,14 @@ def diff_files(diff: Path) -> list[str]:
 
 
 @pytest.fixture(scope="module")
-def patched_tree(sglang_path: str, tmp_path_factory) -> Path:
-    """Copies of the files the diffs touch, patched with `patch -p1`."""
+def patched_tree(run_each_sglang, tmp_path_factory) -> Path:
+    """Copies of the files this release's diffs touch, patched with `patch -p1`."""
     if shutil.which("patch") is None:
         pytest.fail("GNU patch is needed to test engine_patches/diffs (apt-get install patch)")
-    wheel = Path(sglang_path.split(":")[-1])
+    wheel = run_each_sglang.wheel
     tree = tmp_path_factory.mktemp("patched")
     for name in EXACTNESS_PATCHES:
-        diff = DIFFS / f"{name}.diff"
+        diff = DIFFS / run_each_sglang.version / f"{name}.diff"
         for rel in diff_files(diff):
             (tree / rel).parent.mkdir(parents=True, exist_ok=True)
             shutil.copy(wheel / rel, tree / rel)
@@ -43,24 +44,26 @@ def patched_tree(sglang_path: str, tmp_path_factory) -> Path:
     return tree
 
 
-def test_each_exactness_patch_has_a_diff_on_its_replaced_targets() -> None:
+@pytest.mark.parametrize("row", registry.SUPPORTED_VERSIONS)
+def test_each_exactness_patch_has_a_diff_on_its_replaced_targets(row: str) -> None:
     patches = {p.name: p for p in registry.all_patches()}
     for name in EXACTNESS_PATCHES:
-        touched = {
-            f.removesuffix(".py").replace("/", ".") for f in diff_files(DIFFS / f"{name}.diff")
-        }
-        replaced = [t.path for t in patches[name].targets if t.role == "replaced"]
+        diff = DIFFS / row / f"{name}.diff"
+        touched = {f.removesuffix(".py").replace("/", ".") for f in diff_files(diff)}
+        targets = patches[name].variant(row).targets
+        replaced = [t.path for t in targets if t.role == "replaced"]
         assert all(any(path.startswith(m + ".") for m in touched) for path in replaced), name
 
 
 EQUIVALENCE_SCRIPT = """
 import importlib.util, json, os
 from types import SimpleNamespace
+import sglang
 import torch
 
 from specdash.engine_patches import registry, verify_attention_as_decode_rows as rows_mod
 from specdash.engine_patches import gemm_routing
-from specdash.kernels import registry as kernels
+from specdash.engine import gemm_backends as kernels
 
 tree = os.environ["PATCHED_TREE"]
 
@@ -72,13 +75,14 @@ def load(rel):
     return mod
 
 out = {}
+NEW = sglang.__version__ == "0.5.23"
 gdn_disk = load("sglang/srt/layers/attention/linear/kernels/gdn_triton.py")
-launch_disk = load("sglang/kernels/ops/attention/linear/fused_sigmoid_gating_recurrent.py")
+if NEW:  # 0.5.17 has no GDN launch config to pin
+    launch_disk = load("sglang/kernels/ops/attention/linear/fused_sigmoid_gating_recurrent.py")
 hybrid_disk = load("sglang/srt/layers/attention/hybrid_linear_attn_backend.py")
 ops_disk = load("sglang/srt/batch_invariant_ops/batch_invariant_ops.py")
 registry.apply_all()
 from sglang.srt.layers.attention.linear.kernels.gdn_triton import TritonGDNKernel
-from sglang.kernels.ops.attention.linear import fused_sigmoid_gating_recurrent as launch_rt
 from sglang.srt.layers.attention.hybrid_linear_attn_backend import HybridLinearAttnBackend
 from sglang.srt.batch_invariant_ops import batch_invariant_ops as ops_rt
 
@@ -88,23 +92,29 @@ out["packed"] = [gdn_disk.TritonGDNKernel.supports_packed_decode,
 grid = [(n, h, hv, k, v, kda, tv) for n in (1, 8, 80) for (h, hv) in ((4, 16), (8, 8))
         for (k, v) in ((128, 128), (64, 64)) for kda in (False, True) for tv in (False, True)]
 configs = []
-for sm90 in (False, True):
-    launch_disk._is_sm90 = launch_rt._is_sm90 = sm90
-    for n, h, hv, k, v, kda, tv in grid:
-        configs.append([list(mod._select_recurrent_launch_config(n, h, hv, k, v, kda,
-                                                                  target_verify=tv))
-                        for mod in (launch_disk, launch_rt)])
+if NEW:
+    from sglang.kernels.ops.attention.linear import fused_sigmoid_gating_recurrent as launch_rt
+
+    for sm90 in (False, True):
+        launch_disk._is_sm90 = launch_rt._is_sm90 = sm90
+        for n, h, hv, k, v, kda, tv in grid:
+            configs.append([list(mod._select_recurrent_launch_config(n, h, hv, k, v, kda,
+                                                                      target_verify=tv))
+                            for mod in (launch_disk, launch_rt)])
 out["launch_pairs"] = configs
 
 calls = []
-rows_mod.verify_as_decode_rows = lambda *a, **kw: calls.append((a[1:5], kw)) or "rows"
+rows_mod.verify_as_decode_rows = lambda *a, **kw: calls.append((a[0], a[2:6], kw)) or "rows"
 verify = SimpleNamespace(forward_mode=SimpleNamespace(is_target_verify=lambda: True))
 hybrid = SimpleNamespace(_is_full_attn=lambda layer, layer_id: True)
 out["verify_routing"] = [
     cls.forward_extend(hybrid, "L", verify, True, "q", "k", "v", layer_id=3)
     for cls in (hybrid_disk.HybridLinearAttnBackend, HybridLinearAttnBackend)
 ]
-out["verify_calls_equal"] = calls[0] == calls[1] == (("L", verify, True, "q"), {"layer_id": 3})
+kernels_row = rows_mod.ROW_KERNELS[sglang.__version__]
+out["verify_calls_equal"] = (
+    calls[0] == calls[1] == (kernels_row, ("L", verify, True, "q"), {"layer_id": 3})
+)
 
 kernels.register_backend("cpu-test", lambda x, w: x.float() @ w.float().t() + 1.0)
 gemm_routing.set_backend("cpu-test")
@@ -116,11 +126,14 @@ print("RESULT " + json.dumps(out))
 """
 
 
-def test_patched_files_behave_like_the_runtime_patches(run_sglang, patched_tree: Path) -> None:
-    proc = run_sglang(EQUIVALENCE_SCRIPT, env={"PATCHED_TREE": str(patched_tree)})
+def test_patched_files_behave_like_the_runtime_patches(run_each_sglang, patched_tree: Path) -> None:
+    proc = run_each_sglang(EQUIVALENCE_SCRIPT, env={"PATCHED_TREE": str(patched_tree)})
     r = json.loads(next(x for x in proc.stdout.splitlines() if x.startswith("RESULT "))[7:])
     assert r["packed"] == [False, False]
     assert all(disk == runtime for disk, runtime in r["launch_pairs"]), r["launch_pairs"]
-    assert [32, 1] in [disk for disk, _ in r["launch_pairs"]]
+    if run_each_sglang.version == "0.5.23":
+        assert [32, 1] in [disk for disk, _ in r["launch_pairs"]]
+    else:
+        assert r["launch_pairs"] == []
     assert r["verify_routing"] == ["rows", "rows"] and r["verify_calls_equal"]
     assert r["gemm"] == [True, True]
