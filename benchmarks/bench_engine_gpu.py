@@ -20,7 +20,7 @@ import time
 
 import torch
 
-from specdash.engine import ops
+from specdash.engine import gemm_backends
 from specdash.engine.config import preset
 from specdash.engine.model import Model
 from specdash.engine.state import SeqState
@@ -49,7 +49,7 @@ def main() -> None:
     dev = torch.device("cuda")
     cfg = preset(args.preset)
     t0 = time.perf_counter()
-    model = Model.random(cfg, 0, torch.bfloat16, dev, ops.resolve_gemm_backend("triton", dev))
+    model = Model.random(cfg, 0, torch.bfloat16, dev, gemm_backends.resolve("triton", dev))
     weight_bytes = model.step_weight_bytes
     info = {
         "date": datetime.datetime.now(datetime.UTC).isoformat(timespec="seconds"),
@@ -66,7 +66,7 @@ def main() -> None:
     rows = torch.randint(0, cfg.vocab_size, (args.k + 1,), generator=gen).to(dev)
     results = []
     for name in args.backends.split(","):
-        model.gemm = ops.resolve_gemm_backend(name, dev)
+        model.gemm = gemm_backends.resolve(name, dev)
         capacity = args.prompt + args.repeats * (args.k + 2) + 64
         state = SeqState.empty(cfg, capacity, model.dtype, dev)
         torch.cuda.synchronize()
@@ -74,7 +74,8 @@ def main() -> None:
         model.forward(prompt, state, "prefill")
         torch.cuda.synchronize()
         prefill_s = time.perf_counter() - t0
-        base = state.clone()
+        base = SeqState.empty(cfg, capacity, model.dtype, dev)
+        base.copy_from(state)
 
         def decode(mode, state=state):
             model.forward(rows[:1], state, mode)
@@ -90,7 +91,9 @@ def main() -> None:
         ver = timed(verify, args.repeats)
         fast = timed(lambda: decode("fast"), args.repeats)
         # exactness: verify rows == decode rows, from the same state
-        s1, s2 = base.clone(), base.clone()
+        s1, s2 = (SeqState.empty(cfg, capacity, model.dtype, dev) for _ in range(2))
+        s1.copy_from(base)
+        s2.copy_from(base)
         lp_verify = model.forward(rows, s1, "exact")
         lp_decode = []
         for i in range(args.k + 1):

@@ -32,7 +32,7 @@ import time
 import torch
 from torch.profiler import ProfilerActivity, profile
 
-from specdash.engine import ops
+from specdash.engine import gemm_backends
 from specdash.engine.config import preset
 from specdash.engine.drafters import RandomDrafter, ReplayDrafter
 from specdash.engine.engine import Engine
@@ -153,7 +153,7 @@ def main() -> int:
     dev = torch.device("cuda")
     cfg = preset(args.preset)
     t0 = time.perf_counter()
-    model = Model.random(cfg, 0, torch.bfloat16, dev, ops.resolve_gemm_backend("triton", dev))
+    model = Model.random(cfg, 0, torch.bfloat16, dev, gemm_backends.resolve("triton", dev))
     weight_bytes = model.step_weight_bytes
     out: dict = {
         "date": datetime.datetime.now(datetime.UTC).isoformat(timespec="seconds"),
@@ -216,7 +216,7 @@ def main() -> int:
 
     # PDL modes (exact, Triton tile), and exact vs fast mode (cuBLAS, batched: the usual way);
     # each on its own engine, so each captures its own graphs
-    exact_gemm, cublas = model.gemm, ops.resolve_gemm_backend("cublas", dev)
+    exact_gemm, cublas = model.gemm, gemm_backends.resolve("cublas", dev)
     variants = {  # name: (backend, mode, PDL)
         "exact/triton": (exact_gemm, "exact", True),
         "exact/triton, no PDL": (exact_gemm, "exact", False),

@@ -46,7 +46,7 @@ _active = "auto"
 def specdash_backends() -> dict[str, str | None]:
     """specdash.kernels GEMM backends as `specdash-<name>` -> None or why unavailable."""
     try:
-        from specdash.kernels import registry
+        from specdash.engine import gemm_backends as registry
     except ImportError as e:
         return {f"{SPECDASH_PREFIX}*": f"specdash.kernels.registry does not import: {e}"}
     return {f"{SPECDASH_PREFIX}{n}": r for n, r in registry.available_backends().items()}
@@ -72,7 +72,7 @@ def set_backend(name: str) -> None:
             "(deep_gemm not installed or not supported on this GPU)"
         )
     if name not in SGLANG_BACKENDS:
-        from specdash.kernels import registry
+        from specdash.engine import gemm_backends as registry
 
         if not name.startswith(SPECDASH_PREFIX):
             name = SPECDASH_PREFIX + name
@@ -118,7 +118,7 @@ def _gemm(
     if name == "deepgemm":
         deepgemm = original.__globals__["_matmul_persistent_deepgemm"]
         return lambda x, w: deepgemm(a=x, b=w.transpose(0, 1), **sglang)
-    from specdash.kernels import registry
+    from specdash.engine import gemm_backends as registry
 
     return registry.get_backend(name.removeprefix(SPECDASH_PREFIX))
 

@@ -6,7 +6,7 @@ import argparse
 from pathlib import Path
 from typing import Literal
 
-from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
+from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
 from specdash.errors import UsageError
 
@@ -42,13 +42,6 @@ class SessionSettings(BaseModel):
     root_cause: bool = True
     seed: int = 0
     trace: Path | None = None
-
-    @field_validator("k")
-    @classmethod
-    def _k_in_range(cls, k: int) -> int:
-        if not 1 <= k <= MAX_K:
-            raise ValueError(f"k must be in 1..{MAX_K}")
-        return k
 
     @classmethod
     def from_args(cls, args: argparse.Namespace) -> SessionSettings:

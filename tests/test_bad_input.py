@@ -38,7 +38,7 @@ def run_cli(capsys: pytest.CaptureFixture[str], *args: str) -> tuple[int, str]:
     return code, err
 
 
-def expect(capsys, code: int, fragment: str, *args: str) -> None:  # noqa: ANN001
+def expect(capsys, code: int, fragment: str, *args: str) -> None:
     got, err = run_cli(capsys, *args)
     assert got == code, err
     assert len(err.splitlines()) == 1, err
@@ -46,7 +46,7 @@ def expect(capsys, code: int, fragment: str, *args: str) -> None:  # noqa: ANN00
     assert fragment in err, err
 
 
-def test_missing_checkpoint(capsys, tmp_path) -> None:  # noqa: ANN001
+def test_missing_checkpoint(capsys, tmp_path) -> None:
     expect(
         capsys,
         EXIT_CHECKPOINT,
@@ -58,7 +58,7 @@ def test_missing_checkpoint(capsys, tmp_path) -> None:  # noqa: ANN001
     )
 
 
-def expect_model_error(capsys, pair, model: Path, fragment: str) -> None:  # noqa: ANN001
+def expect_model_error(capsys, pair, model: Path, fragment: str) -> None:
     expect(
         capsys,
         EXIT_CHECKPOINT,
@@ -72,14 +72,14 @@ def expect_model_error(capsys, pair, model: Path, fragment: str) -> None:  # noq
     )
 
 
-def test_corrupt_safetensors(capsys, pair, tmp_path) -> None:  # noqa: ANN001
+def test_corrupt_safetensors(capsys, pair, tmp_path) -> None:
     model = copy_target(pair, tmp_path)
     data = (model / "model.safetensors").read_bytes()
     (model / "model.safetensors").write_bytes(data[: len(data) // 3])
     expect_model_error(capsys, pair, model, "corrupt safetensors")
 
 
-def test_missing_tensor(capsys, pair, tmp_path) -> None:  # noqa: ANN001
+def test_missing_tensor(capsys, pair, tmp_path) -> None:
     model = copy_target(pair, tmp_path)
     tensors = load_file(model / "model.safetensors")
     del tensors["model.layers.3.self_attn.o_proj.weight"]
@@ -101,20 +101,20 @@ def test_missing_tensor(capsys, pair, tmp_path) -> None:  # noqa: ANN001
         ({"rope_parameters": {"rope_type": "yarn", "rope_theta": 1e6}}, "rope type 'yarn'"),
     ],
 )
-def test_config_the_engine_cannot_run(capsys, pair, tmp_path, change, fragment) -> None:  # noqa: ANN001
+def test_config_the_engine_cannot_run(capsys, pair, tmp_path, change, fragment) -> None:
     model = copy_target(pair, tmp_path)
     cfg = json.loads((model / "config.json").read_text())
     (model / "config.json").write_text(json.dumps(cfg | change))
     expect_model_error(capsys, pair, model, fragment)
 
 
-def test_config_not_json(capsys, pair, tmp_path) -> None:  # noqa: ANN001
+def test_config_not_json(capsys, pair, tmp_path) -> None:
     model = copy_target(pair, tmp_path)
     (model / "config.json").write_text("{not json")
     expect_model_error(capsys, pair, model, "not valid JSON")
 
 
-def test_draft_tokenizer_differs(capsys, pair, tmp_path) -> None:  # noqa: ANN001
+def test_draft_tokenizer_differs(capsys, pair, tmp_path) -> None:
     draft = tmp_path / "draft"
     shutil.copytree(pair[1], draft)
     build_tokenizer(vocab_size=300).save(str(draft / "tokenizer.json"))
@@ -131,7 +131,7 @@ def test_draft_tokenizer_differs(capsys, pair, tmp_path) -> None:  # noqa: ANN00
     )
 
 
-def test_prompt_longer_than_context(capsys, pair, tmp_path) -> None:  # noqa: ANN001
+def test_prompt_longer_than_context(capsys, pair, tmp_path) -> None:
     prompts = tmp_path / "long.jsonl"
     prompts.write_text(json.dumps({"prompt": "".join(chr(97 + i % 26) for i in range(9000))}))
     expect(
@@ -148,7 +148,7 @@ def test_prompt_longer_than_context(capsys, pair, tmp_path) -> None:  # noqa: AN
 
 
 @pytest.mark.parametrize("k", ["0", "17", "-3"])
-def test_k_out_of_range(capsys, pair, k) -> None:  # noqa: ANN001
+def test_k_out_of_range(capsys, pair, k) -> None:
     expect(capsys, EXIT_USAGE, "k", "--model", str(pair[0]), "--drafter", "ngram", "-k", k)
 
 
@@ -162,7 +162,7 @@ def test_k_out_of_range(capsys, pair, k) -> None:  # noqa: ANN001
         (b"\xff\xfe\x00", "cannot read"),
     ],
 )
-def test_unreadable_prompt_file(capsys, pair, tmp_path, content, fragment) -> None:  # noqa: ANN001
+def test_unreadable_prompt_file(capsys, pair, tmp_path, content, fragment) -> None:
     path = tmp_path / "prompts.jsonl"
     if isinstance(content, bytes):
         path.write_bytes(content)
@@ -181,7 +181,7 @@ def test_unreadable_prompt_file(capsys, pair, tmp_path, content, fragment) -> No
     )
 
 
-def test_unwritable_trace_path(capsys, pair, tmp_path) -> None:  # noqa: ANN001
+def test_unwritable_trace_path(capsys, pair, tmp_path) -> None:
     expect(
         capsys,
         EXIT_ENVIRONMENT,
@@ -197,7 +197,7 @@ def test_unwritable_trace_path(capsys, pair, tmp_path) -> None:  # noqa: ANN001
     )
 
 
-def test_cuda_requested_without_gpu(capsys, pair) -> None:  # noqa: ANN001
+def test_cuda_requested_without_gpu(capsys, pair) -> None:
     import torch
 
     if torch.cuda.is_available():
@@ -215,7 +215,7 @@ def test_cuda_requested_without_gpu(capsys, pair) -> None:  # noqa: ANN001
     )
 
 
-def test_unknown_gemm_backend(capsys, pair) -> None:  # noqa: ANN001
+def test_unknown_gemm_backend(capsys, pair) -> None:
     expect(
         capsys,
         EXIT_ENVIRONMENT,
@@ -229,7 +229,7 @@ def test_unknown_gemm_backend(capsys, pair) -> None:  # noqa: ANN001
     )
 
 
-def test_ctrl_c_mid_step_exits_130_and_keeps_the_trace(pair, tmp_path) -> None:  # noqa: ANN001
+def test_ctrl_c_mid_step_exits_130_and_keeps_the_trace(pair, tmp_path) -> None:
     trace = tmp_path / "t.jsonl"
     proc = subprocess.Popen(
         [

@@ -21,7 +21,7 @@ def _model_args(pair: tuple[Path, Path, Path]) -> list[str]:
     return ["--model", str(pair[0]), "--draft", str(pair[1]), "--prompts", str(pair[2])]
 
 
-def test_run_json_prints_one_object_with_the_summary_fields(capsys, pair) -> None:  # noqa: ANN001
+def test_run_json_prints_one_object_with_the_summary_fields(capsys, pair) -> None:
     code = main(["run", "--headless", "--json", "--max-new-tokens", "8", *_model_args(pair)])
     out = json.loads(capsys.readouterr().out)
     assert code == EXIT_OK
@@ -36,7 +36,7 @@ def test_run_json_prints_one_object_with_the_summary_fields(capsys, pair) -> Non
     assert out["tokens_per_s"] > 0 and 1.0 <= out["mean_accepted_length"] <= 5.0
 
 
-def test_fail_on_divergence_exits_1_only_when_something_diverged(capsys, pair) -> None:  # noqa: ANN001
+def test_fail_on_divergence_exits_1_only_when_something_diverged(capsys, pair) -> None:
     args = [
         "run",
         "--headless",
@@ -55,7 +55,7 @@ def test_fail_on_divergence_exits_1_only_when_something_diverged(capsys, pair) -
     assert "divergence(s)" in captured.err
 
 
-def test_audit_json_reports_every_cell_and_exact_mode_is_all_exact(capsys, pair) -> None:  # noqa: ANN001
+def test_audit_json_reports_every_cell_and_exact_mode_is_all_exact(capsys, pair) -> None:
     code = main(
         [
             "audit",

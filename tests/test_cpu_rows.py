@@ -13,7 +13,7 @@ import pytest
 import torch
 import torch.nn.functional as F
 
-from specdash.engine import ops
+from specdash.engine import gemm_backends, ops
 
 
 def _pairwise_by_slicing(x: torch.Tensor) -> torch.Tensor:
@@ -85,7 +85,7 @@ def test_attention_verify_rows_are_decode_rows(hq: int, hkv: int, d: int) -> Non
 @pytest.mark.parametrize("n,k", [(2048, 128), (392, 128), (128, 384), (256, 5120), (7, 33)])
 def test_cpu_gemm_verify_rows_are_decode_rows(n: int, k: int) -> None:
     """Including odd K, where a verify row starts at an unaligned address."""
-    backend = ops.resolve_gemm_backend("auto", torch.device("cpu"))
+    backend = gemm_backends.resolve("auto", torch.device("cpu"))
     gen = torch.Generator().manual_seed(n + k)
     w = torch.randn(n, k, generator=gen) * k**-0.5
     x = torch.randn(9, k, generator=gen)
@@ -98,7 +98,7 @@ def test_cpu_gemm_verify_rows_are_decode_rows(n: int, k: int) -> None:
 
 def test_cpu_gemm_follows_in_place_weight_updates() -> None:
     """The backend's cached [K, N] copy of a weight is remade when the weight changes."""
-    backend = ops.resolve_gemm_backend("auto", torch.device("cpu"))
+    backend = gemm_backends.resolve("auto", torch.device("cpu"))
     gen = torch.Generator().manual_seed(1)
     w, x = torch.randn(64, 32, generator=gen), torch.randn(3, 32, generator=gen)
     before = backend(x, w, exact=False)

@@ -11,8 +11,8 @@ import pytest
 import torch
 from tiny_models import plain_greedy
 
+from specdash.engine import gemm_backends
 from specdash.engine import model as model_module
-from specdash.engine import ops
 from specdash.engine.config import preset
 from specdash.engine.drafters import ModelDrafter, RandomDrafter, ReplayDrafter
 from specdash.engine.engine import Engine
@@ -47,9 +47,7 @@ def _model(seed: int, noise: float = 0.0) -> Model:
             else t
             for n, t in tensors.items()
         }
-    return Model.from_tensors(
-        cfg, tensors, ops.resolve_gemm_backend("triton", torch.device("cuda"))
-    )
+    return Model.from_tensors(cfg, tensors, gemm_backends.resolve("triton", torch.device("cuda")))
 
 
 @pytest.mark.parametrize("k", [1, 4, 9])
@@ -109,7 +107,7 @@ def test_graphed_fast_verify_equals_eager_fast_verify() -> None:
     not torch.cuda.is_available() or torch.cuda.get_device_capability()[0] < 9,
     reason="programmatic dependent launch needs Hopper",
 )
-def test_pdl_launches_give_the_same_bits(monkeypatch) -> None:  # noqa: ANN001
+def test_pdl_launches_give_the_same_bits(monkeypatch) -> None:
     """With PDL a row kernel launches before its predecessor ends: a missing wait would read
     stale inputs. Graphed exact speculation must agree bit for bit with PDL on and off."""
     target, draft = _model(0), _model(1, noise=0.05)
@@ -122,7 +120,7 @@ def test_pdl_launches_give_the_same_bits(monkeypatch) -> None:  # noqa: ANN001
     _same_bits(*runs)
 
 
-def test_chunked_prefill_on_cuda(monkeypatch) -> None:  # noqa: ANN001
+def test_chunked_prefill_on_cuda(monkeypatch) -> None:
     """Later prefill chunks take SDPA's lower-right causal bias (GQA, flash kernel) on CUDA."""
     m = _model(0)
     prompt = torch.randint(0, m.cfg.vocab_size, (300,), generator=torch.Generator().manual_seed(5))
@@ -140,7 +138,7 @@ def model_27b() -> Model:
     """The Qwen3.5-27B shape with random bf16 weights (51 GB), Triton GEMM backend."""
     dev = torch.device("cuda")
     cfg = preset("qwen3.5-27b-shape")
-    return Model.random(cfg, 0, torch.bfloat16, dev, ops.resolve_gemm_backend("triton", dev))
+    return Model.random(cfg, 0, torch.bfloat16, dev, gemm_backends.resolve("triton", dev))
 
 
 @pytest.mark.parametrize("drafter", ["replay", "random"])

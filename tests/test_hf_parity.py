@@ -23,7 +23,7 @@ transformers = pytest.importorskip("transformers")
 STEPS = 32
 
 
-def _config(family: str):  # noqa: ANN202
+def _config(family: str):
     base = replace(preset("tiny-hybrid"), vocab_size=384, max_position_embeddings=256)
     if family == "qwen3":
         return replace(
@@ -32,7 +32,7 @@ def _config(family: str):  # noqa: ANN202
     return replace(base, family=family, layer_types=list(base.layer_types))
 
 
-def _perturbed_tensors(cfg, seed: int) -> dict[str, torch.Tensor]:  # noqa: ANN001
+def _perturbed_tensors(cfg, seed: int) -> dict[str, torch.Tensor]:
     """Random weights with non-trivial norm weights, so (1 + w) vs w conventions matter."""
     gen = torch.Generator().manual_seed(seed + 100)
     out = random_tensors(cfg, seed)

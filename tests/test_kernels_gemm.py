@@ -12,8 +12,9 @@ import pytest
 import torch
 import torch.nn.functional as F
 
+from specdash.engine import gemm_backends
 from specdash.errors import EnvironmentProblem
-from specdash.kernels import gemm, registry
+from specdash.kernels import gemm
 from specdash.kernels.gemm import GemmConfig, gemm_config, matmul_batch_invariant
 
 DEVICE = "cuda" if torch.cuda.is_available() else "cpu"
@@ -99,24 +100,27 @@ def test_mixed_dtypes_raise_like_f_linear():
         matmul_batch_invariant(torch.randn(2, 32), torch.randn(8, 32, dtype=torch.bfloat16))
 
 
-def test_registry_lists_reasons_and_refuses_unavailable(monkeypatch):
-    monkeypatch.setattr(registry, "_backends", {})
-    monkeypatch.setattr(registry, "_builtins_registered", False)
-    backends = registry.available_backends()
+def test_backend_table_lists_reasons_and_refuses_unavailable(monkeypatch):
+    monkeypatch.setattr(gemm_backends, "_gpu_backends", {})
+    backends = gemm_backends.available_backends()
     assert backends["triton"] is None
-    assert registry.get_backend("triton") is matmul_batch_invariant
-    assert set(backends) >= {"triton", "cublas", "deepgemm"}
-    registry.register_backend("rowwise", lambda x, w: x @ w.T)
-    assert registry.available_backends()["rowwise"] is None
-    registry.register_backend("broken", None, "needs a thing")
-    with pytest.raises(EnvironmentProblem, match="needs a thing"):
-        registry.get_backend("broken")
+    assert gemm_backends.get_backend("triton") is matmul_batch_invariant
+    assert list(backends) == ["cublas", "triton", "deepgemm"]
+    assert [b.batch_invariant for b in gemm_backends.gpu_backends().values()] == [
+        False,
+        True,
+        False,
+    ]
+    gemm_backends.register_backend("stand-in", lambda x, w: x @ w.T)
+    assert gemm_backends.available_backends()["stand-in"] is None
     with pytest.raises(EnvironmentProblem, match="unknown GEMM backend"):
-        registry.get_backend("nope")
+        gemm_backends.get_backend("nope")
     if not torch.cuda.is_available():
         assert "CUDA" in backends["cublas"]
         with pytest.raises(EnvironmentProblem, match="cublas"):
-            registry.get_backend("cublas")
+            gemm_backends.get_backend("cublas")
+        with pytest.raises(EnvironmentProblem, match="cublas"):
+            gemm_backends.resolve("cublas", torch.device("cuda"))
 
 
 QWEN35_27B_SHAPES = [

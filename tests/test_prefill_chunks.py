@@ -8,8 +8,8 @@ import pytest
 import torch
 from tiny_models import tiny_config
 
+from specdash.engine import gemm_backends
 from specdash.engine import model as model_module
-from specdash.engine import ops
 from specdash.engine.drafters import ModelDrafter
 from specdash.engine.engine import Engine
 from specdash.engine.model import Model, random_tensors
@@ -19,7 +19,7 @@ from specdash.engine.state import SeqState
 def _model(seed: int) -> Model:
     cfg = tiny_config(vocab_size=320)
     return Model.from_tensors(
-        cfg, random_tensors(cfg, seed), ops.resolve_gemm_backend("torch", torch.device("cpu"))
+        cfg, random_tensors(cfg, seed), gemm_backends.resolve("torch", torch.device("cpu"))
     )
 
 
@@ -31,7 +31,7 @@ def _prefill(m: Model, prompt: list[int]) -> tuple[torch.Tensor, SeqState]:
 
 
 @pytest.mark.parametrize("chunk", [1, 7, 16])
-def test_chunked_prefill_computes_the_unchunked_function(monkeypatch, chunk: int) -> None:  # noqa: ANN001
+def test_chunked_prefill_computes_the_unchunked_function(monkeypatch, chunk: int) -> None:
     m = _model(0)
     prompt = torch.randint(0, 320, (45,), generator=torch.Generator().manual_seed(chunk)).tolist()
     whole, whole_state = _prefill(m, prompt)
@@ -48,7 +48,7 @@ def test_chunked_prefill_computes_the_unchunked_function(monkeypatch, chunk: int
         torch.testing.assert_close(a.conv, b.conv, rtol=0, atol=1e-4)
 
 
-def test_spec_after_chunked_prefill_equals_its_shadow(monkeypatch) -> None:  # noqa: ANN001
+def test_spec_after_chunked_prefill_equals_its_shadow(monkeypatch) -> None:
     monkeypatch.setattr(model_module, "PREFILL_CHUNK", 8)
     target, draft = _model(0), _model(1)
     engine = Engine(target, lambda: ModelDrafter(draft), [])

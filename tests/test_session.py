@@ -22,7 +22,7 @@ def _settings(pair: tuple[Path, Path, Path], **kw: object) -> SessionSettings:
     return SessionSettings(model=pair[0], draft=pair[1], prompts=pair[2], max_new_tokens=8, **kw)
 
 
-def test_typed_prompts_run_first_and_a_bad_one_does_not_end_the_session(pair) -> None:  # noqa: ANN001
+def test_typed_prompts_run_first_and_a_bad_one_does_not_end_the_session(pair) -> None:
     controls = Controls.from_settings(_settings(pair, k=3), "torch")
     controls.submit_prompt("def typed():")
     controls.submit_prompt("x" * 20000)  # longer than the model's context
@@ -36,7 +36,7 @@ def test_typed_prompts_run_first_and_a_bad_one_does_not_end_the_session(pair) ->
     assert len(done) == 9 and all(d.exact for d in done)
 
 
-def test_control_changes_apply_between_steps_and_are_events(pair) -> None:  # noqa: ANN001
+def test_control_changes_apply_between_steps_and_are_events(pair) -> None:
     controls = Controls.from_settings(_settings(pair, k=2), "torch")
     events: list[Event] = []
 
@@ -54,7 +54,7 @@ def test_control_changes_apply_between_steps_and_are_events(pair) -> None:  # no
     assert all(s.k == 0 and s.draft_tokens == [] for s in steps if s.step >= 4)
 
 
-def test_pause_and_resume_are_both_recorded(pair) -> None:  # noqa: ANN001
+def test_pause_and_resume_are_both_recorded(pair) -> None:
     import threading
 
     controls = Controls.from_settings(_settings(pair, k=3), "torch")
@@ -71,7 +71,7 @@ def test_pause_and_resume_are_both_recorded(pair) -> None:  # noqa: ANN001
     assert pauses == [("False", "True"), ("True", "False")]
 
 
-def test_unavailable_backend_is_refused_without_ending_the_session(pair) -> None:  # noqa: ANN001
+def test_unavailable_backend_is_refused_without_ending_the_session(pair) -> None:
     controls = Controls.from_settings(_settings(pair, k=3), "torch")
     events: list[Event] = []
 

@@ -21,8 +21,8 @@ import torch
 
 from specdash.engine import graphs, ops
 from specdash.engine.drafters import Drafter
+from specdash.engine.gemm_backends import GemmBackend
 from specdash.engine.model import Mode, Model, Observer
-from specdash.engine.ops import GemmBackend
 from specdash.engine.state import SeqState
 
 Tensor = torch.Tensor

@@ -24,7 +24,7 @@ from typing import Literal
 
 import torch
 
-from specdash.engine import ops
+from specdash.engine import gemm_backends, ops
 from specdash.engine.config import ModelConfig
 from specdash.engine.state import GdnSteps, SeqState
 from specdash.errors import UsageError
@@ -150,7 +150,7 @@ class Model:
         layers: list[LayerWeights],
         final_norm: Tensor,
         lm_head: Tensor,
-        gemm: ops.GemmBackend,
+        gemm: gemm_backends.GemmBackend,
     ) -> None:
         self.cfg, self.embed, self.layers = cfg, embed, layers
         self.final_norm, self.lm_head, self.gemm = final_norm, lm_head, gemm
@@ -169,7 +169,7 @@ class Model:
 
     @classmethod
     def from_tensors(
-        cls, cfg: ModelConfig, t: dict[str, Tensor], gemm: ops.GemmBackend | None = None
+        cls, cfg: ModelConfig, t: dict[str, Tensor], gemm: gemm_backends.GemmBackend | None = None
     ) -> Model:
         p = cfg.weight_prefix
         layers = []
@@ -205,7 +205,7 @@ class Model:
             )
         embed = t[f"{p}embed_tokens.weight"]
         lm_head = embed if cfg.tie_word_embeddings else t["lm_head.weight"]
-        gemm = gemm or ops.resolve_gemm_backend("auto", embed.device)
+        gemm = gemm or gemm_backends.resolve("auto", embed.device)
         return cls(cfg, embed, layers, t[f"{p}norm.weight"], lm_head, gemm)
 
     @classmethod
@@ -215,7 +215,7 @@ class Model:
         seed: int,
         dtype: torch.dtype,
         device: torch.device,
-        gemm: ops.GemmBackend | None = None,
+        gemm: gemm_backends.GemmBackend | None = None,
     ) -> Model:
         """Random weights of `cfg` (a shape preset) built on `device`; for benchmarks."""
         model = cls.from_tensors(cfg, random_tensors(cfg, seed, dtype, str(device)), gemm)

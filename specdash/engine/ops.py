@@ -4,8 +4,9 @@ Two rules make a verify row bit-identical to the decode row at the same position
 
 * **Row ops** (GEMM, attention, log_softmax) run in exact mode once per row with the
   shapes decode uses, unless the GEMM backend is batch-invariant by construction (the
-  Triton tile on GPU). Same op, same shape, same input bits: same output bits. Norms
-  reduce with `fixed_order_sum`, a pairwise tree of elementwise adds, so they batch.
+  Triton tile on GPU; see `gemm_backends`). Same op, same shape, same input bits: same
+  output bits. Norms reduce with `fixed_order_sum`, a pairwise tree of elementwise adds,
+  so they batch.
 * **Elementwise ops** run batched. They are exact per element only if every element takes
   the same code path, so sigmoid / SiLU / softplus are composed from `exp` and `log1p`
   here: torch's own CPU kernels for those switch between a vector and a scalar formula
@@ -20,119 +21,8 @@ from collections.abc import Callable
 
 import torch
 import torch.nn.functional as F
-from torch.utils.weak import WeakIdKeyDictionary
-
-from specdash.errors import EnvironmentProblem
 
 Tensor = torch.Tensor
-Gemm = Callable[[Tensor, Tensor], Tensor]
-
-
-# ---------------------------------------------------------------- GEMM backends
-
-
-ROW_ALIGN = 64
-"""Bytes every exact one-row GEMM input is aligned to (torch's own allocation alignment)."""
-
-
-def _aligned(row: Tensor) -> Tensor:
-    """`row`, or a copy of it when its address is not ROW_ALIGN-aligned.
-
-    BLAS kernels pick their code path from pointer alignment too: measured with MKL, a
-    row of K=33 fp32 starting 1-3 floats off a 16-byte boundary gives different bits
-    than the same row at an aligned address. Verify rows are views into a [T, K] tensor,
-    at offsets i*K*4, so without this an odd K would break verify == decode.
-    """
-    return row if row.data_ptr() % ROW_ALIGN == 0 else row.clone()
-
-
-class GemmBackend:
-    """A named `x[M,K] @ w[N,K].T`. `batch_invariant` means row results do not depend on M;
-    otherwise exact rows run one by one, each from an aligned address (`_aligned`).
-    `fast_fn`, if given, serves the non-exact calls (fast verify, draft steps), whose bits
-    need not match anything."""
-
-    def __init__(
-        self, name: str, fn: Gemm, batch_invariant: bool, fast_fn: Gemm | None = None
-    ) -> None:
-        self.name, self.fn, self.batch_invariant = name, fn, batch_invariant
-        self.fast_fn = fast_fn or fn
-
-    def __call__(self, x: Tensor, w: Tensor, exact: bool) -> Tensor:
-        if not exact:
-            return self.fast_fn(x, w)
-        if self.batch_invariant:
-            return self.fn(x, w)
-        if x.shape[0] == 1:
-            return self.fn(_aligned(x), w)
-        return torch.cat([self.fn(_aligned(row), w) for row in x.split(1)])
-
-
-def _torch_linear(x: Tensor, w: Tensor) -> Tensor:
-    return F.linear(x, w)
-
-
-_TRANSPOSED: WeakIdKeyDictionary = WeakIdKeyDictionary()
-
-
-def _cpu_linear(x: Tensor, w: Tensor) -> Tensor:
-    """`x @ w.T` through a cached contiguous [K, N] copy of w: the CPU's non-exact GEMM.
-
-    MKL's one-row GEMM runs N-wide FMAs down a [K, N] weight; on the [N, K] layout
-    `F.linear` hands it, it takes dot products instead, measured 2-2.5x slower over the tiny
-    pair's 33 weights (draft steps ~0.3-1 ms faster per 4 tokens). Exact rows keep
-    `F.linear`, so exact bits are those the audits and the shipped pair's numbers were
-    measured with; it would also save ~0.5 ms of a 4 ms exact decode step. The copy (GEMM
-    weights twice in memory) is remade when w changes in place (its version counter) and
-    never made for a weight that needs gradients.
-    """
-    if w.requires_grad:
-        return F.linear(x, w)
-    cached = _TRANSPOSED.get(w)
-    if cached is None or cached[0] != w._version:
-        cached = _TRANSPOSED[w] = (w._version, w.t().contiguous())
-    return torch.matmul(x, cached[1])
-
-
-def gemm_backends(device: torch.device) -> dict[str, GemmBackend | str]:
-    """Backends for `device`: name -> backend, or name -> why it is unavailable."""
-    out: dict[str, GemmBackend | str] = {}
-    if device.type == "cpu":
-        out["torch"] = GemmBackend("torch", _torch_linear, False, fast_fn=_cpu_linear)
-        return out
-    out["cublas"] = GemmBackend("cublas", _torch_linear, batch_invariant=False)
-    try:
-        from specdash.kernels import registry
-    except ImportError as e:  # the kernels package is optional at import time
-        out["triton"] = f"specdash.kernels unavailable: {e}"
-        return out
-    for name, reason in registry.available_backends().items():
-        if name == "cublas":
-            continue
-        if reason is None:
-            # only our Triton tile is batch-invariant by construction; others run row by row
-            fn = registry.get_backend(name)
-            out[name] = GemmBackend(name, fn, batch_invariant=name == "triton")
-        else:
-            out[name] = reason
-    return out
-
-
-def resolve_gemm_backend(name: str, device: torch.device) -> GemmBackend:
-    backends = gemm_backends(device)
-    if name == "auto":
-        name = "torch" if device.type == "cpu" else "triton"
-        if not isinstance(backends.get(name), GemmBackend):
-            name = next(n for n, b in backends.items() if isinstance(b, GemmBackend))
-    found = backends.get(name)
-    if isinstance(found, GemmBackend):
-        return found
-    if found is None:
-        raise EnvironmentProblem(
-            f"GEMM backend {name!r} does not exist on {device.type}; "
-            f"choose from {', '.join(backends)}"
-        )
-    raise EnvironmentProblem(f"GEMM backend {name!r} is unavailable: {found}")
 
 
 # ---------------------------------------------------------------- elementwise

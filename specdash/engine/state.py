@@ -145,15 +145,3 @@ class SeqState:
             self.store_gdn(i, steps.conv_seq[rows : rows + w], steps.states[rows - 1])
         if self.position is not None:
             self.position.add_(rows)
-
-    def clone(self) -> SeqState:
-        """A deep copy: the shadow starts from the speculative run's prefill."""
-        assert not self.pending
-        return SeqState(
-            kv={i: KVCache(c.k.clone(), c.v.clone()) for i, c in self.kv.items()},
-            gdn={i: GdnState(g.conv.clone(), g.ssm.clone()) for i, g in self.gdn.items()},
-            capacity=self.capacity,
-            length=self.length,
-            position=None if self.position is None else self.position.clone(),
-            graphs=None if self.graphs is None else {},
-        )

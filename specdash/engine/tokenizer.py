@@ -9,10 +9,6 @@ class TextTokenizer:
     def __init__(self, hf: Tokenizer | None) -> None:
         self.hf = hf
 
-    @classmethod
-    def from_hf(cls, hf: Tokenizer) -> TextTokenizer:
-        return cls(hf)
-
     @property
     def vocab_size(self) -> int:
         assert self.hf is not None

@@ -19,7 +19,7 @@ from pathlib import Path
 import torch
 
 from specdash.controls import Controls, ControlState
-from specdash.engine import ops
+from specdash.engine import gemm_backends
 from specdash.engine.checkpoint import load_checkpoint
 from specdash.engine.config import preset
 from specdash.engine.drafters import Drafter, ModelDrafter, NgramDrafter
@@ -86,7 +86,7 @@ def _load_one(
     preset_name: str | None,
     dtype: torch.dtype,
     device: torch.device,
-    gemm: ops.GemmBackend,
+    gemm: gemm_backends.GemmBackend,
     seed: int,
 ) -> tuple[Model, TextTokenizer, list[int]]:
     if preset_name is not None:
@@ -94,7 +94,7 @@ def _load_one(
         return Model.random(cfg, seed, dtype, device, gemm), ByteTokenizer(cfg.vocab_size), []
     assert path is not None
     cfg, tensors, hf_tok = load_checkpoint(path, dtype, str(device))
-    tok = TextTokenizer.from_hf(hf_tok)
+    tok = TextTokenizer(hf_tok)
     if tok.vocab_size > cfg.vocab_size:
         raise CheckpointError(
             f"{path}: tokenizer has {tok.vocab_size} tokens but the model only {cfg.vocab_size}"
@@ -105,7 +105,7 @@ def _load_one(
 def load_models(settings: SessionSettings) -> Loaded:
     device = _device(settings)
     dtype = _dtype(settings, device)
-    gemm = ops.resolve_gemm_backend(settings.gemm_backend, device)
+    gemm = gemm_backends.resolve(settings.gemm_backend, device)
     target_path = settings.model
     if target_path is None and settings.preset is None:
         target_path = default_checkpoint("target")
@@ -196,7 +196,7 @@ class SessionRunner:
             return
         if new.gemm_backend != self.applied.gemm_backend:
             try:
-                backend = ops.resolve_gemm_backend(new.gemm_backend, self.loaded.target.device)
+                backend = gemm_backends.resolve(new.gemm_backend, self.loaded.target.device)
             except SpecdashError as e:  # an unavailable backend is refused, not fatal
                 self.emit(EngineError(message=str(e), fatal=False))
                 new = self.controls.update(gemm_backend=self.applied.gemm_backend)
@@ -260,8 +260,8 @@ class SessionRunner:
                 | {
                     "loaded": self.loaded.description,
                     "gemm_backends": {
-                        name: None if isinstance(b, ops.GemmBackend) else b
-                        for name, b in ops.gemm_backends(self.loaded.target.device).items()
+                        name: b.unavailable
+                        for name, b in gemm_backends.backends(self.loaded.target.device).items()
                     },
                 },
                 versions=versions(),

@@ -230,7 +230,7 @@ def _open_output(path: str | None) -> IO[str]:
     if path is None or path == "-":
         return sys.stdout
     try:
-        return open(path, "w", encoding="utf-8", newline="")  # noqa: SIM115
+        return open(path, "w", encoding="utf-8", newline="")
     except OSError as e:
         raise EnvironmentProblem(f"cannot write {path}: {e.strerror or e}") from None
 

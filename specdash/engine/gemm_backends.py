@@ -1,0 +1,178 @@
+"""GEMM backends by name: one table for the native engine and SGLang's GEMM routing.
+
+A backend is `x[M,K] @ w[N,K].T` that declares what exactness needs to know about it: whether
+it is batch-invariant (a row's bits do not depend on M; otherwise exact rows run one by one,
+each from an aligned address), the fast path serving non-exact calls (fast verify, draft
+steps), and, when it cannot run here, why. An unavailable backend stays listed with its reason,
+so the dashboard can show why it cannot be chosen, and choosing it raises EnvironmentProblem.
+The engine applies a switch at the next step (a CUDA graph per backend).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass
+
+import torch
+import torch.nn.functional as F
+from torch.utils.weak import WeakIdKeyDictionary
+
+from specdash.errors import EnvironmentProblem
+
+Tensor = torch.Tensor
+Gemm = Callable[[Tensor, Tensor], Tensor]
+
+ROW_ALIGN = 64
+"""Bytes every exact one-row GEMM input is aligned to (torch's own allocation alignment)."""
+
+
+def _aligned(row: Tensor) -> Tensor:
+    """`row`, or a copy of it when its address is not ROW_ALIGN-aligned.
+
+    BLAS kernels pick their code path from pointer alignment too: measured with MKL, a
+    row of K=33 fp32 starting 1-3 floats off a 16-byte boundary gives different bits
+    than the same row at an aligned address. Verify rows are views into a [T, K] tensor,
+    at offsets i*K*4, so without this an odd K would break verify == decode.
+    """
+    return row if row.data_ptr() % ROW_ALIGN == 0 else row.clone()
+
+
+@dataclass(frozen=True, slots=True)
+class GemmBackend:
+    name: str
+    fn: Gemm | None
+    """The exact GEMM; None when the backend is unavailable here."""
+    batch_invariant: bool
+    fast_fn: Gemm | None = None
+    """Serves the non-exact calls, whose bits need not match anything; None: `fn`."""
+    unavailable: str | None = None
+    """Why the backend cannot run here (one line); None when it can."""
+
+    def __call__(self, x: Tensor, w: Tensor, exact: bool) -> Tensor:
+        fn = self.fn
+        assert fn is not None, self.unavailable
+        if not exact:
+            return (self.fast_fn or fn)(x, w)
+        if self.batch_invariant:
+            return fn(x, w)
+        if x.shape[0] == 1:
+            return fn(_aligned(x), w)
+        return torch.cat([fn(_aligned(row), w) for row in x.split(1)])
+
+
+_TRANSPOSED: WeakIdKeyDictionary = WeakIdKeyDictionary()
+
+
+def _cpu_linear(x: Tensor, w: Tensor) -> Tensor:
+    """`x @ w.T` through a cached contiguous [K, N] copy of w: the CPU's non-exact GEMM.
+
+    MKL's one-row GEMM runs N-wide FMAs down a [K, N] weight; on the [N, K] layout
+    `F.linear` hands it, it takes dot products instead, measured 2-2.5x slower over the tiny
+    pair's 33 weights (draft steps ~0.3-1 ms faster per 4 tokens). Exact rows keep
+    `F.linear`, so exact bits are those the audits and the shipped pair's numbers were
+    measured with; it would also save ~0.5 ms of a 4 ms exact decode step. The copy (GEMM
+    weights twice in memory) is remade when w changes in place (its version counter) and
+    never made for a weight that needs gradients.
+    """
+    if w.requires_grad:
+        return F.linear(x, w)
+    cached = _TRANSPOSED.get(w)
+    if cached is None or cached[0] != w._version:
+        cached = _TRANSPOSED[w] = (w._version, w.t().contiguous())
+    return torch.matmul(x, cached[1])
+
+
+CPU_BACKENDS = {"torch": GemmBackend("torch", F.linear, False, fast_fn=_cpu_linear)}
+
+_gpu_backends: dict[str, GemmBackend] = {}
+
+
+def _deepgemm() -> GemmBackend:
+    """DeepGEMM's bf16 NT GEMM if an installed build loads with this torch, else why not."""
+    if not torch.cuda.is_available():
+        return GemmBackend("deepgemm", None, False, unavailable="needs a CUDA GPU")
+    try:
+        import deep_gemm
+    except Exception as exc:  # an ABI mismatch raises ImportError/OSError with the symbol
+        reason = f"deep_gemm does not load: {type(exc).__name__}: {str(exc)[:160]}"
+        return GemmBackend("deepgemm", None, False, unavailable=reason)
+    gemm = getattr(deep_gemm, "bf16_gemm_nt", None)
+    if gemm is None:
+        reason = f"deep_gemm {getattr(deep_gemm, '__version__', '?')} has no bf16_gemm_nt"
+        return GemmBackend("deepgemm", None, False, unavailable=reason)
+
+    def deepgemm(x: Tensor, w: Tensor) -> Tensor:
+        out = torch.empty((x.shape[0], w.shape[0]), device=x.device, dtype=torch.bfloat16)
+        gemm(x, w, out)
+        return out
+
+    return GemmBackend("deepgemm", deepgemm, False)
+
+
+def gpu_backends() -> dict[str, GemmBackend]:
+    """cuBLAS, specdash's Triton tile and DeepGEMM, built once and lazily: probing DeepGEMM
+    imports CUDA code, and the Triton kernels import Triton."""
+    if _gpu_backends:
+        return _gpu_backends
+    if torch.cuda.is_available():
+        cublas = GemmBackend("cublas", F.linear, False)
+    else:
+        reason = "needs a CUDA GPU (torch.cuda.is_available() is False)"
+        cublas = GemmBackend("cublas", None, False, unavailable=reason)
+    try:
+        from specdash.kernels.gemm import matmul_batch_invariant
+    except Exception as exc:
+        reason = f"triton kernels do not import: {exc}"
+        triton = GemmBackend("triton", None, True, unavailable=reason)
+    else:
+        # the one batch-invariant tile: BLOCK_M pinned, split-K fixed per (N, K)
+        triton = GemmBackend("triton", matmul_batch_invariant, True)
+    _gpu_backends.update(cublas=cublas, triton=triton, deepgemm=_deepgemm())
+    return _gpu_backends
+
+
+def backends(device: torch.device) -> dict[str, GemmBackend]:
+    """The backends of `device`'s type, usable or not."""
+    return CPU_BACKENDS if device.type == "cpu" else gpu_backends()
+
+
+def resolve(name: str, device: torch.device) -> GemmBackend:
+    """The backend `name` ("auto": torch on the CPU, else triton, else the first usable one);
+    EnvironmentProblem says why it cannot be had."""
+    table = backends(device)
+    if name == "auto":
+        name = "torch" if device.type == "cpu" else "triton"
+        if table[name].unavailable is not None:
+            name = next(n for n, b in table.items() if b.unavailable is None)
+    found = table.get(name)
+    if found is None:
+        raise EnvironmentProblem(
+            f"GEMM backend {name!r} does not exist on {device.type}; choose from {', '.join(table)}"
+        )
+    if found.unavailable is not None:
+        raise EnvironmentProblem(f"GEMM backend {name!r} is unavailable: {found.unavailable}")
+    return found
+
+
+# ---------------------------------------------------------------- SGLang's GEMM routing
+
+
+def available_backends() -> dict[str, str | None]:
+    """GPU backend name -> None if usable, else the one-line reason it is not."""
+    return {name: b.unavailable for name, b in gpu_backends().items()}
+
+
+def get_backend(name: str) -> Gemm:
+    """The GEMM `(x[M,K], w[N,K]) -> [M,N]` of a GPU backend; EnvironmentProblem says why not."""
+    table = gpu_backends()
+    if name not in table:
+        raise EnvironmentProblem(f"unknown GEMM backend {name!r}; known: {', '.join(table)}")
+    fn = table[name].fn
+    if fn is None:
+        raise EnvironmentProblem(f"GEMM backend {name!r} is unavailable: {table[name].unavailable}")
+    return fn
+
+
+def register_backend(name: str, fn: Gemm) -> None:
+    """Add a GPU backend that is not batch-invariant (a stand-in GEMM in SGLang's tests)."""
+    gpu_backends()[name] = GemmBackend(name, fn, False)
