@@ -71,6 +71,14 @@ def reference(pair: tuple[Path, Path, Path]) -> dict[int, tuple[torch.Tensor, to
     }
 
 
+def first_moved(ids: torch.Tensor, lps: torch.Tensor, ref_ids, ref_lps) -> int | None:  # noqa: ANN001
+    """Index of the first emitted token whose id or fp32 logprob bits differ from the
+    reference, None if none does."""
+    n = min(len(ids), len(ref_ids))
+    moved = (ids[:n] != ref_ids[:n]) | (lps[:n].view(torch.int32) != ref_lps[:n].view(torch.int32))
+    return int(moved.nonzero()[0]) if moved.any() else None
+
+
 @pytest.mark.parametrize(
     "k,drafter,batch", list(itertools.product([1, 3, 5, 9], ["model", "ngram"], [1, 8]))
 )
@@ -104,20 +112,34 @@ def test_batch_of_eight_equals_one_at_a_time(pair) -> None:  # noqa: ANN001
 
 
 def test_fast_mode_reports_what_it_finds(pair, reference) -> None:  # noqa: ANN001
-    """Fast verify batches the k+1 rows; every divergence it reports must be real."""
+    """Fast verify batches the k+1 rows, which round differently from decode's one row: it
+    must find divergences, flag every prompt whose output moved, at the first token whose id
+    or logprob bits moved, and nothing else."""
     r = run(pair, k=4, verify="fast")
-    for d in r.divergences:
-        ref_ids, ref_lps = reference[d.prompt_index]
-        j = d.position - (
-            len(r.runner.loaded.tokenizer.encode(load_prompts(pair[2])[d.prompt_index].text))
-        )
-        assert int(ref_ids[j]) == d.shadow_token
-        assert torch.equal(ref_lps[j : j + 1], torch.tensor([d.shadow_logprob]))
-        assert (d.spec_token, d.spec_logprob) != (d.shadow_token, d.shadow_logprob)
+    assert r.divergences, "fast verify reported no divergence"
+    flagged = {d.prompt_index: d for d in r.divergences}
+    assert len(flagged) == len(r.divergences), "a prompt flagged twice"
+    tok = r.runner.loaded.tokenizer
+    for i, p in enumerate(load_prompts(pair[2])):
+        ref_ids, ref_lps = reference[i]
+        moved = first_moved(r.ids[i], r.logprobs[i], ref_ids, ref_lps)
+        if moved is None:
+            assert i not in flagged, f"prompt {i} flagged but equal to plain greedy"
+            continue
+        assert i in flagged, f"prompt {i} moved at token {moved} and was not flagged"
+        d = flagged[i]
+        assert d.position == len(tok.encode(p.text)) + moved, f"prompt {i}"
+        assert (d.shadow_token, d.spec_token) == (int(ref_ids[moved]), int(r.ids[i][moved]))
+        assert torch.equal(ref_lps[moved : moved + 1], torch.tensor([d.shadow_logprob]))
+        assert torch.equal(r.logprobs[i][moved : moved + 1], torch.tensor([d.spec_logprob]))
+        assert d.what == ("token" if d.spec_token != d.shadow_token else "logprob")
+        assert d.root_cause is not None and d.root_cause.sub_op != "none"
 
 
 @pytest.mark.parametrize("layer,sub_op", [(1, "output"), (3, "qkv_proj"), (0, "recurrent")])
-def test_one_ulp_fault_is_flagged_at_its_token_with_its_layer(pair, layer, sub_op) -> None:  # noqa: ANN001
+def test_one_ulp_fault_is_flagged_at_its_token_with_its_layer(
+    pair, reference, layer, sub_op
+) -> None:  # noqa: ANN001
     fault_step = 2
 
     def perturb(l: int, name: str, x: torch.Tensor) -> torch.Tensor:
@@ -139,24 +161,33 @@ def test_one_ulp_fault_is_flagged_at_its_token_with_its_layer(pair, layer, sub_o
     runner = SessionRunner(settings, events.append)
     runner.engine.fault = lambda step: perturb if step == fault_step else None
     runner.run()
-    divergences = [e for e in events if isinstance(e, Divergence)]
-    # Every prompt is flagged at the first token whose id or logprob bits moved: the
-    # perturbed token itself unless rounding absorbed it there and it surfaced later
-    # (through attention or the GDN state). Root cause names the injected layer and sub-op
-    # at the perturbed token either way.
-    assert len(divergences) == len(load_prompts(prompts))
+    flagged = {e.prompt_index: e for e in events if isinstance(e, Divergence)}
     prompt_tokens = {e.prompt_index: e.prompt_tokens for e in events if e.kind == "prompt_start"}
-    at_perturbed_token = 0
-    for d in divergences:
-        steps = [e for e in events if e.kind == "verify_step" and e.prompt_index == d.prompt_index]
-        perturbed = (
-            prompt_tokens[d.prompt_index]
-            + 1
-            + sum(len(s.emitted_tokens) for s in steps[:fault_step])
+    # Whether and where the fault reaches an emitted token depends on rounding, so on the
+    # CPU's vector ISA: on AVX-512 it surfaces at the perturbed token in some prompts and
+    # tokens later in others; with AVX2 GEMMs one prompt's qkv_proj fault never reaches its
+    # 24 tokens at all. What holds on every CPU: a prompt is flagged exactly when its output
+    # moved against the fault-free reference, at the first token whose id or logprob bits
+    # moved, never before the perturbed token, and the root cause names the injected layer
+    # and sub-op at the perturbed token.
+    for i, (ref_ids, ref_lps) in reference.items():
+        tokens = sorted(
+            (e for e in events if isinstance(e, Token) and e.prompt_index == i),
+            key=lambda t: t.position,
         )
-        assert d.position >= perturbed
-        at_perturbed_token += d.position == perturbed
+        ids = torch.tensor([t.token_id for t in tokens])
+        lps = torch.tensor([t.logprob for t in tokens], dtype=torch.float32)
+        assert len(ids) == len(ref_ids) == MAX_NEW
+        moved = first_moved(ids, lps, ref_ids, ref_lps)
+        if moved is None:
+            assert i not in flagged, f"prompt {i} flagged but equal to plain greedy"
+            continue
+        assert i in flagged, f"prompt {i} moved at token {moved} and was not flagged"
+        d = flagged[i]
+        steps = [e for e in events if e.kind == "verify_step" and e.prompt_index == i]
+        perturbed = prompt_tokens[i] + 1 + sum(len(s.emitted_tokens) for s in steps[:fault_step])
+        assert d.position == prompt_tokens[i] + moved >= perturbed, f"prompt {i}"
         assert d.root_cause is not None
         assert (d.root_cause.layer, d.root_cause.sub_op) == (layer, sub_op)
         assert d.root_cause.origin_position == perturbed
-    assert at_perturbed_token >= len(divergences) // 2
+    assert flagged, "a 1-ulp fault went undetected in every prompt"
