@@ -13,6 +13,7 @@ import tempfile
 from pathlib import Path
 from typing import Any
 
+from specdash.cli.progress import AuditProgress, SessionProgress, make_progress
 from specdash.errors import EXIT_DIVERGED, EXIT_OK, UsageError
 from specdash.events import Divergence, Event
 from specdash.prompts import load_prompts
@@ -31,11 +32,15 @@ def _subset(settings: SessionSettings, n: int, workdir: Path) -> Path:
     return path
 
 
-def audit_cells(base: SessionSettings, ks: list[int], num_prompts: int) -> list[dict[str, Any]]:
+def audit_cells(
+    base: SessionSettings, ks: list[int], num_prompts: int, progress: AuditProgress | None = None
+) -> list[dict[str, Any]]:
     cells = []
     with tempfile.TemporaryDirectory() as tmp:
         prompts = _subset(base, num_prompts, Path(tmp))
         for drafter in DRAFTERS:
+            if progress is not None:
+                progress.loading(drafter)
             loaded = load_models(base.model_copy(update={"drafter": drafter}))
             for k, batch, verify in itertools.product(ks, BATCHES, VERIFY_MODES):
                 settings = base.model_copy(
@@ -50,12 +55,25 @@ def audit_cells(base: SessionSettings, ks: list[int], num_prompts: int) -> list[
                     }
                 )
                 divergences: list[Divergence] = []
+                shown = (
+                    progress.start_cell(f"{drafter} k={k} batch={batch} {verify}")
+                    if progress is not None
+                    else None
+                )
 
-                def sink(e: Event, out: list[Divergence] = divergences) -> None:
+                def sink(
+                    e: Event,
+                    out: list[Divergence] = divergences,
+                    shown: SessionProgress | None = shown,
+                ) -> None:
                     if isinstance(e, Divergence):
                         out.append(e)
+                    if shown is not None:
+                        shown(e)
 
                 summary = SessionRunner(settings, sink, loaded=loaded).run()
+                if progress is not None:
+                    progress.end_cell()
                 cells.append(
                     {
                         "k": k,
@@ -83,7 +101,11 @@ def run_audit(args: argparse.Namespace) -> int:
     bad = [k for k in ks if not 1 <= k <= MAX_K]
     if bad:
         raise UsageError(f"--ks: k must be in 1..{MAX_K}, got {bad[0]}")
-    cells = audit_cells(base, ks, args.num_prompts)
+    prompts = min(args.num_prompts, len(load_prompts(base.prompts)))
+    n_cells = len(ks) * len(DRAFTERS) * len(BATCHES) * len(VERIFY_MODES)
+    with make_progress() as shown:
+        progress = AuditProgress(shown, n_cells, prompts, base.max_new_tokens)
+        cells = audit_cells(base, ks, args.num_prompts, progress)
     failed = [c for c in cells if c["verify"] == "exact" and c["exact_prompts"] != c["prompts"]]
     if args.json:
         print(json.dumps({"cells": cells, "exact_mode_all_exact": not failed}))

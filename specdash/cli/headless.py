@@ -8,8 +8,10 @@ import sys
 from collections.abc import Callable
 from contextlib import ExitStack
 
+from specdash.cli.progress import SessionProgress, make_progress
 from specdash.errors import EXIT_DIVERGED, EXIT_OK
 from specdash.events import Divergence, Event, SessionStart, Summary
+from specdash.prompts import load_prompts
 from specdash.settings import SessionSettings
 
 
@@ -38,9 +40,14 @@ def format_summary(summary: Summary, divergences: list[Divergence]) -> str:
 
 def run_headless(args: argparse.Namespace) -> int:
     settings = SessionSettings.from_args(args)
+    prompts = len(load_prompts(settings.prompts))  # a bad prompt file fails before the load
     divergences: list[Divergence] = []
     with ExitStack() as stack:
-        sinks = []
+        progress = stack.enter_context(make_progress())
+        sinks: list[Callable[[Event], None]] = [
+            SessionProgress(progress, prompts, settings.max_new_tokens)
+        ]
+        writers = []
         sampler = None
 
         def sink(event: Event) -> None:
@@ -55,14 +62,15 @@ def run_headless(args: argparse.Namespace) -> int:
             from specdash.runs.nvml_sampler import GpuSampler, device_index
             from specdash.trace.jsonl import TraceWriter
 
-            sinks.append(stack.enter_context(TraceWriter(settings.trace)))
+            writers.append(stack.enter_context(TraceWriter(settings.trace)))
+            sinks.append(writers[-1])
             # a recorded session carries GPU samples (or the labelled "no GPU" state),
             # started once the header is written
             sampler = GpuSampler(sink, index=device_index(settings.device) or 0)
             stack.callback(sampler.stop)
 
         summary = _run(settings, sink, args)
-        for writer in sinks:
+        for writer in writers:
             if writer.stopped_reason:
                 print(
                     f"specdash: warning: recording stopped: {writer.stopped_reason}; "
