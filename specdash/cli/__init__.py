@@ -6,32 +6,115 @@ from __future__ import annotations
 
 import argparse
 import sys
+from typing import NoReturn
 
-from specdash.errors import EXIT_INTERRUPTED, SpecdashError
+from specdash.errors import EXIT_INTERRUPTED, EXIT_USAGE, SpecdashError
+
+DESCRIPTION = """\
+Plain `specdash` opens the dashboard: the embedded tiny target + draft pair decodes the
+shipped 24-prompt set on the CPU, speculative and a plain greedy shadow side by side,
+checked bit for bit (the session flags below apply to it).
+
+  specdash run --headless        the same session, a summary instead of the dashboard
+  specdash audit                 exactness matrix: k x drafter x batch x verify mode
+  specdash COMMAND --help        the flags of one command
+"""
+
+# the names specdash.engine.gemm_backends knows, without importing torch for --help
+GEMM_BACKENDS = ("auto", "torch", "cublas", "triton", "deepgemm")
+
+
+class _Formatter(argparse.RawDescriptionHelpFormatter):
+    """Help lines end with the default, where there is one worth saying."""
+
+    def _get_help_string(self, action: argparse.Action) -> str | None:
+        text = action.help or ""
+        default = action.default
+        if (
+            action.option_strings
+            and default not in (None, False, [], argparse.SUPPRESS)
+            and "%(default)" not in text
+        ):
+            text += " (default: %(default)s)"
+        return text
+
+
+class _Parser(argparse.ArgumentParser):
+    """A usage error is one line and a hint, not the whole usage block."""
+
+    def __init__(self, *args: object, **kwargs: object) -> None:
+        kwargs.setdefault("formatter_class", _Formatter)
+        super().__init__(*args, **kwargs)  # type: ignore[arg-type]
+
+    def error(self, message: str) -> NoReturn:
+        sys.stderr.write(
+            f"specdash: error: {message}\nhint: `{self.prog} --help` lists every flag\n"
+        )
+        sys.exit(EXIT_USAGE)
 
 
 def _add_session_flags(p: argparse.ArgumentParser) -> None:
-    p.add_argument("--engine", choices=["native", "sglang"], default="native")
-    p.add_argument("--model", metavar="DIR", help="target checkpoint (HF format directory)")
-    p.add_argument("--draft", metavar="DIR", help="draft checkpoint (same tokenizer)")
-    p.add_argument("--preset", help="random weights of a named shape, e.g. qwen3.5-27b-shape")
-    p.add_argument("--drafter", choices=["model", "ngram"], default="model")
-    p.add_argument("-k", type=int, default=4, help="draft tokens per verify step (1..16)")
-    p.add_argument("--verify", choices=["exact", "fast"], default="exact")
-    p.add_argument("--gemm-backend", default="auto")
-    p.add_argument("--batch", type=int, default=1, help="prompts decoded together")
-    p.add_argument("--prompts", metavar="FILE", help='JSONL, one {"prompt": ...} per line')
-    p.add_argument("--max-new-tokens", type=int, default=64)
-    p.add_argument("--device", default="cpu")
-    p.add_argument("--dtype", choices=["float32", "bfloat16"])
-    p.add_argument("--no-shadow", action="store_true", help="skip the shadow decode")
+    p.add_argument(
+        "--engine",
+        choices=["native", "sglang"],
+        default="native",
+        help="the in-process engine: specdash's own, or a patched sglang.Engine",
+    )
+    p.add_argument(
+        "--model", metavar="DIR", help="target checkpoint (HF format); default: the embedded one"
+    )
+    p.add_argument(
+        "--draft",
+        metavar="DIR",
+        help="draft checkpoint, same tokenizer (--drafter model); default: the embedded one",
+    )
+    p.add_argument(
+        "--preset", metavar="NAME", help="random weights of a named shape: qwen3.5-27b-shape"
+    )
+    p.add_argument(
+        "--drafter",
+        choices=["model", "ngram"],
+        default="model",
+        help="draft with a small model, or by prompt lookup (n-gram)",
+    )
+    p.add_argument("-k", type=int, default=4, help="draft tokens per verify step, 1..16")
+    p.add_argument(
+        "--verify",
+        choices=["exact", "fast"],
+        default="exact",
+        help="exact: every verify row computed as decode computes it (bit-exact); "
+        "fast: one batched verify pass, divergences reported",
+    )
+    p.add_argument(
+        "--gemm-backend",
+        choices=GEMM_BACKENDS,
+        default="auto",
+        help="GEMM implementation; auto: torch on the CPU, triton on CUDA",
+    )
+    p.add_argument("--batch", type=int, default=1, metavar="N", help="prompts decoded together")
+    p.add_argument(
+        "--prompts",
+        metavar="FILE",
+        help='JSONL, one {"prompt": ...} per line; default: the shipped 24 prompts',
+    )
+    p.add_argument(
+        "--max-new-tokens", type=int, default=64, metavar="N", help="tokens generated per prompt"
+    )
+    p.add_argument("--device", default="cpu", help="cpu, cuda or cuda:N")
+    p.add_argument(
+        "--dtype",
+        choices=["float32", "bfloat16"],
+        help="weights and activations; default: float32 on the CPU, bfloat16 on CUDA",
+    )
+    p.add_argument("--no-shadow", action="store_true", help="skip the shadow decode (no check)")
     p.add_argument("--no-spec", action="store_true", help="plain greedy decode only")
-    p.add_argument("--trace", metavar="PATH", help="record a JSONL session trace")
+    p.add_argument("--trace", metavar="PATH", help="record the session as a JSONL trace")
     sgl = p.add_argument_group("--engine sglang")
     sgl.add_argument(
         "--speculative-algorithm",
         choices=["NEXTN", "EAGLE3", "DFLASH", "STANDALONE", "NGRAM"],
         default="NEXTN",
+        help="SGLang's speculative algorithm",
     )
     sgl.add_argument(
         "--sglang-arg",
@@ -62,42 +145,69 @@ def _add_session_flags(p: argparse.ArgumentParser) -> None:
 
 def _add_trace_commands(sub: argparse._SubParsersAction) -> None:
     export = sub.add_parser("export", help="a trace as Perfetto (Chrome Trace Event) JSON or CSV")
-    export.add_argument("trace", metavar="TRACE")
-    export.add_argument("--format", choices=["perfetto", "csv"], default="perfetto")
-    export.add_argument("-o", "--output", metavar="OUT", help="default: next to TRACE; - stdout")
+    export.add_argument("trace", metavar="TRACE", help="a JSONL trace (run --trace, or e)")
+    export.add_argument(
+        "--format",
+        choices=["perfetto", "csv"],
+        default="perfetto",
+        help="Perfetto JSON for ui.perfetto.dev, or CSV with one row per verify step",
+    )
+    export.add_argument(
+        "-o", "--output", metavar="OUT", help="output file; default: next to TRACE; - for stdout"
+    )
 
     replay = sub.add_parser("replay", help="the dashboard on a recorded trace")
-    replay.add_argument("trace", metavar="TRACE")
+    replay.add_argument("trace", metavar="TRACE", help="a JSONL trace")
     replay.add_argument("--speed", type=float, default=1.0, help="playback speed (x real time)")
 
     report = sub.add_parser("report", help="a self-contained HTML report of a trace")
-    report.add_argument("trace", metavar="TRACE")
-    report.add_argument("-o", "--output", metavar="OUT", help="default: TRACE with .html")
+    report.add_argument("trace", metavar="TRACE", help="a JSONL trace")
+    report.add_argument(
+        "-o", "--output", metavar="OUT", help="output file; default: TRACE with .html"
+    )
 
     diff = sub.add_parser("diff", help="first differing token per prompt of two traces")
-    diff.add_argument("a", metavar="A")
-    diff.add_argument("b", metavar="B")
+    diff.add_argument("a", metavar="A", help="a JSONL trace")
+    diff.add_argument("b", metavar="B", help="another JSONL trace of the same prompts")
 
 
 def build_parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(prog="specdash", description=__doc__)
+    parser = _Parser(
+        prog="specdash",
+        usage="specdash [session flags]       (the dashboard)\n       specdash COMMAND [flags]",
+        description=DESCRIPTION,
+    )
     _add_session_flags(parser)  # `specdash [flags]` with no subcommand opens the dashboard
-    sub = parser.add_subparsers(dest="command")
+    sub = parser.add_subparsers(
+        dest="command", title="commands", metavar="COMMAND", prog="specdash"
+    )
 
-    run = sub.add_parser("run", help="decode a prompt set (use --headless for no dashboard)")
+    run = sub.add_parser(
+        "run",
+        help="decode a prompt set (use --headless for no dashboard)",
+        usage="specdash run [--headless] [session flags] [--json] [--fail-on-divergence]",
+    )
     _add_session_flags(run)
     run.add_argument("--headless", action="store_true", help="no dashboard: print a summary")
-    run.add_argument("--json", action="store_true", help="print one JSON summary object")
+    run.add_argument(
+        "--json", action="store_true", help="print one JSON summary object (see README)"
+    )
     run.add_argument("--fail-on-divergence", action="store_true", help="exit 1 on divergence")
 
-    audit = sub.add_parser("audit", help="exactness matrix: k x drafter x batch x verify mode")
+    audit = sub.add_parser(
+        "audit",
+        help="exactness matrix: k x drafter x batch x verify mode",
+        usage="specdash audit [--json] [--ks K,K,...] [--num-prompts N] [session flags]",
+    )
     _add_session_flags(audit)
-    audit.add_argument("--json", action="store_true")
-    audit.add_argument("--ks", default="1,3,5,9", help="comma-separated k values")
-    audit.add_argument("--num-prompts", type=int, default=8, help="prompts per cell")
+    audit.add_argument("--json", action="store_true", help="print the cells as one JSON object")
+    audit.add_argument("--ks", default="1,3,5,9", metavar="K,K,...", help="the k values")
+    audit.add_argument(
+        "--num-prompts", type=int, default=8, metavar="N", help="prompts per cell (the first N)"
+    )
     _add_trace_commands(sub)
     patches = sub.add_parser("patches", help="SGLang engine patches")
-    patches.add_subparsers(dest="patches_command", required=True).add_parser(
+    patches.add_subparsers(dest="patches_command", required=True, metavar="SUBCOMMAND").add_parser(
         "check", help="each patch target in the installed SGLang: OK / changed / missing"
     )
     return parser
