@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import base64
 import re
+import sys
 
 import pytest
 from synthetic_trace import Plan, session
@@ -71,6 +72,16 @@ def test_bad_input_and_unwritable_output(tmp_path):
     assert main(["report", str(tmp_path / "none.jsonl")]) == EXIT_USAGE
     trace = record(tmp_path / "s.jsonl", Plan(prompts=1))
     assert main(["report", trace, "-o", str(tmp_path / "no" / "r.html")]) == EXIT_ENVIRONMENT
+
+
+def test_without_matplotlib_one_line_names_the_extra(tmp_path, capsys, monkeypatch):
+    trace = record(tmp_path / "s.jsonl", Plan(prompts=1))
+    monkeypatch.setitem(sys.modules, "matplotlib", None)  # as if not installed
+    assert main(["report", trace]) == EXIT_ENVIRONMENT
+    err = capsys.readouterr().err
+    assert err == (
+        "specdash: error: the report's plots need matplotlib: pip install 'specdash[report]'\n"
+    )
 
 
 def row(t_s, k, accepted, draft_s=0.01, verify_s=0.02, shadow_s=0.04, drafted=None) -> StepRow:

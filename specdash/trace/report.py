@@ -10,6 +10,7 @@ from __future__ import annotations
 import argparse
 import base64
 import html
+import importlib.util
 import io
 import sys
 from collections import Counter
@@ -260,6 +261,10 @@ def render_report(
 
 
 def run_report(args: argparse.Namespace) -> int:
+    if importlib.util.find_spec("matplotlib") is None:
+        raise EnvironmentProblem(
+            "the report's plots need matplotlib: pip install 'specdash[report]'"
+        )
     header, events, warnings = read_trace(args.trace)
     for w in warnings:
         print(f"specdash: warning: {w}", file=sys.stderr)
