@@ -32,8 +32,7 @@ from pathlib import Path
 from typing import Any
 
 from specdash.prompts import load_prompts
-from specdash.settings import SessionSettings
-from specdash.sglang_engine import (
+from specdash.runs.sglang import (
     ERROR_FILE_ENV,
     PATCHES_ENV,
     SGLangOptions,
@@ -43,6 +42,7 @@ from specdash.sglang_engine import (
     parse_engine_arg,
     start_engine,
 )
+from specdash.settings import SessionSettings
 
 ALL_OFF = ("gdn", "attention", "gemm", "telemetry")
 T0 = time.monotonic()
@@ -234,7 +234,7 @@ def phase_unpatch(args, res, texts) -> None:
 
 
 def phase_gemm(args, res, texts) -> None:
-    from specdash.sglang_engine import _switch_gemm
+    from specdash.runs.sglang import _switch_gemm
 
     with (
         engine(args, algorithm="NGRAM", k=3, graphs=True, mem=0.35) as spec,

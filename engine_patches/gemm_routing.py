@@ -8,7 +8,7 @@ global (never registering a second `aten::mm`) routes them all.
 
 Backends: `auto` (SGLang's own choice), `deepgemm` (SGLang's `_matmul_persistent_deepgemm`),
 `sglang-triton` (SGLang's `matmul_kernel_persistent`), and `specdash-<name>` for each backend
-in `specdash.kernels.registry` (imported lazily; without it only the SGLang ones exist).
+in `specdash.engine.gemm_backends` (imported lazily; without it only the SGLang ones exist).
 The switch reaches every scheduler rank through `Engine.collective_rpc("specdash_set_gemm_backend",
 name=...)`, a method this patch adds to `Scheduler`; it recaptures the target's decode CUDA
 graphs (which froze the old kernel) or refuses when it cannot.
@@ -48,7 +48,7 @@ def specdash_backends() -> dict[str, str | None]:
     try:
         from specdash.engine import gemm_backends as registry
     except ImportError as e:
-        return {f"{SPECDASH_PREFIX}*": f"specdash.kernels.registry does not import: {e}"}
+        return {f"{SPECDASH_PREFIX}*": f"specdash.engine.gemm_backends does not import: {e}"}
     return {f"{SPECDASH_PREFIX}{n}": r for n, r in registry.available_backends().items()}
 
 

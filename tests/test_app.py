@@ -382,7 +382,7 @@ SGLANG_FLAGS = [
 def test_dashboard_gets_the_sglang_options_headless_gets(fake_engine, prefix):
     """Same flags, same `session_options`, same `run_engine` call as `run --headless`."""
     from specdash.cli import build_parser
-    from specdash.sglang_engine import SGLangOptions, session_options
+    from specdash.runs.sglang import SGLangOptions, session_options
     from specdash.ui.app import dashboard_app
 
     args = build_parser().parse_args([*prefix, *SGLANG_FLAGS])

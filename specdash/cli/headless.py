@@ -91,6 +91,6 @@ def _run(
     settings: SessionSettings, sink: Callable[[Event], None], args: argparse.Namespace
 ) -> Summary:
     from specdash.runs.native import run_engine
-    from specdash.sglang_engine import session_options
+    from specdash.runs.sglang import session_options
 
     return run_engine(settings, sink, sglang_options=session_options(settings, args))

@@ -402,7 +402,7 @@ def run_engine(
 ) -> Summary:
     """The session on the engine `settings.engine` names (native, or SGLang in-process)."""
     if settings.engine == "sglang":
-        from specdash.sglang_engine import run_sglang_session
+        from specdash.runs.sglang import run_sglang_session
 
         return run_sglang_session(settings, sink, controls, stop, sglang_options)  # type: ignore[arg-type]
     return run_session(settings, sink, controls, stop)

@@ -36,7 +36,7 @@ from specdash.ui.widgets.divergence import DivergenceDetail, DivergencePanel
 from specdash.ui.widgets.error_panel import ErrorPanel
 from specdash.ui.widgets.gpu import GpuPanel
 from specdash.ui.widgets.help_screen import HelpScreen
-from specdash.ui.widgets.status_bar import StatusBar
+from specdash.ui.widgets.status_bar import StatusBar, loading_label
 from specdash.ui.widgets.throughput import ThroughputPanel
 from specdash.ui.widgets.token_stream import TokenStream
 
@@ -60,6 +60,23 @@ CONTROL_ACTIONS = (
     ("question_mark", "help", "help", "Keys and a glossary of every metric"),
     ("q", "quit", "quit", "Quit specdash"),
 )
+
+CONTROL_NAMES = {
+    "gemm_backend": "GEMM backend",
+    "speculation": "speculation",
+    "k": "k",
+    "verify_mode": "verify mode",
+    "paused": "engine",
+}
+
+
+def _said(value: object) -> str:
+    """A control's new value as the status bar would say it (no Python True/False)."""
+    if value is True:
+        return "on"
+    if value is False:
+        return "off"
+    return f"→ {value}"
 
 
 class SpecdashApp(App[int]):
@@ -94,6 +111,10 @@ class SpecdashApp(App[int]):
         self._shown_revision = -1
         self._plotted_revision = -1
         self._recording_note = ""
+        self.clock = time.monotonic
+        """Wall clock for "loading … N s" (tests replace it)."""
+        self._phase: tuple[str | None, float] = ("loading", self.clock())
+        """What the status bar counts seconds for (loading, a prefill; None: nothing), since."""
         if trace_writer is not None:
             self._attach_trace(trace_writer)
 
@@ -155,14 +176,23 @@ class SpecdashApp(App[int]):
             self.model.consume(event)
             self.event_log.append(event)
             self._record(event)
-        if self.model.revision == self._shown_revision:
-            return
-        self._shown_revision = self.model.revision
         m, screen = self.model, self.dashboard
+        phase = None if m.finished or m.errors else "loading" if not m.started else m.prefill
+        if phase != self._phase[0]:
+            self._phase = (phase, self.clock())
+        if m.revision == self._shown_revision and phase is None:
+            return  # nothing new, and no seconds counting on the status bar
+        self._shown_revision = m.revision
         controls = self.source.controls
         paused = m.paused if controls is None else controls.snapshot().paused
         with self.batch_update(), TEARDOWN:
-            screen.query_one(StatusBar).show(m, paused, self._recording_note)
+            screen.query_one(StatusBar).show(
+                m,
+                paused,
+                self._recording_note,
+                loading=loading_label(getattr(self.source, "settings", None)),
+                phase_s=self.clock() - self._phase[1],
+            )
             screen.query_one(ErrorPanel).show(m.errors, self._recording_note)
             screen.query_one(ThroughputPanel).show_numbers(m)
             screen.query_one(AcceptancePanel).show_numbers(m)
@@ -184,8 +214,13 @@ class SpecdashApp(App[int]):
     # -- controls ----------------------------------------------------------------------
 
     def _controls(self) -> Controls | None:
+        """The live controls, or None with a note saying why there are none to change."""
         if self.source.controls is None:
             self.notify("read-only: this session is a replay", severity="warning")
+            return None
+        if self.model.finished or any(e.fatal for e in self.model.errors):
+            self.notify("the session has ended: there is no next step to apply this to")
+            return None
         return self.source.controls
 
     def _change(self, **changes: object) -> None:
@@ -194,7 +229,7 @@ class SpecdashApp(App[int]):
             return
         controls.update(**changes)
         self._shown_revision = -1  # redraw the status bar even if no event arrives (paused)
-        said = ", ".join(f"{name} → {value}" for name, value in changes.items())
+        said = ", ".join(f"{CONTROL_NAMES[name]} {_said(value)}" for name, value in changes.items())
         self.notify(f"{said} (applies at the next step)")
 
     def action_cycle_gemm(self) -> None:
@@ -202,9 +237,9 @@ class SpecdashApp(App[int]):
         if controls is None:
             return
         backends = self.model.gemm_backends
-        current = controls.snapshot().gemm_backend
+        current = self.model.gemm_backend  # what the engine runs ("auto" resolved)
         if len(backends) < 2:
-            self.notify(f"only one GEMM backend available: {current}", severity="warning")
+            self.notify(f"{current} is the only GEMM backend available here", severity="warning")
             return
         index = backends.index(current) if current in backends else -1
         self._change(gemm_backend=backends[(index + 1) % len(backends)])
@@ -376,15 +411,14 @@ class SpecdashApp(App[int]):
         yield from super().get_system_commands(screen)
         for key, action, label, help_text in CONTROL_ACTIONS:
             if action != "quit":
-                yield SystemCommand(
-                    f"{label} ({key})", help_text, getattr(self, f"action_{action}")
-                )
+                shown = self.get_key_display(Binding(key, action, label))
+                yield SystemCommand(f"{label} ({shown})", help_text, getattr(self, f"action_{action}"))
 
 
 def dashboard_app(args: argparse.Namespace) -> SpecdashApp:
     """The dashboard `specdash [flags]` asks for, not yet running: bad flags, bad SGLang
     options and an unwritable `--trace` fail here, before the UI takes the terminal."""
-    from specdash.sglang_engine import session_options
+    from specdash.runs.sglang import session_options
 
     settings = SessionSettings.from_args(args)
     source = LiveSession(settings, sglang_options=session_options(settings, args))

@@ -33,7 +33,7 @@ from specdash.runs.nvml_sampler import GpuSampler, device_index
 from specdash.settings import SessionSettings
 
 if TYPE_CHECKING:
-    from specdash.sglang_engine import SGLangOptions
+    from specdash.runs.sglang import SGLangOptions
 
 Sink = Callable[[Event], None]
 
@@ -79,7 +79,7 @@ class LiveSession:
 
     `--engine sglang` runs with the options headless gets (`sglang_options`) and the same
     scheduler-failure handling. Headless, `sglang.Engine` installs
-    `sglang_engine.scheduler_failed` for SIGQUIT (a dying scheduler sends it to its parent),
+    `specdash.runs.sglang.scheduler_failed` for SIGQUIT (a dying scheduler sends it to its parent),
     which raises `SchedulerFailed` in the session's thread. SGLang only installs it from the
     main thread, and here the engine runs on a worker; unhandled, SIGQUIT would kill the
     dashboard with a core dump and leave the terminal in raw mode. So `start` (called on the
@@ -127,7 +127,7 @@ class LiveSession:
 
     def _on_sigquit(self, signum: int, frame: FrameType | None) -> None:
         """SIGQUIT on the main thread: SGLang's handler, its exception raised in the engine."""
-        from specdash.sglang_engine import SchedulerFailed, scheduler_failed
+        from specdash.runs.sglang import SchedulerFailed, scheduler_failed
 
         try:
             scheduler_failed(signum, frame)

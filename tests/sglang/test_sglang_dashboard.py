@@ -10,7 +10,7 @@ import json
 
 STAND_IN = r"""
 import asyncio, json, os, signal, subprocess, sys, threading, time
-from specdash import sglang_engine
+from specdash.runs import sglang as sglang_engine
 
 SCHEDULER = '''
 import os, signal, time

@@ -17,7 +17,7 @@ from sglang.srt.entrypoints.engine import Engine
 from sglang.srt.server_args import ServerArgs
 from specdash.engine_patches import registry
 from specdash.settings import SessionSettings
-from specdash import sglang_engine as se
+from specdash.runs import sglang as se
 
 cls = se.patched_engine_class()
 out = {

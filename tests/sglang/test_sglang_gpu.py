@@ -26,8 +26,8 @@ pytestmark = [
 ]
 
 from specdash.events import Divergence, Event, PromptDone, VerifyStep  # noqa: E402
+from specdash.runs.sglang import SGLangOptions, run_sglang_session  # noqa: E402
 from specdash.settings import SessionSettings  # noqa: E402
-from specdash.sglang_engine import SGLangOptions, run_sglang_session  # noqa: E402
 
 REPO = Path(__file__).resolve().parents[2]
 PROMPTS = 8

@@ -10,13 +10,13 @@ import os
 
 import pytest
 
-from specdash import sglang_engine
 from specdash.errors import UsageError
+from specdash.runs import sglang as sglang_engine
 
 SESSION_SCRIPT = r"""
 import json, os, struct, time
 from pathlib import Path
-from specdash import sglang_engine
+from specdash.runs import sglang as sglang_engine
 from specdash.engine_patches import telemetry
 from specdash.settings import SessionSettings
 
@@ -157,8 +157,10 @@ def test_sglang_args_parse_as_python_literals() -> None:
         parse("no_equals_sign")
 
 
-def test_engine_kwargs_per_algorithm(tmp_path) -> None:
+def test_engine_kwargs_per_algorithm(tmp_path, monkeypatch) -> None:
     from specdash.settings import SessionSettings
+
+    monkeypatch.setattr(sglang_engine, "sglang_version", lambda: "0.5.23")
 
     settings = SessionSettings(engine="sglang", model=tmp_path, k=3)
 
@@ -171,9 +173,15 @@ def test_engine_kwargs_per_algorithm(tmp_path) -> None:
     assert nextn["speculative_num_draft_tokens"] == 4
     assert nextn["speculative_draft_model_path"] == str(tmp_path)  # MTP: the target itself
     assert nextn["linear_attn_backend"] == "triton" and nextn["attention_backend"] == "triton"
-    for algo in ("DFLASH", "NGRAM"):  # their draft length is not -k's to set
-        assert not {"speculative_num_steps", "speculative_eagle_topk"} & set(kwargs(algo))
-    assert nextn["disable_decode_cuda_graph"]  # the Triton verify rows are eager-only
+    assert not {"speculative_num_steps", "speculative_eagle_topk"} & set(kwargs("DFLASH"))
+    ngram = kwargs("NGRAM")  # a chain of k drafts: breadth 1, k + 1 verify tokens
+    assert (ngram["speculative_ngram_max_bfs_breadth"], ngram["speculative_num_draft_tokens"]) == (
+        1,
+        4,
+    )
+    assert nextn["disable_decode_cuda_graph"]  # 0.5.23's Triton verify rows are eager-only
+    monkeypatch.setattr(sglang_engine, "sglang_version", lambda: "0.5.17")
+    assert "disable_decode_cuda_graph" not in kwargs("NEXTN")  # 0.5.17's rows are graphed
     fa3 = kwargs("EAGLE3", attention_backend="fa3")
     assert fa3["attention_backend"] == "fa3" and "disable_decode_cuda_graph" not in fa3
     assert "disable_decode_cuda_graph" not in kwargs("NEXTN", cuda_graph_max_bs_decode=8)

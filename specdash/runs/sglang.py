@@ -657,5 +657,5 @@ def run_sglang_session(
     stop: threading.Event | None = None,
     options: SGLangOptions | None = None,
 ) -> Summary:
-    """The SGLang counterpart of `specdash.session.run_session` (same events, same Summary)."""
+    """The SGLang counterpart of `specdash.runs.native.run_session` (same events, same Summary)."""
     return SGLangSession(settings, sink, controls, stop, options or SGLangOptions()).run()

@@ -1,0 +1,81 @@
+"""The dashboard on real SGLang, driven headless by Textual's Pilot: what a user sees.
+
+Starts the dashboard exactly as `specdash --engine sglang ...` does (`dashboard_app`), at
+160x48, presses `g` (live GEMM switch, applied between prompts) once verify steps arrive,
+waits for the session to finish, then saves an SVG screenshot and a JSON of what the panels
+held: verify steps seen live, the exactness verdict, the GPU panel's DRAM source (GPM or the
+labelled fallback), the GEMM backend switches, and whether the recorded trace replays.
+
+Usage (GPU box, SGLang importable): python benchmarks/sglang_dashboard_shot.py --target DIR
+    --out DIR [--sglang-arg KEY=VALUE ...]
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+import time
+from pathlib import Path
+
+from specdash.cli import build_parser
+from specdash.trace.export import perfetto_trace
+from specdash.trace.jsonl import read_trace
+from specdash.ui.app import dashboard_app
+
+
+async def drive(args: argparse.Namespace) -> dict:
+    trace = args.out / "dashboard_trace.jsonl"
+    cli = ["run", "-k", "3", "--max-new-tokens", "32", "--trace", str(trace)]
+    if args.target is not None:  # else: the native engine on the embedded pair (a CPU check)
+        cli += ["--engine", "sglang", "--model", str(args.target)]
+        cli += ["--speculative-algorithm", "NGRAM"]
+    for a in args.sglang_arg:
+        cli += ["--sglang-arg", a]
+    app = dashboard_app(build_parser().parse_args(cli))
+    seen: dict = {"verify_steps_live": [], "gemm": []}
+    t0 = time.monotonic()
+    async with app.run_test(size=(160, 48)) as pilot:
+        switched = False
+        while (
+            not app.model.finished
+            and not app.model.errors
+            and time.monotonic() - t0 < args.timeout_s
+        ):
+            await pilot.pause(0.5)
+            seen["verify_steps_live"].append(
+                (round(time.monotonic() - t0, 1), app.model.verify_steps)
+            )
+            if not switched and app.model.verify_steps > 0:
+                await pilot.press("g")
+                switched = True
+        await pilot.pause(1.0)
+        seen["finished"] = app.model.finished
+        seen["exactness"] = app.model.exactness
+        seen["gemm"] = app.model.gemm_backend
+        seen["gpu"] = repr(app.model.telemetry)[:400]
+        seen["errors"] = [e.message[:300] for e in app.model.errors]
+        app.save_screenshot(str(args.out / "dashboard_sglang.svg"))
+        await pilot.press("q")
+    header, events, problems = read_trace(trace)
+    seen["trace_events"] = len(events)
+    seen["trace_problems"] = problems
+    seen["perfetto_events"] = len(perfetto_trace(header, events)["traceEvents"])
+    seen["seconds"] = round(time.monotonic() - t0, 1)
+    return seen
+
+
+def main() -> None:
+    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    p.add_argument("--target", type=Path, help="SGLang checkpoint; none: native, embedded pair")
+    p.add_argument("--out", type=Path, required=True)
+    p.add_argument("--sglang-arg", action="append", default=[])
+    p.add_argument("--timeout-s", type=float, default=240)
+    args = p.parse_args()
+    result = asyncio.run(drive(args))
+    (args.out / "dashboard_sglang.json").write_text(json.dumps(result, indent=1))
+    print(json.dumps(result)[:2000])
+
+
+if __name__ == "__main__":
+    main()
