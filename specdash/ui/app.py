@@ -66,7 +66,7 @@ CONTROL_NAMES = {
     "speculation": "speculation",
     "k": "k",
     "verify_mode": "verify mode",
-    "paused": "engine",
+    "paused": "pause",
 }
 
 
@@ -218,8 +218,11 @@ class SpecdashApp(App[int]):
         if self.source.controls is None:
             self.notify("read-only: this session is a replay", severity="warning")
             return None
-        if self.model.finished or any(e.fatal for e in self.model.errors):
-            self.notify("the session has ended: there is no next step to apply this to")
+        ended = "finished" if self.model.finished else None
+        if any(e.fatal for e in self.model.errors):
+            ended = "ended with an engine error"
+        if ended:
+            self.notify(f"the session has {ended}: there is no next step to apply this to")
             return None
         return self.source.controls
 
@@ -237,7 +240,9 @@ class SpecdashApp(App[int]):
         if controls is None:
             return
         backends = self.model.gemm_backends
-        current = self.model.gemm_backend  # what the engine runs ("auto" resolved)
+        current = controls.snapshot().gemm_backend
+        if current not in backends:  # "auto": the engine says what it resolved to
+            current = self.model.gemm_backend
         if len(backends) < 2:
             self.notify(f"{current} is the only GEMM backend available here", severity="warning")
             return
@@ -287,9 +292,6 @@ class SpecdashApp(App[int]):
         event.input.clear()
         self.dashboard.query_one(DataTable).focus()
         if not text or (controls := self._controls()) is None:
-            return
-        if self.model.finished:
-            self.notify("the session has finished: no prompt will run", severity="warning")
             return
         controls.submit_prompt(text)
         self.notify("prompt queued: decoded after the current prompt")
@@ -412,7 +414,9 @@ class SpecdashApp(App[int]):
         for key, action, label, help_text in CONTROL_ACTIONS:
             if action != "quit":
                 shown = self.get_key_display(Binding(key, action, label))
-                yield SystemCommand(f"{label} ({shown})", help_text, getattr(self, f"action_{action}"))
+                yield SystemCommand(
+                    f"{label} ({shown})", help_text, getattr(self, f"action_{action}")
+                )
 
 
 def dashboard_app(args: argparse.Namespace) -> SpecdashApp:

@@ -15,6 +15,7 @@ from specdash.events import (
     Divergence,
     EngineError,
     Event,
+    Prefill,
     PromptDone,
     PromptStart,
     SessionStart,
@@ -72,6 +73,11 @@ class DashboardModel:
     t0_ns: int | None = None
     now_ns: int = 0
     # status
+    started: bool = False
+    """SessionStart seen: the weights are loaded. Before it, the dashboard says it is loading."""
+    prefill: str | None = None
+    """What is being prefilled now ("prompt 3, 4,512 tokens"), None once its first token is out."""
+    shadow: bool = True
     engine: str = "?"
     model: str = "?"
     drafter: str = "?"
@@ -170,15 +176,23 @@ class DashboardModel:
 
     @property
     def exactness(self) -> str:
-        if self.first_divergence is None:
-            return "EXACT so far"
-        d = self.first_divergence
-        return f"DIVERGED at token {d.position} (prompt {d.prompt_index})"
+        """The verdict, once there is one: a token is compared with the shadow at the verify
+        step that emits it (a prompt's first token comes from the shared prefill)."""
+        if self.first_divergence is not None:
+            d = self.first_divergence
+            return f"DIVERGED at token {d.position} (prompt {d.prompt_index})"
+        if not self.shadow:
+            return "NOT CHECKED (no shadow)"
+        if self.verify_steps == 0:
+            return "NO VERDICT YET"
+        return "EXACT so far"
 
     # -- event handlers ----------------------------------------------------------------
 
     def _on_session_start(self, e: SessionStart) -> None:
         c = e.config
+        self.started = True
+        self.shadow = bool(c.get("shadow", True))
         self.engine = str(c.get("engine", self.engine))
         self.model = str(c.get("model") or c.get("preset") or "embedded default")
         self.drafter = str(c.get("drafter", self.drafter))
@@ -186,14 +200,22 @@ class DashboardModel:
         self.verify_mode = str(c.get("verify", self.verify_mode))
         self.speculation = bool(c.get("speculation", True))
         self.gemm_backend = e.gemm_backend
-        self.gemm_backends = [str(b) for b in c.get("gemm_backends", [e.gemm_backend])]
+        # name -> None if usable, else why not (or a list of names): `g` cycles the usable
+        table = c.get("gemm_backends") or [e.gemm_backend]
+        if isinstance(table, dict):
+            table = [name for name, why in table.items() if why is None]
+        self.gemm_backends = [str(name) for name in table]
         self.device = e.device
 
     def _on_prompt_start(self, e: PromptStart) -> None:
+        self.prefill = f"prompt {e.prompt_index}, {e.prompt_tokens:,} tokens"
         self.prompt_index = e.prompt_index
         self.prompt_text = e.text
         self.stream.clear()
         self._diverged_positions.clear()
+
+    def _on_prefill(self, e: Prefill) -> None:
+        self.prefill = None
 
     def _on_verify_step(self, e: VerifyStep) -> None:
         self.verify_steps += 1
@@ -215,6 +237,7 @@ class DashboardModel:
         )
 
     def _on_token(self, e: Token) -> None:
+        self.prefill = None  # a source without Prefill events: the first token ends it
         self.session_tokens += 1
         self._token_times.append(e.t_ns)
         if e.prompt_index == self.prompt_index:

@@ -16,11 +16,17 @@ from textual.widgets import Static
 from specdash.events import Event
 from specdash.trace.event_log import EventLog
 from specdash.trace.replay import TraceReplay
-from specdash.ui.app import SpecdashApp
+from specdash.ui.app import CONTROL_ACTIONS, SpecdashApp
 from specdash.ui.dashboard_model import DashboardModel
 
 TICK_HZ = 30
 SEEK_S = 10.0
+REFUSED = [
+    c
+    for c in CONTROL_ACTIONS
+    if c[1]
+    in ("cycle_gemm", "toggle_speculation", "k_up", "k_down", "toggle_verify", "type_prompt")
+]
 
 
 class ReplayApp(SpecdashApp):
@@ -34,6 +40,8 @@ class ReplayApp(SpecdashApp):
         Binding("less_than_sign", "speed(0.5)", "slower"),
         Binding("greater_than_sign", "speed(2)", "faster"),
         Binding("0", "restart", "restart"),
+        # the engine controls a replay refuses: still answered ("read-only"), not advertised
+        *(Binding(key, action, label, show=False) for key, action, label, _ in REFUSED),
     ]
 
     def __init__(self, replay: TraceReplay, name: str, warnings: Sequence[str] = ()) -> None:

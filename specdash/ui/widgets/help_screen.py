@@ -65,6 +65,7 @@ Press Esc to close.
 
 class HelpScreen(ModalScreen[None]):
     BINDINGS = [Binding("escape,q,question_mark", "dismiss", "close")]
+    AUTO_FOCUS = "#help"  # arrows, PgUp/PgDn and the wheel scroll the glossary at once
 
     def compose(self) -> ComposeResult:
         with VerticalScroll(id="help"):

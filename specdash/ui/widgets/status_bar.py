@@ -1,35 +1,82 @@
 """Status bar: the exactness verdict so far and the session's progress on the first line,
-what is running (engine, model, drafter, k, verify mode, GEMM backend, device) on the second."""
+what is running (engine, model, drafter, k, verify mode, GEMM backend, device) on the second.
+
+Until the session starts it says what is loading and for how long; until the first token
+has been compared with the shadow it gives no verdict. Each line is cut at the terminal's
+width (app.tcss), the least important text last.
+"""
 
 from __future__ import annotations
 
+from pathlib import Path
+
 from rich.text import Text
 
+from specdash.settings import SessionSettings
 from specdash.ui.dashboard_model import DashboardModel
 from specdash.ui.widgets.readout import Readout
 
+NEUTRAL = "bold black on grey70"
+
+
+def loading_label(settings: SessionSettings | None) -> str:
+    """What a session loads before its first event, from the settings it was given."""
+    if settings is None:
+        return "waiting for the first event"
+    target = settings.model.name if settings.model else settings.preset or "embedded target"
+    if not settings.speculation or settings.drafter == "ngram":
+        draft = ""
+    else:
+        draft = f" + {settings.draft.name if settings.draft else 'embedded draft'}"
+    return f"loading {target}{draft} on {settings.device} ({settings.engine} engine)"
+
+
+def _verdict_style(m: DashboardModel) -> str:
+    if m.first_divergence is not None:
+        return "bold white on red"
+    if m.exactness.startswith("EXACT"):
+        return "bold black on green"
+    return NEUTRAL
+
 
 class StatusBar(Readout):
-    def show(self, m: DashboardModel, paused: bool, recording: str = "") -> None:
+    def show(
+        self,
+        m: DashboardModel,
+        paused: bool,
+        recording: str = "",
+        loading: str = "",
+        phase_s: float = 0.0,
+    ) -> None:
         """`paused`: what the user asked for live (the engine pauses at its next step), or the
-        recorded state in a replay."""
+        recorded state in a replay. `loading`: what is loading before the session starts;
+        `phase_s`: seconds the current loading or prefill has taken so far."""
         text = Text()
-        verdict_style = "bold white on red" if m.first_divergence else "bold black on green"
-        text.append(f" {m.exactness} ", style=verdict_style)
+        if not m.started:
+            text.append(" LOADING ", style=NEUTRAL)
+            text.append(f"  {loading} … {phase_s:.0f} s\n", style="bold")
+            text.append("the verdict and the numbers appear once the first prompt runs", "dim")
+            self.show_text(text)
+            return
+        text.append(f" {m.exactness} ", style=_verdict_style(m))
         text.append("  ")
         for flag, on in (("PAUSED", paused), ("FINISHED", m.finished)):
             if on:
                 text.append(f" {flag} ", style="bold black on yellow")
                 text.append("  ")
-        prompt = "–" if m.prompt_index is None else str(m.prompt_index)
-        text.append("prompt ", style="dim")
-        text.append(f"{prompt}  ", style="bold")
+        if m.prefill is not None and not m.finished:
+            text.append(f"prefill {m.prefill} … {phase_s:.0f} s  ", style="bold")
+        else:
+            prompt = "–" if m.prompt_index is None else str(m.prompt_index)
+            text.append("prompt ", style="dim")
+            text.append(f"{prompt}  ", style="bold")
         text.append(f"{m.prompts_done} done, {m.exact_prompts} exact (session)  ")
         text.append(recording, style="dim")
         text.append("\n")
+        model = Path(m.model).name if "/" in m.model else m.model
         fields = [
             ("engine", m.engine),
-            ("model", m.model),
+            ("model", model),
             ("drafter", m.drafter if m.speculation else "off (no speculation)"),
             ("k", str(m.k)),
             ("verify", m.verify_mode),

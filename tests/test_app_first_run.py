@@ -1,0 +1,150 @@
+"""What a first-time user sees: the loading state, no verdict before the first compared
+token, palette entries with the keys as shown, toasts in words, controls that say when they
+no longer apply, a glossary that scrolls at once, a replay footer without refused keys."""
+
+from __future__ import annotations
+
+from fake_events import ScriptedSource, fake_session
+
+from specdash.controls import Controls
+from specdash.events import PromptStart, SessionStart, Summary
+from specdash.settings import SessionSettings
+from specdash.ui.app import SpecdashApp
+from specdash.ui.replay_app import ReplayApp
+from specdash.ui.sources import Sink
+from specdash.ui.widgets.help_screen import HelpScreen
+
+SIZE = (100, 30)
+
+
+class Loading:
+    """A live source whose engine is still loading its weights: no event yet."""
+
+    def __init__(self, settings: SessionSettings) -> None:
+        self.settings = settings
+        self.controls = Controls.from_settings(settings)
+
+    def start(self, sink: Sink) -> None:
+        self.sink = sink
+
+    def stop(self) -> None:
+        pass
+
+
+def status(app: SpecdashApp) -> str:
+    return str(app.dashboard.query_one("#status").render())
+
+
+def noted(app: SpecdashApp) -> list[str]:
+    app.notes = []
+    app.notify = lambda message, **kw: app.notes.append(message)
+    return app.notes
+
+
+async def test_loading_says_what_and_how_long_and_gives_no_verdict() -> None:
+    now = [100.0]
+    app = SpecdashApp(Loading(SessionSettings()))
+    app.clock = lambda: now[0]
+    app._phase = ("loading", 100.0)
+    async with app.run_test(size=SIZE) as pilot:
+        now[0] = 107.2
+        app.refresh_numbers()
+        await pilot.pause()
+        text = status(app)
+        assert "LOADING" in text
+        assert "loading embedded target + embedded draft on cpu (native engine) … 7 s" in text
+        assert "EXACT" not in text and "engine ?" not in text
+
+        config = {"engine": "native", "model": "m", "drafter": "model", "k": 4, "shadow": True}
+        app.source.sink(SessionStart(config=config, versions={}, device="cpu", gemm_backend="t"))
+        app.source.sink(PromptStart(prompt_index=0, prompt_tokens=4512, text="x"))
+        now[0] = 110.0
+        app.refresh_numbers()
+        await pilot.pause()
+        now[0] = 113.0
+        app.refresh_numbers()  # no new event: the seconds still count
+        await pilot.pause()
+        text = status(app)
+        assert "NO VERDICT YET" in text and "EXACT" not in text
+        assert "prefill prompt 0, 4,512 tokens … 3 s" in text
+
+
+async def test_verdict_after_the_first_compared_token_and_without_a_shadow() -> None:
+    events = fake_session(prompts=1, divergence_at=None)
+    app = SpecdashApp(ScriptedSource.live_like(events))
+    async with app.run_test(size=SIZE) as pilot:
+        await pilot.pause()
+        app.refresh_numbers()
+        assert "EXACT so far" in status(app)
+    header = events[0].model_copy(update={"config": events[0].config | {"shadow": False}})
+    app = SpecdashApp(ScriptedSource.live_like([header, *events[1:]]))
+    async with app.run_test(size=SIZE) as pilot:
+        await pilot.pause()
+        app.refresh_numbers()
+        assert "NOT CHECKED (no shadow)" in status(app)
+
+
+async def test_palette_shows_keys_as_typed() -> None:
+    app = SpecdashApp(ScriptedSource.live_like(fake_session()))
+    async with app.run_test(size=SIZE):
+        titles = [c.title for c in app.get_system_commands(app.screen)]
+    assert "help (?)" in titles and "k+ (+)" in titles and "k- (-)" in titles
+    assert "type prompt (/)" in titles
+    assert not [t for t in titles if "question_mark" in t or "plus" in t or "slash" in t]
+
+
+async def test_toasts_say_on_off_and_stop_promising_after_the_session() -> None:
+    events = fake_session(prompts=1)
+    app = SpecdashApp(ScriptedSource.live_like(events))
+    notes = noted(app)
+    async with app.run_test(size=SIZE) as pilot:
+        await pilot.pause()
+        app.refresh_numbers()
+        await pilot.press("s", "space", "plus", "v")
+        assert notes == [
+            "speculation off (applies at the next step)",
+            "pause on (applies at the next step)",
+            "k → 5 (applies at the next step)",
+            "verify mode → fast (applies at the next step)",
+        ]
+        notes.clear()
+        app.buffer.put(
+            Summary(
+                prompts=1,
+                exact_prompts=1,
+                new_tokens=1,
+                seconds=1.0,
+                tokens_per_s=1.0,
+                mean_accepted_length=1.0,
+                acceptance_rate=0.0,
+                verify_steps=1,
+                divergences=0,
+            )
+        )
+        app.refresh_numbers()
+        await pilot.press("s", "g", "n")
+        assert notes and all("has finished: there is no next step" in n for n in notes)
+
+
+async def test_glossary_scrolls_without_tab() -> None:
+    app = SpecdashApp(ScriptedSource.live_like(fake_session()))
+    async with app.run_test(size=SIZE) as pilot:
+        await pilot.press("question_mark")
+        await pilot.pause()
+        assert isinstance(app.screen, HelpScreen) and app.focused.id == "help"
+        await pilot.press("pagedown")
+        await pilot.pause()
+        assert app.screen.query_one("#help").scroll_y > 0
+
+
+async def test_replay_footer_lists_only_what_replay_does(tmp_path) -> None:
+    from synthetic_trace import Plan, session
+
+    from specdash.trace.replay import TraceReplay
+
+    events = session(Plan(prompts=1))
+    app = ReplayApp(TraceReplay(events[0], events[1:]), name="x")
+    async with app.run_test(size=(160, 48)):
+        shown = {b.binding.key for b in app.active_bindings.values() if b.binding.show}
+    assert {"space", "full_stop", "comma", "0"} <= shown
+    assert not shown & {"g", "s", "plus", "minus", "v", "slash"}
