@@ -5,6 +5,7 @@ no longer apply, a glossary that scrolls at once, a replay footer without refuse
 from __future__ import annotations
 
 from fake_events import ScriptedSource, fake_session
+from textual.geometry import Region
 
 from specdash.controls import Controls
 from specdash.events import PromptStart, SessionStart, Summary
@@ -148,3 +149,17 @@ async def test_replay_footer_lists_only_what_replay_does(tmp_path) -> None:
         shown = {b.binding.key for b in app.active_bindings.values() if b.binding.show}
     assert {"space", "full_stop", "comma", "0"} <= shown
     assert not shown & {"g", "s", "plus", "minus", "v", "slash"}
+
+
+async def test_long_status_notes_are_cut_not_wrapped_at_100x30() -> None:
+    app = SpecdashApp(ScriptedSource.live_like(fake_session()))
+    async with app.run_test(size=SIZE) as pilot:
+        await pilot.pause()
+        app._recording_note = "trace closed after the session finished: /" + "x" * 120
+        app._shown_revision = -1  # as a closing trace leaves it
+        app.refresh_numbers()
+        await pilot.pause()
+        bar = app.dashboard.query_one("#status")
+        first, second = (s.text for s in bar.render_lines(Region(0, 0, bar.size.width, 2)))
+    assert "trace closed" in first and "x" * 30 not in first  # cut at the edge
+    assert second.strip().startswith("engine native") and "device cpu" in second
