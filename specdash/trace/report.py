@@ -117,9 +117,11 @@ def _plot_bandwidth(ax: Axes, data: ReportData) -> None:
         points, label = gpm, "DRAM GB/s (derived from GPM DRAM BW %)"
     elif busy:
         points, label = busy, "mem busy % (NVML; not bandwidth)"
+    elif data.samples and all(s.source == "none" for s in data.samples):
+        return _no_data(ax, "not measured: this session ran without an NVIDIA GPU\n"
+                        "(DRAM bandwidth comes from NVML on NVIDIA GPUs)")  # fmt: skip
     else:
-        note = next((s.note for s in data.samples if s.note), "")
-        return _no_data(ax, f"no GPU bandwidth samples in this trace {note}".strip())
+        return _no_data(ax, "no GPU samples in this trace")
     seconds = [(t - data.t0_ns) / 1e9 for t, _ in points]
     ax.plot(seconds, [v for _, v in points], color=COLORS["spec"])
     ax.set_ylabel(label)
@@ -183,7 +185,7 @@ def _divergences(divs: list[Divergence]) -> str:
         )  # fmt: skip
         lines.append("<tr>" + "".join(f"<td>{html.escape(str(c))}</td>" for c in cells) + "</tr>")
     header = "".join(f"<th>{h}</th>" for h in head)
-    return f"<table class='grid'><tr>{header}</tr>{''.join(lines)}</table>"
+    return f"<div class='wide'><table class='grid'><tr>{header}</tr>{''.join(lines)}</table></div>"
 
 
 def _summary(summary: Summary | None, rows: list[StepRow]) -> list[tuple[str, object]]:
@@ -229,6 +231,8 @@ body { font-family: system-ui, sans-serif; margin: 2em auto; max-width: 60em; co
 figure { margin: 1em 0; } figcaption { font-weight: bold; } img { max-width: 100%; }
 table { border-collapse: collapse; font-size: 90%; margin: 0.5em 0 1.5em; }
 th, td { border: 1px solid #ccc; padding: 0.2em 0.5em; text-align: left; vertical-align: top; }
+td { overflow-wrap: anywhere; } .wide { overflow-x: auto; }
+.grid td:nth-child(-n+7) { white-space: nowrap; }
 .kv th { background: #f4f4f4; } .grid th { background: #f4f4f4; }
 .warning { color: #a60; }
 """
