@@ -60,6 +60,23 @@ def _pinned_launch_config(original: Callable[..., tuple[int, int]]) -> Callable[
     return _select_recurrent_launch_config
 
 
+_KERNEL_TARGETS = (  # the same source in 0.5.17 and 0.5.23
+    Target(
+        f"{_KERNEL}.supports_packed_decode",
+        "1ee3ea11f0d4259120747f17416013bcc980f83c88554c515f97fb19e3c40661",
+    ),
+    Target(
+        f"{_KERNEL}.decode",
+        "7b67575fa89a435acbf5d47f46168450b96e3357ca43bccaecb365c6c3a6400b",
+        role="relied on",
+    ),
+    Target(
+        f"{_KERNEL}.target_verify",
+        "f58870c63e58012144dd4e04add7630fc2efbbb1ed6deb1ed9f84c151306c5fc",
+        role="relied on",
+    ),
+)
+
 PATCH = Patch(
     name="gdn_verify_as_decode",
     flag="gdn",
@@ -67,20 +84,7 @@ PATCH = Patch(
     variants={
         "0.5.17": Variant(
             targets=(
-                Target(
-                    f"{_KERNEL}.supports_packed_decode",
-                    "1ee3ea11f0d4259120747f17416013bcc980f83c88554c515f97fb19e3c40661",
-                ),
-                Target(
-                    f"{_KERNEL}.decode",
-                    "7b67575fa89a435acbf5d47f46168450b96e3357ca43bccaecb365c6c3a6400b",
-                    role="relied on",
-                ),
-                Target(
-                    f"{_KERNEL}.target_verify",
-                    "f58870c63e58012144dd4e04add7630fc2efbbb1ed6deb1ed9f84c151306c5fc",
-                    role="relied on",
-                ),
+                *_KERNEL_TARGETS,
                 Target(
                     f"{_BACKEND}.GDNKernelDispatcher.__init__",
                     "db28e1ff2858be409f3170c54f05301182c4796765eae1e7ba05e7f0837097a0",
@@ -102,20 +106,7 @@ PATCH = Patch(
         ),
         "0.5.23": Variant(
             targets=(
-                Target(
-                    f"{_KERNEL}.supports_packed_decode",
-                    "1ee3ea11f0d4259120747f17416013bcc980f83c88554c515f97fb19e3c40661",
-                ),
-                Target(
-                    f"{_KERNEL}.decode",
-                    "7b67575fa89a435acbf5d47f46168450b96e3357ca43bccaecb365c6c3a6400b",
-                    role="relied on",
-                ),
-                Target(
-                    f"{_KERNEL}.target_verify",
-                    "f58870c63e58012144dd4e04add7630fc2efbbb1ed6deb1ed9f84c151306c5fc",
-                    role="relied on",
-                ),
+                *_KERNEL_TARGETS,
                 Target(
                     f"{_BACKEND}.GDNKernelDispatcher.__init__",
                     "9d26668b7ef2887bd6bd5db710ff6ff325396f8be36c1205066267719ce7a034",

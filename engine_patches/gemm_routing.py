@@ -165,6 +165,18 @@ def _set_gemm_backend_method(recapture: str) -> Callable[..., None]:
 
 
 _RUNNER = "sglang.srt.model_executor.model_runner.ModelRunner"
+_ATEN_TARGETS = (  # how deterministic mode sends aten::mm/addmm here; same in both releases
+    Target(
+        f"{_OPS}.mm_batch_invariant",
+        "9486abaa90312dd94208755fefe18d45762aa9a76bf747f83a349031377782bb",
+        role="relied on",
+    ),
+    Target(
+        f"{_OPS}.addmm_batch_invariant",
+        "7c512163d38c63e2a24c4a60c69a9ac485d95fafadf988011111be159a64dc55",
+        role="relied on",
+    ),
+)
 _SCHEDULER = "sglang.srt.managers.scheduler.Scheduler"
 
 PATCH = Patch(
@@ -178,16 +190,7 @@ PATCH = Patch(
                     f"{_OPS}.matmul_persistent",
                     "cad12a9b50278c2f2bfd8d89d359ff263880d92c55ea435ffa5bb20a1958e5c9",
                 ),
-                Target(
-                    f"{_OPS}.mm_batch_invariant",
-                    "9486abaa90312dd94208755fefe18d45762aa9a76bf747f83a349031377782bb",
-                    role="relied on",
-                ),
-                Target(
-                    f"{_OPS}.addmm_batch_invariant",
-                    "7c512163d38c63e2a24c4a60c69a9ac485d95fafadf988011111be159a64dc55",
-                    role="relied on",
-                ),
+                *_ATEN_TARGETS,
                 Target(
                     f"{_OPS}._matmul_persistent_triton",
                     "c00bb7a2ef35f4a6f68f04e70857cd73d1b0cb63231c2afb45773d19d0f20864",
@@ -235,16 +238,7 @@ PATCH = Patch(
                     f"{_OPS}.matmul_persistent",
                     "c00077f7a4ccd52518a7c33f61540d5e15e877a4dbb686231e70d3fdb6accca8",
                 ),
-                Target(
-                    f"{_OPS}.mm_batch_invariant",
-                    "9486abaa90312dd94208755fefe18d45762aa9a76bf747f83a349031377782bb",
-                    role="relied on",
-                ),
-                Target(
-                    f"{_OPS}.addmm_batch_invariant",
-                    "7c512163d38c63e2a24c4a60c69a9ac485d95fafadf988011111be159a64dc55",
-                    role="relied on",
-                ),
+                *_ATEN_TARGETS,
                 Target(
                     f"{_OPS}._matmul_persistent_triton",
                     "063823de1bd3e2ccbac66a9b63ff2da3993f0388b5110bdf0d41b45b7c82857b",

@@ -151,43 +151,14 @@ def triton_rows_0_5_17(
 ) -> Any:
     """TritonAttnBackend (0.5.17): `decode_attention_fwd` over bs*n rows, called as
     `forward_decode` calls it, on `decode_row_table`."""
-    import torch
-
     _require_fixed_split(backend)
     if backend._translate_kv_loc is not None:
         raise RuntimeError("verify_attention_as_decode_rows: unified KV pools are not supported")
-    bs = forward_batch.batch_size
-    n = q.shape[0] // bs
-    heads, dq, dv = layer.tp_q_head_num, layer.qk_head_dim, layer.v_head_dim
-    kv_indptr, kv_indices, num_kv_splits = decode_row_table(backend, forward_batch, n)
-    rows = bs * n
-    max_splits = backend.max_kv_splits
-    attn_logits = torch.empty(rows, heads, max_splits, dv, dtype=torch.float32, device=q.device)
-    attn_lse = torch.empty(rows, heads, max_splits, dtype=torch.float32, device=q.device)
-    o = q.new_empty(rows, heads * dv)
-    scaled = layer.k_scale is not None and layer.v_scale is not None
-    backend.decode_attention_fwd(
-        q.reshape(rows, heads, dq),
-        backend.token_to_kv_pool.get_key_buffer(layer.layer_id),
-        backend.token_to_kv_pool.get_value_buffer(layer.layer_id),
-        o.view(rows, heads, dv),
-        kv_indptr,
-        kv_indices,
-        attn_logits,
-        attn_lse,
-        num_kv_splits,
-        max_splits,
-        layer.scaling,
-        layer.k_scale_float if scaled else 1.0,
-        layer.v_scale_float if scaled else 1.0,
-        logit_cap=_logit_cap(layer),
-        sinks=sinks,
-        xai_temperature_len=layer.xai_temperature_len,
-        has_mla=False,
-        use_pdl=backend.use_pdl,
-        page_size=1,
+    n = q.shape[0] // forward_batch.batch_size
+    table = decode_row_table(backend, forward_batch, n)
+    return _decode_rows(
+        backend, q, layer, *table, sinks=sinks, has_mla=False, use_pdl=backend.use_pdl
     )
-    return o
 
 
 def triton_rows(backend: Any, q: Any, layer: Any, forward_batch: Any, sinks: Any = None) -> Any:
@@ -198,16 +169,33 @@ def triton_rows(backend: Any, q: Any, layer: Any, forward_batch: Any, sinks: Any
     _require_fixed_split(backend)
     bs = forward_batch.batch_size
     n = q.shape[0] // bs
-    heads, dq, dv = layer.tp_q_head_num, layer.qk_head_dim, layer.v_head_dim
     meta = backend.forward_metadata
     seq_lens = forward_batch.seq_lens[:bs]
     kv_indptr, kv_indices = row_kv_indices(
         meta.kv_indptr[: bs + 1], meta.kv_indices, forward_batch.out_cache_loc, seq_lens, n
     )
-    lens = row_lengths(seq_lens, n)
-    rows = lens.shape[0]
     tile = backend.split_tile_size
-    num_kv_splits = ((lens + tile - 1) // tile).to(torch.int32)
+    splits = ((row_lengths(seq_lens, n) + tile - 1) // tile).to(torch.int32)
+    return _decode_rows(backend, q, layer, kv_indptr, kv_indices, splits, sinks=sinks)
+
+
+def _decode_rows(
+    backend: Any,
+    q: Any,
+    layer: Any,
+    kv_indptr: Any,
+    kv_indices: Any,
+    num_kv_splits: Any,
+    *,
+    sinks: Any,
+    **release_kwargs: Any,
+) -> Any:
+    """SGLang's Triton `decode_attention_fwd` over q's rows, one decode request per row, with
+    the arguments `TritonAttnBackend.forward_decode` passes (plus the release's own)."""
+    import torch
+
+    rows = q.shape[0]
+    heads, dq, dv = layer.tp_q_head_num, layer.qk_head_dim, layer.v_head_dim
     max_splits = backend.max_kv_splits
     attn_logits = torch.empty(rows, heads, max_splits, dv, dtype=torch.float32, device=q.device)
     attn_lse = torch.empty(rows, heads, max_splits, dtype=torch.float32, device=q.device)
@@ -231,6 +219,7 @@ def triton_rows(backend: Any, q: Any, layer: Any, forward_batch: Any, sinks: Any
         sinks=sinks,
         xai_temperature_len=layer.xai_temperature_len,
         page_size=1,
+        **release_kwargs,
     )
     return o
 
