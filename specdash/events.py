@@ -13,6 +13,8 @@ from typing import Annotated, Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, TypeAdapter
 
+from specdash import metrics
+
 SCHEMA = "specdash/v1"
 
 
@@ -83,6 +85,20 @@ class VerifyStep(_Event):
     verify_s: float
     shadow_s: float
     rollback_s: float
+
+    @property
+    def proposed(self) -> int:
+        """Drafts actually proposed: at most k, fewer when the drafter found fewer."""
+        return len(self.draft_tokens)
+
+    @property
+    def spec_s(self) -> float:
+        """What the speculative path spent on this step: draft + verify + rollback."""
+        return self.draft_s + self.verify_s + self.rollback_s
+
+    @property
+    def acceptance_rate(self) -> float | None:
+        return metrics.acceptance_rate(self.accepted, self.proposed)
 
 
 class Token(_Event):

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from specdash import metrics
 from specdash.events import Divergence, Event, PromptDone, Summary, VerifyStep
 
 
@@ -16,7 +17,7 @@ class SessionStats:
         if isinstance(event, VerifyStep):
             self.verify_steps += 1
             self.accepted += event.accepted
-            self.proposed += len(event.draft_tokens)
+            self.proposed += event.proposed
             self.emitted += len(event.emitted_tokens)
         elif isinstance(event, Divergence):
             self.divergences += 1
@@ -32,9 +33,10 @@ class SessionStats:
             exact_prompts=self.exact_prompts,
             new_tokens=self.new_tokens,
             seconds=self.seconds,
-            tokens_per_s=self.new_tokens / self.seconds if self.seconds else 0.0,
-            mean_accepted_length=self.emitted / self.verify_steps if self.verify_steps else 0.0,
-            acceptance_rate=self.accepted / self.proposed if self.proposed else 0.0,
+            tokens_per_s=metrics.tokens_per_s(self.new_tokens, self.seconds) or 0.0,
+            mean_accepted_length=metrics.mean_accepted_length(self.emitted, self.verify_steps)
+            or 0.0,
+            acceptance_rate=metrics.acceptance_rate(self.accepted, self.proposed) or 0.0,
             verify_steps=self.verify_steps,
             divergences=self.divergences,
         )

@@ -24,6 +24,7 @@ from specdash.engine.drafters import Drafter
 from specdash.engine.gemm_backends import GemmBackend
 from specdash.engine.model import Mode, Model, Observer
 from specdash.engine.state import SeqState
+from specdash.metrics import same_fp32_bits
 
 Tensor = torch.Tensor
 
@@ -70,14 +71,6 @@ class StepResult:
     verify_s: float
     shadow_s: float
     rollback_s: float
-
-
-def fp32_bits_equal(a: float, b: float) -> bool:
-    """Compare two logprobs as the fp32 values they came from, sign of zero and NaN included."""
-    return torch.equal(
-        torch.tensor([a], dtype=torch.float32).view(torch.int32),
-        torch.tensor([b], dtype=torch.float32).view(torch.int32),
-    )
 
 
 class Engine:
@@ -186,7 +179,7 @@ class Engine:
             seq.shadow_ids.append(int(tok[0]))
             seq.shadow_logprobs.append(float(tok_lp[0]))
             j = len(seq.shadow_ids) - 1
-            if seq.shadow_ids[j] != seq.ids[j] or not fp32_bits_equal(
+            if seq.shadow_ids[j] != seq.ids[j] or not same_fp32_bits(
                 seq.shadow_logprobs[j], seq.logprobs[j]
             ):
                 seq.diverged_at = j

@@ -20,7 +20,6 @@ import ast
 import contextlib
 import logging
 import os
-import struct
 import tempfile
 import threading
 import time
@@ -45,6 +44,7 @@ from specdash.events import (
     Token,
     VerifyStep,
 )
+from specdash.metrics import same_fp32_bits
 from specdash.settings import SessionSettings
 
 Sink = Callable[[Event], None]
@@ -367,12 +367,6 @@ def token_sources(accepted_per_step: list[int], n_tokens: int) -> Iterator[tuple
         produced += 1
 
 
-def same_bits(a: float | None, b: float | None) -> bool:
-    if a is None or b is None:
-        return a is b
-    return struct.pack("<f", a) == struct.pack("<f", b)
-
-
 @dataclass
 class _Output:
     ids: list[int]
@@ -562,7 +556,7 @@ class SGLangSession:
         for pos, (a, b) in enumerate(zip(spec.ids, shadow.ids, strict=False)):
             la = spec.logprobs[pos] if pos < len(spec.logprobs) else None
             lb = shadow.logprobs[pos] if pos < len(shadow.logprobs) else None
-            if a != b or not same_bits(la, lb):
+            if a != b or not same_fp32_bits(la, lb):
                 sources = list(token_sources(self.steps.get(index, []), len(spec.ids)))
                 self.emit(
                     Divergence(

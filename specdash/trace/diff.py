@@ -8,13 +8,13 @@ checked with the same bit-exact rule the shadow decode uses.
 from __future__ import annotations
 
 import argparse
-import struct
 import sys
 from dataclasses import dataclass
 from pathlib import Path
 
 from specdash.errors import EXIT_DIVERGED, EXIT_OK, UsageError
 from specdash.events import Event, PromptStart, SessionStart, Token
+from specdash.metrics import same_fp32_bits
 from specdash.trace.jsonl import read_trace
 
 
@@ -33,10 +33,6 @@ class PromptDiff:
     b: Token | None
     tokens_a: int
     tokens_b: int
-
-
-def _bits(x: float) -> bytes:
-    return struct.pack("<d", x)
 
 
 def _tokens_by_prompt(events: list[Event]) -> dict[int, list[Token]]:
@@ -70,7 +66,7 @@ def diff_prompts(events_a: list[Event], events_b: list[Event]) -> list[PromptDif
             (
                 i
                 for i, (x, y) in enumerate(zip(ta, tb, strict=False))
-                if x.token_id != y.token_id or _bits(x.logprob) != _bits(y.logprob)
+                if x.token_id != y.token_id or not same_fp32_bits(x.logprob, y.logprob)
             ),
             None,
         )

@@ -18,6 +18,7 @@ from dataclasses import asdict, dataclass, fields
 from pathlib import Path
 from typing import IO, Any
 
+from specdash import metrics
 from specdash.errors import EXIT_OK, EnvironmentProblem
 from specdash.events import (
     ControlChange,
@@ -62,6 +63,10 @@ class StepRow:
     tokens_per_s: float
     shadow_tokens_per_s: float
 
+    @property
+    def spec_s(self) -> float:
+        return self.draft_s + self.verify_s + self.rollback_s
+
 
 def step_rows(header: SessionStart, events: list[Event]) -> list[StepRow]:
     rows: list[StepRow] = []
@@ -69,14 +74,13 @@ def step_rows(header: SessionStart, events: list[Event]) -> list[StepRow]:
         if not isinstance(e, VerifyStep):
             continue
         emitted = len(e.emitted_tokens)
-        spec_s = e.draft_s + e.verify_s + e.rollback_s
         rows.append(
             StepRow(
                 t_s=(e.t_ns - header.t_ns) / 1e9,
                 prompt_index=e.prompt_index,
                 step=e.step,
                 k=e.k,
-                drafted=len(e.draft_tokens),
+                drafted=e.proposed,
                 accepted=e.accepted,
                 emitted=emitted,
                 verify_mode=e.verify_mode,
@@ -85,8 +89,8 @@ def step_rows(header: SessionStart, events: list[Event]) -> list[StepRow]:
                 verify_s=e.verify_s,
                 rollback_s=e.rollback_s,
                 shadow_s=e.shadow_s,
-                tokens_per_s=emitted / spec_s if spec_s > 0 else 0.0,
-                shadow_tokens_per_s=emitted / e.shadow_s if e.shadow_s > 0 else 0.0,
+                tokens_per_s=metrics.tokens_per_s(emitted, e.spec_s) or 0.0,
+                shadow_tokens_per_s=metrics.tokens_per_s(emitted, e.shadow_s) or 0.0,
             )
         )
     return rows

@@ -20,6 +20,7 @@ from datetime import UTC, datetime
 from pathlib import Path
 from typing import TYPE_CHECKING
 
+from specdash import metrics
 from specdash.errors import EXIT_OK, EnvironmentProblem
 from specdash.events import Divergence, Event, SessionStart, Summary, TelemetrySample
 from specdash.trace.export import StepRow, default_output, step_rows
@@ -43,10 +44,10 @@ def windowed_tokens_per_s(rows: list[StepRow]) -> tuple[list[float], list[float]
             start += 1
         window = rows[start : i + 1]
         tokens = sum(r.emitted for r in window)
-        spec_s = sum(r.draft_s + r.verify_s + r.rollback_s for r in window)
+        spec_s = sum(r.spec_s for r in window)
         shadow_s = sum(r.shadow_s for r in window)
-        spec.append(tokens / spec_s if spec_s > 0 else 0.0)
-        shadow.append(tokens / shadow_s if shadow_s > 0 else 0.0)
+        spec.append(metrics.tokens_per_s(tokens, spec_s) or 0.0)
+        shadow.append(metrics.tokens_per_s(tokens, shadow_s) or 0.0)
     return spec, shadow
 
 
@@ -191,13 +192,13 @@ def _divergences(divs: list[Divergence]) -> str:
 def _summary(summary: Summary | None, rows: list[StepRow]) -> list[tuple[str, object]]:
     if summary is None:
         steps = len(rows)
-        accepted = sum(r.accepted for r in rows)
-        proposed = sum(r.drafted for r in rows)
+        rate = metrics.acceptance_rate(sum(r.accepted for r in rows), sum(r.drafted for r in rows))
+        length = metrics.mean_accepted_length(sum(r.emitted for r in rows), steps)
         return [
             ("status", "no summary: the session did not finish (or the trace was cut)"),
             ("verify steps", steps),
-            ("acceptance rate", f"{accepted / proposed:.3f}" if proposed else "-"),
-            ("mean accepted length", f"{1 + accepted / steps:.3f}" if steps else "-"),
+            ("acceptance rate", "-" if rate is None else f"{rate:.3f}"),
+            ("mean accepted length", "-" if length is None else f"{length:.3f}"),
         ]
     s = summary
     return [

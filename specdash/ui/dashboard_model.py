@@ -10,6 +10,7 @@ from __future__ import annotations
 from collections import Counter, deque
 from dataclasses import dataclass, field
 
+from specdash import metrics
 from specdash.events import (
     ControlChange,
     Divergence,
@@ -43,17 +44,17 @@ class StepTimes:
     shadow_s: float = 0.0
 
     def add(self, step: VerifyStep, sign: int = 1) -> None:
-        self.tokens += sign * (step.accepted + 1)
-        self.spec_s += sign * (step.draft_s + step.verify_s + step.rollback_s)
+        self.tokens += sign * len(step.emitted_tokens)
+        self.spec_s += sign * step.spec_s
         self.shadow_s += sign * step.shadow_s
 
     @property
     def spec_tps(self) -> float | None:
-        return self.tokens / self.spec_s if self.spec_s > 0 else None
+        return metrics.tokens_per_s(self.tokens, self.spec_s)
 
     @property
     def shadow_tps(self) -> float | None:
-        return self.tokens / self.shadow_s if self.shadow_s > 0 else None
+        return metrics.tokens_per_s(self.tokens, self.shadow_s)
 
 
 @dataclass(slots=True)
@@ -155,17 +156,16 @@ class DashboardModel:
 
     @property
     def acceptance_rate(self) -> float | None:
-        return self.accepted_drafts / self.proposed_drafts if self.proposed_drafts else None
+        return metrics.acceptance_rate(self.accepted_drafts, self.proposed_drafts)
 
     @property
     def mean_accepted_length(self) -> float | None:
-        """Tokens per verify step including the bonus: 1 + accepted / steps (session)."""
-        return 1 + self.accepted_drafts / self.verify_steps if self.verify_steps else None
+        """Tokens per verify step including the bonus (session)."""
+        return metrics.mean_accepted_length(self.session_steps.tokens, self.verify_steps)
 
     @property
     def mean_accepted_length_window(self) -> float | None:
-        steps = len(self._window)
-        return self.window_steps.tokens / steps if steps else None
+        return metrics.mean_accepted_length(self.window_steps.tokens, len(self._window))
 
     def acceptance_by_position(self) -> list[float | None]:
         """P(draft i accepted) for i in 0..max_k-1, over the session."""
@@ -220,11 +220,11 @@ class DashboardModel:
     def _on_verify_step(self, e: VerifyStep) -> None:
         self.verify_steps += 1
         self.accepted_drafts += e.accepted
-        self.proposed_drafts += e.k
+        self.proposed_drafts += e.proposed
         self.k, self.verify_mode, self.gemm_backend = e.k, e.verify_mode, e.gemm_backend
         self.max_k = max(self.max_k, e.k)
         self.histogram[e.accepted] += 1
-        for i in range(e.k):
+        for i in range(e.proposed):
             self.position_tried[i] += 1
             self.position_accepted[i] += i < e.accepted
         self.accepted_series.append(e.accepted)

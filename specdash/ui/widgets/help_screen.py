@@ -46,9 +46,9 @@ session started, **now** = the latest sample, **N ms** = the GPU sampler's windo
 - **accepted drafts per verify step**: how many of the k drafted tokens the target kept (0..k).
 - **histogram**: verify steps by number of accepted drafts.
 - **by draft position**: P(draft i is accepted) among steps that drafted at least i tokens.
-- **mean accepted length**: tokens per verify step including the bonus token =
-  1 + accepted / steps.
-- **acceptance rate**: accepted drafts / drafted tokens.
+- **mean accepted length**: tokens emitted per verify step, the bonus token included.
+- **acceptance rate**: accepted drafts / drafts actually proposed (the n-gram drafter often
+  proposes fewer than k).
 - **bonus token**: the token the target itself produces after the last accepted draft.
 - **DRAM BW % (GPM)**: NVML GPM `DRAM_BW_UTIL`, share of the peak DRAM bandwidth used.
 - **GB/s (derived)**: DRAM BW % x peak, peak = bus width x max memory clock x 2.
