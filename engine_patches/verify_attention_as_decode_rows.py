@@ -3,17 +3,18 @@
 Why: SGLang verifies the k+1 candidate tokens with its extend/prefill attention kernel
 (`extend_attention_fwd` + custom mask for Triton, `max_seqlen_q=n` for FA3), whose reduction
 order differs from the decode kernel plain greedy decoding uses, so logits can differ in the
-last bits. Here verify expands the batch to bs*n decode rows, row (b, i) attending to
-`seq_lens[b] + i + 1` cached tokens (the candidates' KV is written first), and runs the same
-decode kernel with the same per-length split (deterministic mode's fixed split tile for
-Triton, `decode_num_splits` for FA3). Chains only (topk=1): row (b, i) sees exactly the
-prefix plus candidates 0..i.
+last bits. Here verify expands the batch to bs*n decode rows, row (b, i) attending to the
+prefix and candidate i's path (the candidates' KV is written first), and runs the same decode
+kernel with the same per-length split (deterministic mode's fixed split tile for Triton,
+`decode_num_splits` for FA3): the row sees exactly what a plain decode of that token sees.
+0.5.23's rows take chains only (topk=1: candidates 0..i); 0.5.17's follow the verify tree.
 
 Replaces `HybridLinearAttnBackend.forward_extend`; other modes and the linear-attention layers
 go to the original. Per release:
 - 0.5.17, Triton: the rows' KV table is built from `req_to_token` by SGLang's own
-  `create_flashinfer_kv_indices_triton`, exactly as its decode builds it, with static shapes,
-  so the verify forward can be captured in a CUDA graph. No FA3 (0.5.17 lacks
+  `create_flashinfer_kv_indices_triton`, exactly as its decode builds it, plus each candidate's
+  ancestors from the verify tree mask (NGRAM drafts are trees), with static shapes, so the
+  verify forward can be captured in a CUDA graph. No FA3 (0.5.17 lacks
   `get_paged_mha_kv_cache`).
 - 0.5.23, Triton: the table is built from the verify metadata with a host sync (eager only);
   FA3 rows are graph-capturable.
@@ -113,34 +114,67 @@ def _require_fixed_split(backend: Any) -> None:
         raise RuntimeError("verify_attention_as_decode_rows (Triton) supports page_size 1 only")
 
 
+def verify_ancestors(backend: Any, seq_lens: Any, n: int) -> Any:
+    """[bs, n, n] bool: candidate j is candidate i or one of its ancestors. From the verify
+    tree mask in SGLang's full layout (request b: an [n, seq_lens[b] + n] block at
+    mask_indptr[b]); a chain (j <= i) when the batch carries no mask. NGRAM drafts are trees
+    even at BFS breadth 1: every trie anchor starts at the root, so a second anchor adds
+    siblings (seen on the H200 at k=5)."""
+    import torch
+
+    meta = backend.forward_metadata
+    steps = torch.arange(n, device=seq_lens.device)
+    mask = getattr(meta, "custom_mask", None)
+    if mask is None:
+        return (steps[:, None] >= steps[None, :]).expand(seq_lens.shape[0], n, n)
+    bs = seq_lens.shape[0]
+    seq = seq_lens.long()[:, None, None]
+    at = (
+        meta.mask_indptr[:bs].long()[:, None, None]
+        + steps[None, :, None] * (seq + n)
+        + seq
+        + steps[None, None, :]
+    )
+    return mask[at].bool()
+
+
 def decode_row_table(backend: Any, forward_batch: Any, n: int) -> tuple[Any, Any, Any]:
     """(kv_indptr, kv_indices, num_kv_splits) of the bs*n decode rows, built the way SGLang
-    0.5.17's decode builds its own (`_fill_kv_indptr_and_indices`): row (b, i) is request b's
-    `req_to_token` row read to length seq_lens[b] + i + 1 (the candidates' slots are already in
-    it). Every shape is static (the index buffer has room for rows * max_context_len), so this
-    runs inside a CUDA graph capture. Built per layer call, never cached on the ForwardBatch:
-    SGLang runs a captured batch eagerly before capturing it, and a table cached then would
-    be frozen into the graph as a constant (seen on the H200: every graphed verify wrong)."""
+    0.5.17's decode builds its own: row (b, i) reads request b's `req_to_token` prefix
+    (seq_lens[b] slots, by SGLang's `create_flashinfer_kv_indices_triton`), then the KV slots
+    of candidate i's ancestors and itself in tree order: exactly what a plain decode of that
+    path reads. Every shape is static (the index buffer has room for rows * max_context_len,
+    plus one slot that takes the non-ancestors), so this runs inside a CUDA graph capture.
+    Built per layer call, never cached on the ForwardBatch: SGLang runs a captured batch
+    eagerly before capturing it, and a table cached then would be frozen into the graph as a
+    constant (seen on the H200: every graphed verify wrong)."""
     import torch
     from sglang.kernels.ops.kvcache.kv_indices import create_flashinfer_kv_indices_triton
 
     bs = forward_batch.batch_size
-    lens = row_lengths(forward_batch.seq_lens[:bs], n)
+    seq_lens = forward_batch.seq_lens[:bs]
+    ancestors = verify_ancestors(backend, seq_lens, n)
+    lens = (seq_lens[:, None] + ancestors.sum(-1)).reshape(-1)
     rows = lens.shape[0]
     device = lens.device
     indptr = torch.zeros(rows + 1, dtype=torch.int32, device=device)
     indptr[1:] = torch.cumsum(lens, 0)
-    indices = torch.empty(rows * backend.max_context_len, dtype=torch.int64, device=device)
+    dump = rows * backend.max_context_len
+    indices = torch.empty(dump + 1, dtype=torch.int64, device=device)
     req_to_token = backend.req_to_token
     create_flashinfer_kv_indices_triton[(rows,)](
         req_to_token,
         forward_batch.req_pool_indices[:bs].repeat_interleave(n),
-        lens,
+        seq_lens.repeat_interleave(n),
         indptr,
         None,
         indices,
         req_to_token.stride(0),
     )
+    rank = ancestors.long().cumsum(-1) - 1
+    at = indptr[:-1].view(bs, n, 1).long() + seq_lens.view(bs, 1, 1).long() + rank
+    slots = forward_batch.out_cache_loc[: bs * n].view(bs, 1, n).expand(bs, n, n)
+    indices.scatter_(0, torch.where(ancestors, at, dump).reshape(-1), slots.reshape(-1).long())
     tile = backend.split_tile_size
     splits = ((lens + tile - 1) // tile).to(torch.int32)
     return indptr, indices, splits

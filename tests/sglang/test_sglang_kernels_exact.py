@@ -144,12 +144,39 @@ layer = SimpleNamespace(tp_q_head_num=H, qk_head_dim=D, v_head_dim=D, scaling=D*
 bs, n = 2, 3
 seq_lens, pools = torch.tensor([5, 9]), torch.tensor([1, 0])
 q = torch.randn(bs * n, H * D)
+# The draft: request 0 a chain; on 0.5.17 request 1 a tree (candidates 1 and 2 both children of
+# 0, as NGRAM's trie gives with two anchors); 0.5.23's rows take chains only.
+TREE = sglang.__version__ == "0.5.17"
+parents = [[-1, 0, 1], [-1, 0, 0] if TREE else [-1, 0, 1]]
+
+
+
+def path(p, i):
+    # candidate i and its ancestors, in tree order
+    out = []
+    while i >= 0:
+        out.append(i)
+        i = p[i]
+    return sorted(out)
+
+
 # What SGLang hands the verify forward: the prefix slots in the TARGET_VERIFY metadata
-# (kv_indptr/kv_indices), the candidates' slots in out_cache_loc (also in req_to_token).
+# (kv_indptr/kv_indices), the candidates' slots in out_cache_loc (also in req_to_token), and
+# the tree mask in SGLang's full layout (request b: [n, seq_len + n], prefix columns all set).
 prefix = [req_to_token[pools[b], : seq_lens[b]] for b in range(bs)]
+blocks = []
+for b in range(bs):
+    block = torch.ones(n, int(seq_lens[b]) + n, dtype=torch.bool)
+    block[:, int(seq_lens[b]):] = False
+    for i in range(n):
+        for j in path(parents[b], i):
+            block[i, int(seq_lens[b]) + j] = True
+    blocks.append(block.flatten())
 backend.forward_metadata = SimpleNamespace(
     kv_indptr=torch.tensor([0, 5, 14], dtype=torch.int32),
     kv_indices=torch.cat(prefix).to(torch.int64),
+    custom_mask=torch.cat(blocks),
+    mask_indptr=torch.tensor([0] + torch.tensor([b.numel() for b in blocks]).cumsum(0).tolist()),
 )
 out_cache_loc = torch.cat(
     [req_to_token[pools[b], seq_lens[b] : seq_lens[b] + n] for b in range(bs)]
@@ -158,9 +185,14 @@ verify = rows_kernel(backend, q, layer,
                      SimpleNamespace(batch_size=bs, seq_lens=seq_lens, req_pool_indices=pools,
                                      out_cache_loc=out_cache_loc))
 
-# Plain decode: every row its own request, the way TritonAttnBackend.forward_decode runs it.
-lengths = [int(seq_lens[b]) + i + 1 for b in range(bs) for i in range(n)]
-indices = [req_to_token[pools[b], : int(seq_lens[b]) + i + 1] for b in range(bs) for i in range(n)]
+# Plain decode: every row its own request reading the prefix and its path, the way
+# TritonAttnBackend.forward_decode runs a decode of that token.
+indices = [
+    torch.cat([prefix[b], out_cache_loc[b * n + torch.tensor(path(parents[b], i))].int()])
+    for b in range(bs)
+    for i in range(n)
+]
+lengths = [len(idx) for idx in indices]
 kv_indptr = torch.tensor([0] + torch.tensor(lengths).cumsum(0).tolist(), dtype=torch.int32)
 splits = torch.empty(len(lengths), dtype=torch.int32)
 TritonAttnBackend.get_num_kv_splits(backend, splits, torch.tensor(lengths))
@@ -178,6 +210,8 @@ softmax = torch.stack([
     for r, idx in enumerate(indices)
 ])
 print("ROWS " + json.dumps({
+    "tree": TREE,
+    "lengths": lengths,
     "equal": torch.equal(verify, decode),
     "splits": splits.tolist(),
     "max_diff_vs_softmax": (verify - softmax).abs().max().item(),
@@ -218,6 +252,9 @@ def test_patched_gdn_decode_equals_verify_bitwise(interpreted) -> None:
 
 def test_verify_rows_equal_sglang_decode_bitwise(interpreted) -> None:
     r = interpreted["ROWS"]
+    assert r["tree"] == (interpreted["version"] == "0.5.17")
+    # 0.5.17's request 1 is a tree: candidate 2 reads the prefix, 0 and 2 (not 1)
+    assert r["lengths"] == ([6, 7, 8, 10, 11, 11] if r["tree"] else [6, 7, 8, 10, 11, 12])
     assert r["equal"]
     assert r["splits"] == [2, 2, 2, 3, 3, 3]  # ceil(len / 4) for lengths 6,7,8,10,11,12
     assert r["max_diff_vs_softmax"] < 1e-5  # and it is attention over the right tokens
