@@ -70,6 +70,9 @@ class VerifyStep(_Event):
 
     `accepted` counts drafts only (0..k); the step emits accepted + 1 tokens.
     Timings are host wall-clock seconds of each phase of this step.
+    With speculation off (k == 0) the step is a plain decode step (`plain`): its tokens and
+    timings count towards throughput, but it is not a verify step, so every acceptance number
+    (rate, histogram, by position, mean accepted length, verify-step counts) skips it.
     """
 
     kind: Literal["verify_step"] = "verify_step"
@@ -85,6 +88,11 @@ class VerifyStep(_Event):
     verify_s: float
     shadow_s: float
     rollback_s: float
+
+    @property
+    def plain(self) -> bool:
+        """Speculation was off for this step: one token by plain decode, nothing verified."""
+        return self.k == 0
 
     @property
     def proposed(self) -> int:

@@ -14,7 +14,7 @@ class SessionStats:
         self.divergences = 0
 
     def consume(self, event: Event) -> None:
-        if isinstance(event, VerifyStep):
+        if isinstance(event, VerifyStep) and not event.plain:
             self.verify_steps += 1
             self.accepted += event.accepted
             self.proposed += event.proposed

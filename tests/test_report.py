@@ -86,7 +86,8 @@ def test_without_matplotlib_one_line_names_the_extra(tmp_path, capsys, monkeypat
 
 def row(t_s, k, accepted, draft_s=0.01, verify_s=0.02, shadow_s=0.04, drafted=None) -> StepRow:
     return StepRow(
-        t_s=t_s, prompt_index=0, step=0, k=k, drafted=k if drafted is None else drafted,
+        t_s=t_s, prompt_index=0, step=0, k=k, plain=k == 0,
+        drafted=k if drafted is None else drafted,
         accepted=accepted, emitted=accepted + 1,
         verify_mode="exact", gemm_backend="x", draft_s=draft_s, verify_s=verify_s,
         rollback_s=0.0, shadow_s=shadow_s, tokens_per_s=0.0, shadow_tokens_per_s=0.0,

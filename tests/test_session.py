@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from collections import Counter
 from pathlib import Path
 
 import pytest
@@ -86,3 +87,70 @@ def test_unavailable_backend_is_refused_without_ending_the_session(pair) -> None
     assert controls.snapshot().gemm_backend == "torch"
     assert not any(isinstance(e, ControlChange) for e in events)
     assert summary.prompts == summary.exact_prompts == 8
+
+
+def test_plain_steps_with_speculation_off_are_not_verify_steps(pair) -> None:
+    """Speculation switched off mid-session (`s`): the plain decode steps that follow count
+    towards throughput but not as verify steps with 0 accepted, in every consumer."""
+    from specdash.stats import SessionStats
+    from specdash.trace.export import perfetto_trace, step_rows
+    from specdash.trace.report import _summary, acceptance_by_position
+    from specdash.ui.dashboard_model import DashboardModel
+
+    controls = Controls.from_settings(_settings(pair, k=3), "torch")
+    events: list[Event] = []
+
+    def sink(e: Event) -> None:
+        events.append(e)
+        if e.kind == "verify_step" and e.step == 2:
+            controls.update(speculation=False)
+
+    summary = SessionRunner(_settings(pair, k=3), sink, controls).run()
+    steps = [e for e in events if e.kind == "verify_step"]
+    verify = [s for s in steps if s.step <= 2]
+    assert len(steps) > len(verify) and all(s.plain for s in steps if s.step > 2)
+    accepted, emitted = sum(s.accepted for s in verify), sum(len(s.emitted_tokens) for s in verify)
+    assert summary.verify_steps == len(verify)
+    assert summary.mean_accepted_length == emitted / len(verify)
+    assert summary.acceptance_rate == accepted / sum(len(s.draft_tokens) for s in verify)
+    done = [e for e in events if isinstance(e, PromptDone)]
+    assert sum(d.verify_steps for d in done) == len(verify)
+    assert sum(d.accepted_drafts for d in done) == accepted
+
+    model = DashboardModel()
+    stats = SessionStats()
+    for e in events:
+        model.consume(e)
+        stats.consume(e)
+    assert stats.summary().verify_steps == model.verify_steps == len(verify)
+    assert sum(model.histogram.values()) == len(verify)
+    assert model.histogram == Counter(s.accepted for s in verify)
+    assert model.mean_accepted_length == emitted / len(verify)
+    assert model.session_steps.tokens == sum(len(s.emitted_tokens) for s in steps)
+    assert model.exactness == "EXACT so far"
+
+    header = events[0]
+    rows = step_rows(header, events)
+    assert [r.plain for r in rows] == [s.plain for s in steps]
+    assert dict(_summary(None, rows))["verify steps"] == len(verify)
+    tried_first = sum(r.drafted > 0 for r in rows if not r.plain)
+    assert acceptance_by_position(rows)[0] == sum(s.accepted > 0 for s in verify) / tried_first
+    counters = [
+        ev for ev in perfetto_trace(header, events)["traceEvents"]
+        if ev["name"] == "accepted_per_step"
+    ]  # fmt: skip
+    assert len(counters) == len(verify)
+
+
+def test_no_spec_session_has_no_verify_steps_and_a_verdict(pair) -> None:
+    from specdash.ui.dashboard_model import DashboardModel
+
+    events: list[Event] = []
+    summary = SessionRunner(_settings(pair, speculation=False), events.append).run()
+    assert summary.verify_steps == 0 and summary.mean_accepted_length == 0.0
+    assert summary.exact_prompts == summary.prompts == 8
+    model = DashboardModel()
+    for e in events:
+        model.consume(e)
+    assert model.verify_steps == 0 and not model.histogram
+    assert model.exactness == "EXACT so far"

@@ -280,6 +280,7 @@ class SessionRunner:
         s, eng = self.settings, self.engine
         seqs: list[Sequence] = []
         decode_s: dict[int, float] = {}
+        verify_steps: dict[int, list[VerifyStep]] = {}  # plain decode steps left out
         for index, text, ids in group:
             self.emit(PromptStart(prompt_index=index, prompt_tokens=len(ids), text=text))
             seq, prefill_s = eng.start(index, ids, s.max_new_tokens, MAX_K, s.shadow)
@@ -287,6 +288,7 @@ class SessionRunner:
             self._emit_tokens(seq, 0, "decode", 0)
             seqs.append(seq)
             decode_s[index] = 0.0
+            verify_steps[index] = []
         while not self.stop.is_set():
             self._apply_controls()
             if self.controls.take_next_prompt_request():
@@ -311,36 +313,37 @@ class SessionRunner:
                             seconds=r.draft_s,
                         )
                     )
-                self.emit(
-                    VerifyStep(
-                        prompt_index=seq.index,
-                        step=self.step_no,
-                        k=k,
-                        accepted=r.accepted,
-                        draft_tokens=r.drafts,
-                        emitted_tokens=r.emitted,
-                        verify_mode=st.verify_mode,
-                        gemm_backend=eng.target.gemm.name,
-                        draft_s=r.draft_s,
-                        verify_s=r.verify_s,
-                        shadow_s=r.shadow_s,
-                        rollback_s=r.rollback_s,
-                    )
+                step = VerifyStep(
+                    prompt_index=seq.index,
+                    step=self.step_no,
+                    k=k,
+                    accepted=r.accepted,
+                    draft_tokens=r.drafts,
+                    emitted_tokens=r.emitted,
+                    verify_mode=st.verify_mode,
+                    gemm_backend=eng.target.gemm.name,
+                    draft_s=r.draft_s,
+                    verify_s=r.verify_s,
+                    shadow_s=r.shadow_s,
+                    rollback_s=r.rollback_s,
                 )
+                self.emit(step)
+                if not step.plain:
+                    verify_steps[seq.index].append(step)
                 self._emit_tokens(seq, before, "draft", r.accepted)
                 if seq.diverged_at is not None and seq.diverged_at >= before:
                     self._emit_divergence(seq, k)
             self.step_no += 1
         for seq in seqs:
-            n_steps = len(seq.steps)
+            verified = verify_steps[seq.index]
             self.emit(
                 PromptDone(
                     prompt_index=seq.index,
                     new_tokens=len(seq.ids),
                     seconds=decode_s[seq.index],
-                    verify_steps=n_steps,
-                    accepted_drafts=sum(r.accepted for r in seq.steps),
-                    proposed_drafts=sum(len(r.rows) - 1 for r in seq.steps),
+                    verify_steps=len(verified),
+                    accepted_drafts=sum(v.accepted for v in verified),
+                    proposed_drafts=sum(v.proposed for v in verified),
                     exact=s.shadow and seq.diverged_at is None and seq.compared == len(seq.ids),
                 )
             )

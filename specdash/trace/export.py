@@ -42,15 +42,17 @@ class StepRow:
     """One verify step with its rates; the unit of the CSV export and the report.
 
     `drafted` is how many drafts the step really proposed: at most k, fewer when a drafter
-    (n-gram) found nothing to propose. Rates use the dashboard's definition: the speculative
-    path costs draft + verify + rollback, the shadow (plain greedy decode of the same
-    tokens) costs `shadow_s`.
+    (n-gram) found nothing to propose. `plain`: speculation was off (k = 0), a plain decode
+    step that acceptance numbers skip (`VerifyStep.plain`). Rates: `specdash.metrics`; the
+    speculative path costs draft + verify + rollback, the shadow (plain greedy decode of the
+    same tokens) costs `shadow_s`.
     """
 
     t_s: float
     prompt_index: int
     step: int
     k: int
+    plain: bool
     drafted: int
     accepted: int
     emitted: int
@@ -80,6 +82,7 @@ def step_rows(header: SessionStart, events: list[Event]) -> list[StepRow]:
                 prompt_index=e.prompt_index,
                 step=e.step,
                 k=e.k,
+                plain=e.plain,
                 drafted=e.proposed,
                 accepted=e.accepted,
                 emitted=emitted,
@@ -129,7 +132,8 @@ def _slice(name: str, tid: str, start_us: float, seconds: float, args: dict[str,
 
 def _verify_step_events(e: VerifyStep, t0_ns: int) -> list[dict]:
     """The step's phases laid end to end, ending when the step's event was emitted:
-    draft, verify, rollback (verify track), then the shadow decode of the same tokens."""
+    draft, verify, rollback (verify track), then the shadow decode of the same tokens. A plain
+    step (speculation off) is one `decode` slice on the verify track and no acceptance."""
     args = {
         "prompt": e.prompt_index,
         "step": e.step,
@@ -142,14 +146,15 @@ def _verify_step_events(e: VerifyStep, t0_ns: int) -> list[dict]:
     out = []
     for name, tid, seconds in (
         ("draft", "draft", e.draft_s),
-        ("verify", "verify", e.verify_s),
+        ("decode" if e.plain else "verify", "verify", e.verify_s),
         ("rollback", "verify", e.rollback_s),
         ("shadow", "shadow", e.shadow_s),
     ):
         if seconds > 0:
             out.append(_slice(name, tid, t, seconds, args))
         t += seconds * 1e6
-    out.append(_counter(ENGINE_PID, "accepted_per_step", e.accepted, _us(e.t_ns, t0_ns)))
+    if not e.plain:
+        out.append(_counter(ENGINE_PID, "accepted_per_step", e.accepted, _us(e.t_ns, t0_ns)))
     return out
 
 

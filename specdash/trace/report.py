@@ -78,8 +78,13 @@ def _plot_throughput(ax: Axes, data: ReportData) -> None:
     ax.legend(loc="best")
 
 
+def verify_rows(rows: list[StepRow]) -> list[StepRow]:
+    """The verify steps: plain decode steps (speculation off) have no acceptance."""
+    return [r for r in rows if not r.plain]
+
+
 def _plot_histogram(ax: Axes, data: ReportData) -> None:
-    rows = data.rows
+    rows = verify_rows(data.rows)
     if not rows:
         return _no_data(ax, "no verify steps recorded")
     counts = Counter(r.accepted for r in rows)
@@ -92,6 +97,7 @@ def _plot_histogram(ax: Axes, data: ReportData) -> None:
 
 def acceptance_by_position(rows: list[StepRow]) -> list[float]:
     """P(draft i accepted | the step proposed at least i+1 drafts), i = 0..most drafted - 1."""
+    rows = verify_rows(rows)
     max_k = max((r.drafted for r in rows), default=0)
     tried = [sum(r.drafted > i for r in rows) for i in range(max_k)]
     kept = [sum(r.accepted > i for r in rows) for i in range(max_k)]
@@ -191,6 +197,7 @@ def _divergences(divs: list[Divergence]) -> str:
 
 def _summary(summary: Summary | None, rows: list[StepRow]) -> list[tuple[str, object]]:
     if summary is None:
+        rows = verify_rows(rows)
         steps = len(rows)
         rate = metrics.acceptance_rate(sum(r.accepted for r in rows), sum(r.drafted for r in rows))
         length = metrics.mean_accepted_length(sum(r.emitted for r in rows), steps)

@@ -103,8 +103,11 @@ class DashboardModel:
         default_factory=lambda: deque(maxlen=HISTORY)
     )
     """(seconds since start, spec t/s 1 s, shadow t/s 1 s), one point per verify step."""
-    # acceptance
+    steps: int = 0
+    """Every step, plain decode steps (speculation off) included."""
+    # acceptance: verify steps only
     verify_steps: int = 0
+    verify_tokens: int = 0
     accepted_drafts: int = 0
     proposed_drafts: int = 0
     accepted_series: deque[int] = field(default_factory=lambda: deque(maxlen=HISTORY))
@@ -161,11 +164,12 @@ class DashboardModel:
     @property
     def mean_accepted_length(self) -> float | None:
         """Tokens per verify step including the bonus (session)."""
-        return metrics.mean_accepted_length(self.session_steps.tokens, self.verify_steps)
+        return metrics.mean_accepted_length(self.verify_tokens, self.verify_steps)
 
     @property
     def mean_accepted_length_window(self) -> float | None:
-        return metrics.mean_accepted_length(self.window_steps.tokens, len(self._window))
+        steps = [s for s in self._window if not s.plain]
+        return metrics.mean_accepted_length(sum(len(s.emitted_tokens) for s in steps), len(steps))
 
     def acceptance_by_position(self) -> list[float | None]:
         """P(draft i accepted) for i in 0..max_k-1, over the session."""
@@ -183,7 +187,7 @@ class DashboardModel:
             return f"DIVERGED at token {d.position} (prompt {d.prompt_index})"
         if not self.shadow:
             return "NOT CHECKED (no shadow)"
-        if self.verify_steps == 0:
+        if self.steps == 0:
             return "NO VERDICT YET"
         return "EXACT so far"
 
@@ -218,16 +222,20 @@ class DashboardModel:
         self.prefill = None
 
     def _on_verify_step(self, e: VerifyStep) -> None:
-        self.verify_steps += 1
-        self.accepted_drafts += e.accepted
-        self.proposed_drafts += e.proposed
-        self.k, self.verify_mode, self.gemm_backend = e.k, e.verify_mode, e.gemm_backend
-        self.max_k = max(self.max_k, e.k)
-        self.histogram[e.accepted] += 1
-        for i in range(e.proposed):
-            self.position_tried[i] += 1
-            self.position_accepted[i] += i < e.accepted
-        self.accepted_series.append(e.accepted)
+        self.steps += 1
+        self.verify_mode, self.gemm_backend = e.verify_mode, e.gemm_backend
+        if not e.plain:
+            self.k = e.k
+            self.verify_steps += 1
+            self.verify_tokens += len(e.emitted_tokens)
+            self.accepted_drafts += e.accepted
+            self.proposed_drafts += e.proposed
+            self.max_k = max(self.max_k, e.k)
+            self.histogram[e.accepted] += 1
+            for i in range(e.proposed):
+                self.position_tried[i] += 1
+                self.position_accepted[i] += i < e.accepted
+            self.accepted_series.append(e.accepted)
         self.session_steps.add(e)
         self.window_steps.add(e)
         self._window.append(e)
