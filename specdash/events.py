@@ -202,9 +202,13 @@ class EngineError(_Event):
 
 
 class Summary(_Event):
+    """Session totals. `checked` is whether a shadow decode compared the output (False with
+    --no-shadow); `exact_prompts` is None then: not checked, not zero exact."""
+
     kind: Literal["summary"] = "summary"
     prompts: int
-    exact_prompts: int
+    exact_prompts: int | None
+    checked: bool = True
     new_tokens: int
     seconds: float
     tokens_per_s: float
@@ -212,6 +216,13 @@ class Summary(_Event):
     acceptance_rate: float
     verify_steps: int
     divergences: int
+
+    @property
+    def exact_text(self) -> str:
+        """What every view prints: "23/24", or "not checked (--no-shadow)"."""
+        if not self.checked:
+            return "not checked (--no-shadow)"
+        return f"{self.exact_prompts}/{self.prompts}"
 
 
 Event = Annotated[

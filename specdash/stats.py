@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from specdash import metrics
-from specdash.events import Divergence, Event, PromptDone, Summary, VerifyStep
+from specdash.events import Divergence, Event, PromptDone, SessionStart, Summary, VerifyStep
 
 
 class SessionStats:
@@ -12,6 +12,7 @@ class SessionStats:
         self.seconds = 0.0
         self.verify_steps = self.accepted = self.proposed = self.emitted = 0
         self.divergences = 0
+        self.checked = True  # a shadow decode compares the output (not --no-shadow)
 
     def consume(self, event: Event) -> None:
         if isinstance(event, VerifyStep) and not event.plain:
@@ -19,6 +20,8 @@ class SessionStats:
             self.accepted += event.accepted
             self.proposed += event.proposed
             self.emitted += len(event.emitted_tokens)
+        elif isinstance(event, SessionStart):
+            self.checked = bool(event.config.get("shadow", True))
         elif isinstance(event, Divergence):
             self.divergences += 1
         elif isinstance(event, PromptDone):
@@ -30,7 +33,8 @@ class SessionStats:
     def summary(self) -> Summary:
         return Summary(
             prompts=self.prompts,
-            exact_prompts=self.exact_prompts,
+            exact_prompts=self.exact_prompts if self.checked else None,
+            checked=self.checked,
             new_tokens=self.new_tokens,
             seconds=self.seconds,
             tokens_per_s=metrics.tokens_per_s(self.new_tokens, self.seconds) or 0.0,

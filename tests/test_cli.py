@@ -80,3 +80,17 @@ def test_audit_json_reports_every_cell_and_exact_mode_is_all_exact(capsys, pair)
         if c["verify"] == "exact":
             assert c["exact_prompts"] == 3
             assert c["token_divergences"] == c["logprob_divergences"] == 0
+
+
+def test_no_shadow_says_not_checked_instead_of_zero_exact(capsys, pair) -> None:
+    args = ["run", "--headless", "--no-shadow", "--max-new-tokens", "4", *_model_args(pair)]
+    assert main([*args, "--json"]) == EXIT_OK
+    out = json.loads(capsys.readouterr().out)
+    assert out["exact_prompts"] is None and out["checked"] is False and out["prompts"] == 8
+    assert main(args) == EXIT_OK
+    text = capsys.readouterr().out
+    assert "exact prompts               not checked (--no-shadow)" in text
+    assert "0/8" not in text
+    assert main([*args[:2], "--json", "--max-new-tokens", "4", *_model_args(pair)]) == EXIT_OK
+    checked = json.loads(capsys.readouterr().out)
+    assert checked["exact_prompts"] == 8 and checked["checked"] is True

@@ -18,7 +18,7 @@ from specdash.settings import SessionSettings
 def format_summary(summary: Summary, divergences: list[Divergence]) -> str:
     rows = [
         ("prompts", f"{summary.prompts}"),
-        ("exact prompts", f"{summary.exact_prompts}/{summary.prompts}"),
+        ("exact prompts", summary.exact_text),
         ("new tokens", f"{summary.new_tokens}"),
         ("tokens/s (session, decode)", f"{summary.tokens_per_s:.1f}"),
         ("mean accepted length", f"{summary.mean_accepted_length:.2f} tokens/step"),

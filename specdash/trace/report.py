@@ -209,7 +209,7 @@ def _summary(summary: Summary | None, rows: list[StepRow]) -> list[tuple[str, ob
         ]
     s = summary
     return [
-        ("prompts (exact / all)", f"{s.exact_prompts} / {s.prompts}"),
+        ("exact prompts", s.exact_text),
         ("new tokens", s.new_tokens),
         ("seconds", f"{s.seconds:.3f}"),
         ("tokens / s", f"{s.tokens_per_s:.2f}"),

@@ -70,7 +70,8 @@ class StatusBar(Readout):
             prompt = "–" if m.prompt_index is None else str(m.prompt_index)
             text.append("prompt ", style="dim")
             text.append(f"{prompt}  ", style="bold")
-        text.append(f"{m.prompts_done} done, {m.exact_prompts} exact (session)  ")
+        exact = f"{m.exact_prompts} exact" if m.shadow else "not checked"
+        text.append(f"{m.prompts_done} done, {exact} (session)  ")
         text.append(recording, style="dim")
         text.append("\n")
         model = Path(m.model).name if "/" in m.model else m.model
