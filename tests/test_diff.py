@@ -113,3 +113,28 @@ def test_bad_trace_is_a_usage_error(tmp_path, capsys, bad):
     a = write(tmp_path / "a.jsonl", session(Plan(prompts=1)))
     assert main(["diff", a, str(tmp_path / bad)]) == EXIT_USAGE
     assert capsys.readouterr().err.startswith("specdash: error: ")
+
+
+@pytest.mark.parametrize(
+    ("changes", "verdict"),
+    [
+        ([(2, 0, "logprob")], "token ids are identical; logprob bits differ in 1 prompt(s)"),
+        ([(1, 13, "token")], "token ids differ in 1 prompt(s)"),
+        (
+            [(1, 13, "token"), (2, 0, "logprob")],
+            "token ids differ in 1 prompt(s), only logprob bits in 1",
+        ),
+    ],
+)
+def test_summary_says_whether_ids_or_only_bits_differ(tmp_path, capsys, changes, verdict):
+    changed = session(Plan(change=changes[0]))
+    if len(changes) > 1:  # plant the second change's token from its own session
+        other = session(Plan(change=changes[1]))
+        p, i, _ = changes[1]
+        old, new = token_at(changed, p, i), token_at(other, p, i)
+        changed = [new if e is old else e for e in changed]
+    a = write(tmp_path / "a.jsonl", session(Plan()))
+    b = write(tmp_path / "b.jsonl", changed)
+    assert main(["diff", a, b]) == EXIT_DIVERGED
+    summary = capsys.readouterr().out.splitlines()[-1]
+    assert summary.endswith(f": {verdict}"), summary

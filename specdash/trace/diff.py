@@ -33,6 +33,9 @@ class PromptDiff:
     b: Token | None
     tokens_a: int
     tokens_b: int
+    ids_differ: bool = False
+    """Some token id differs (or one trace has tokens the other lacks); False with only
+    logprob bits differing."""
 
 
 def _tokens_by_prompt(events: list[Event]) -> dict[int, list[Token]]:
@@ -80,6 +83,7 @@ def diff_prompts(events_a: list[Event], events_b: list[Event]) -> list[PromptDif
                 b=tb[first] if first is not None and first < len(tb) else None,
                 tokens_a=len(ta),
                 tokens_b=len(tb),
+                ids_differ=[x.token_id for x in ta] != [y.token_id for y in tb],
             )
         )
     return result
@@ -104,6 +108,19 @@ def format_diff(d: PromptDiff) -> str:
     )
 
 
+def _verdict(diffs: list[PromptDiff]) -> str:
+    """Which of the two differ: token ids, or only logprob bits (ids identical)."""
+    ids = sum(d.ids_differ for d in diffs)
+    bits_only = sum(d.index is not None and not d.ids_differ for d in diffs)
+    if ids and bits_only:
+        return f"token ids differ in {ids} prompt(s), only logprob bits in {bits_only}"
+    if ids:
+        return f"token ids differ in {ids} prompt(s)"
+    if bits_only:
+        return f"token ids are identical; logprob bits differ in {bits_only} prompt(s)"
+    return "token ids and logprob bits are identical"
+
+
 def _label(path: str, header: SessionStart) -> str:
     c = header.config
     parts = [str(c.get(key)) for key in ("engine", "verify", "gemm_backend") if c.get(key)]
@@ -119,9 +136,8 @@ def run_diff(args: argparse.Namespace) -> int:
     for d in diffs:
         print(format_diff(d))
     differing = sum(d.index is not None for d in diffs)
-    verdict = "differ" if differing else "are identical"
     print(
         f"summary: {differing} of {len(diffs)} prompts differ; A = {_label(args.a, header_a)}, "
-        f"B = {_label(args.b, header_b)}: token ids and logprob bits {verdict}"
+        f"B = {_label(args.b, header_b)}: {_verdict(diffs)}"
     )
     return EXIT_DIVERGED if differing else EXIT_OK
