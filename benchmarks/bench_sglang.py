@@ -31,6 +31,7 @@ from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
+from specdash.engine_patches import registry
 from specdash.prompts import load_prompts
 from specdash.runs.sglang import (
     ERROR_FILE_ENV,
@@ -44,7 +45,7 @@ from specdash.runs.sglang import (
 )
 from specdash.settings import SessionSettings
 
-ALL_OFF = ("gdn", "attention", "gemm", "telemetry")
+ALL_OFF = tuple(p.flag for p in registry.all_patches())  # stock SGLang
 T0 = time.monotonic()
 
 
@@ -234,7 +235,7 @@ def phase_unpatch(args, res, texts) -> None:
 
 
 def phase_gemm(args, res, texts) -> None:
-    from specdash.runs.sglang import _switch_gemm
+    from specdash.runs.sglang import switch_gemm
 
     with (
         engine(args, algorithm="NGRAM", k=3, graphs=True, mem=0.35) as spec,
@@ -243,8 +244,8 @@ def phase_gemm(args, res, texts) -> None:
         for name in ("sglang-triton", "specdash-triton", "specdash-cublas", "deepgemm", "auto"):
             try:
                 t = time.monotonic()
-                _switch_gemm(spec, name)
-                _switch_gemm(plain, name)
+                switch_gemm(spec, name)
+                switch_gemm(plain, name)
                 switch_s = time.monotonic() - t
             except Exception as ex:
                 res.put(f"gemm/{name}", {"unavailable": f"{type(ex).__name__}: {ex}"[:400]})

@@ -8,6 +8,7 @@ import argparse
 import sys
 from typing import NoReturn
 
+from specdash.engine_patches import registry
 from specdash.errors import EXIT_INTERRUPTED, EXIT_USAGE, SpecdashError
 
 DESCRIPTION = """\
@@ -109,6 +110,11 @@ def _add_session_flags(p: argparse.ArgumentParser) -> None:
     p.add_argument("--no-shadow", action="store_true", help="skip the shadow decode (no check)")
     p.add_argument("--no-spec", action="store_true", help="plain greedy decode only")
     p.add_argument("--trace", metavar="PATH", help="record the session as a JSONL trace")
+    p.add_argument(
+        "--overwrite-trace",
+        action="store_true",
+        help="replace an existing --trace file (otherwise it is refused, exit 2)",
+    )
     sgl = p.add_argument_group("--engine sglang")
     sgl.add_argument(
         "--speculative-algorithm",
@@ -138,7 +144,7 @@ def _add_session_flags(p: argparse.ArgumentParser) -> None:
         "--sglang-unpatch",
         action="append",
         default=[],
-        choices=["gdn", "attention", "gemm", "telemetry"],
+        choices=[p.flag for p in registry.all_patches()],
         help="leave one patch off in both engines, to see which fix matters (repeatable)",
     )
 

@@ -447,7 +447,7 @@ class SGLangSession:
             if compare and not split:  # sequential: the spec engine has released the GPU
                 with self._engine(speculative=False, split=False) as shadow:
                     if self.gemm_backend != "auto":
-                        _switch_gemm(shadow, self.gemm_backend)
+                        switch_gemm(shadow, self.gemm_backend)
                     for index, (prompt, out) in enumerate(zip(prompts, spec_outputs, strict=False)):
                         self._compare(index, out, self._run_shadow(shadow, index, prompt.text))
         return self.stats.summary()
@@ -627,7 +627,7 @@ class SGLangSession:
             return
         for engine in (spec, shadow):
             if engine is not None:
-                _switch_gemm(engine, name)
+                switch_gemm(engine, name)
         if announce:
             self.emit(
                 ControlChange(
@@ -637,7 +637,9 @@ class SGLangSession:
         self.gemm_backend = name
 
 
-def _switch_gemm(engine: Any, name: str) -> None:
+def switch_gemm(engine: Any, name: str) -> None:
+    """Every scheduler rank of `engine` to GEMM backend `name` (the patch's RPC); SGLang's
+    refusal, e.g. DeepGEMM where it does not load, as one EnvironmentProblem line."""
     try:
         engine.collective_rpc("specdash_set_gemm_backend", name=name)
     except AssertionError as e:  # collective_rpc asserts the RPC's success
