@@ -3,12 +3,13 @@
 Exit codes (also in the README):
   0  success
   1  a divergence was found (`run --fail-on-divergence`, `audit` exact-mode failure, `diff`)
-  2  bad usage or bad input (flags, prompt file, k out of range, prompt too long)
+  2  bad usage or bad input (flags, prompt file, k out of range, prompt too long, an
+     existing --trace file without --overwrite-trace)
   3  checkpoint problem (missing/corrupt files, missing tensor, shape mismatch,
      unsupported architecture, tokenizer mismatch)
   4  environment problem (no GPU/NVML/SGLang where required, unsupported SGLang version,
      an SGLang scheduler process died,
-     unwritable output path)
+     unwritable output path, an I/O error while recording a trace)
   130 interrupted (Ctrl-C); partial results and the trace are kept
 """
 

@@ -196,9 +196,14 @@ class ControlChange(_Event):
 
 
 class EngineError(_Event):
+    """An engine problem. A fatal one ended the session; `exit_code` is the documented exit
+    code of its cause (`specdash.errors`: 2 usage, 3 checkpoint, 4 environment), None for an
+    unexpected exception."""
+
     kind: Literal["error"] = "error"
     message: str
     fatal: bool = True
+    exit_code: int | None = None
 
 
 class Summary(_Event):

@@ -42,6 +42,8 @@ class SessionSettings(BaseModel):
     root_cause: bool = True
     seed: int = 0
     trace: Path | None = None
+    overwrite_trace: bool = False
+    """Replace an existing `trace` file (otherwise an existing file is refused, exit 2)."""
 
     @classmethod
     def from_args(cls, args: argparse.Namespace) -> SessionSettings:
@@ -64,6 +66,7 @@ class SessionSettings(BaseModel):
                 dtype=args.dtype,
                 shadow=not args.no_shadow,
                 trace=_path(args.trace),
+                overwrite_trace=args.overwrite_trace,
             )
         except ValidationError as e:
             err = e.errors()[0]

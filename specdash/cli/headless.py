@@ -9,7 +9,7 @@ from collections.abc import Callable
 from contextlib import ExitStack
 
 from specdash.cli.progress import SessionProgress, make_progress
-from specdash.errors import EXIT_DIVERGED, EXIT_OK
+from specdash.errors import EXIT_DIVERGED, EXIT_ENVIRONMENT, EXIT_OK
 from specdash.events import Divergence, Event, SessionStart, Summary
 from specdash.prompts import load_prompts
 from specdash.settings import SessionSettings
@@ -62,7 +62,9 @@ def run_headless(args: argparse.Namespace) -> int:
             from specdash.runs.nvml_sampler import GpuSampler, device_index
             from specdash.trace.jsonl import TraceWriter
 
-            writers.append(stack.enter_context(TraceWriter(settings.trace)))
+            writers.append(
+                stack.enter_context(TraceWriter(settings.trace, overwrite=settings.overwrite_trace))
+            )
             sinks.append(writers[-1])
             # a recorded session carries GPU samples (or the labelled "no GPU" state),
             # started once the header is written
@@ -70,17 +72,21 @@ def run_headless(args: argparse.Namespace) -> int:
             stack.callback(sampler.stop)
 
         summary = _run(settings, sink, args)
-        for writer in writers:
-            if writer.stopped_reason:
-                print(
-                    f"specdash: warning: recording stopped: {writer.stopped_reason}; "
-                    f"{writer.path} holds the session up to then",
-                    file=sys.stderr,
-                )
     if args.json:
         print(json.dumps(summary.model_dump(exclude={"kind", "t_ns"})))
     else:
         print(format_summary(summary, divergences))
+    for writer in writers:
+        if writer.stopped_reason:
+            # an I/O error (disk full) is an environment problem: the trace asked for is short
+            level = "error" if writer.io_error else "warning"
+            print(
+                f"specdash: {level}: recording stopped: {writer.stopped_reason}; "
+                f"{writer.path} holds the session up to then",
+                file=sys.stderr,
+            )
+            if writer.io_error:
+                return EXIT_ENVIRONMENT
     if args.fail_on_divergence and divergences:
         print(f"specdash: {len(divergences)} divergence(s)", file=sys.stderr)
         return EXIT_DIVERGED

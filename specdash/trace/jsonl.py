@@ -53,22 +53,35 @@ def encode_event(event: Event) -> str:
 class TraceWriter:
     """Event sink that appends each event to a JSONL trace.
 
-    `target` is a path (opened now; an unwritable path is an `EnvironmentProblem`) or an
-    already open text stream. The first event written must be the `SessionStart` header,
-    either passed as `header` (recording started mid-session) or as the first event sunk;
+    `target` is a path (opened now; an unwritable path is an `EnvironmentProblem`, an existing
+    file a `UsageError` unless `overwrite`) or an already open text stream. The first event
+    written must be the `SessionStart` header, either passed as `header` (recording started
+    mid-session) or as the first event sunk;
     anything else first (e.g. an engine error before the session started) stops recording.
     Thread-safe: the engine thread writes, the dashboard may `close()`.
     """
 
-    def __init__(self, target: Path | str | IO[str], header: SessionStart | None = None) -> None:
+    def __init__(
+        self,
+        target: Path | str | IO[str],
+        header: SessionStart | None = None,
+        overwrite: bool = False,
+    ) -> None:
         self._lock = threading.Lock()
         self._has_header = False
         self.stopped_reason: str | None = None
+        self.io_error: OSError | None = None
+        """The I/O error that stopped recording (disk full, device gone): the trace is short."""
         self.lines_written = 0
         if isinstance(target, str | Path):
             self.path: Path | None = Path(target)
+            mode = "w" if overwrite else "x"
             try:
-                self._file: IO[str] | None = open(self.path, "w", encoding="utf-8")  # noqa: SIM115
+                self._file: IO[str] | None = open(self.path, mode, encoding="utf-8")  # noqa: SIM115
+            except FileExistsError:
+                raise UsageError(
+                    f"trace {self.path} already exists; pass --overwrite-trace to replace it"
+                ) from None
             except OSError as e:
                 raise EnvironmentProblem(
                     f"cannot write trace {self.path}: {e.strerror or e}"
@@ -94,6 +107,7 @@ class TraceWriter:
                 self._file.write(encode_event(event))
                 self._file.flush()
             except OSError as e:
+                self.io_error = e
                 self._stop(f"{e.strerror or e}")
                 return
             self.lines_written += 1
@@ -108,6 +122,7 @@ class TraceWriter:
                 try:
                     self._file.close()
                 except OSError as e:
+                    self.io_error = self.io_error or e
                     self.stopped_reason = self.stopped_reason or f"{e.strerror or e}"
                 self._file = None
 

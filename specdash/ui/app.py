@@ -11,6 +11,7 @@ from __future__ import annotations
 import argparse
 import contextlib
 import shutil
+import sys
 import time
 from collections.abc import Iterable
 from pathlib import Path
@@ -24,7 +25,7 @@ from textual.screen import Screen
 from textual.widgets import DataTable, Footer, Input, Static
 
 from specdash.controls import Controls
-from specdash.errors import EnvironmentProblem
+from specdash.errors import EXIT_ENVIRONMENT, EXIT_OK, SpecdashError
 from specdash.events import ControlChange, EngineError, Event, SessionStart, Summary
 from specdash.settings import MAX_K, SessionSettings
 from specdash.trace.event_log import EventLog
@@ -111,6 +112,8 @@ class SpecdashApp(App[int]):
         self._shown_revision = -1
         self._plotted_revision = -1
         self._recording_note = ""
+        self._recording_failure: str | None = None
+        """Why a recording stopped on an I/O error (disk full): the exit code says so."""
         self.clock = time.monotonic
         """Wall clock for "loading … N s" (tests replace it)."""
         self._phase: tuple[str | None, float] = ("loading", self.clock())
@@ -319,7 +322,7 @@ class SpecdashApp(App[int]):
             return
         try:
             writer = TraceWriter(path)
-        except EnvironmentProblem as e:
+        except SpecdashError as e:  # unwritable, or already there
             self.notify(f"cannot export trace: {e}", severity="error")
             return
         self._attach_trace(writer)
@@ -336,7 +339,11 @@ class SpecdashApp(App[int]):
     def _copy_finished_trace(self, path: Path) -> None:
         source = self._finished_trace
         try:
-            shutil.copyfile(source, path)  # type: ignore[arg-type]
+            with open(source, "rb") as src, open(path, "xb") as dst:  # type: ignore[arg-type]
+                shutil.copyfileobj(src, dst)
+        except FileExistsError:
+            self.notify(f"cannot export trace: {path} already exists", severity="error")
+            return
         except OSError as e:
             self.notify(f"cannot export trace: {e.strerror or e}", severity="error")
             return
@@ -352,6 +359,11 @@ class SpecdashApp(App[int]):
         elif isinstance(event, SessionStart):
             self._write_backlog()
         if writer.stopped_reason:
+            if writer.io_error is not None:
+                self._recording_failure = (
+                    f"recording stopped: {writer.stopped_reason}; "
+                    f"{writer.path} holds the session up to then"
+                )
             self.notify(f"recording stopped: {writer.stopped_reason}", severity="error")
             self._close_trace(f"recording stopped ({writer.stopped_reason})")
         elif isinstance(event, EngineError) and event.fatal:
@@ -396,7 +408,23 @@ class SpecdashApp(App[int]):
             self.push_screen(HelpScreen())
 
     async def action_quit(self) -> None:
-        self.exit(0)
+        self.exit(self.exit_code)
+
+    @property
+    def exit_code(self) -> int:
+        """What the session came to, as the README's exit codes: the code of the fatal engine
+        error that ended it (1 for an unexpected exception), 4 when a recording stopped on an
+        I/O error, else 0."""
+        fatal = next((e for e in self.model.errors if e.fatal), None)
+        if fatal is not None:
+            return fatal.exit_code if fatal.exit_code is not None else 1
+        return EXIT_ENVIRONMENT if self._recording_failure else EXIT_OK
+
+    @property
+    def exit_message(self) -> str | None:
+        """The one line `specdash` prints after the dashboard closes with a non-zero code."""
+        fatal = next((e for e in self.model.errors if e.fatal), None)
+        return fatal.message if fatal is not None else self._recording_failure
 
     def on_unmount(self) -> None:
         self.source.stop()
@@ -428,10 +456,15 @@ def dashboard_app(args: argparse.Namespace) -> SpecdashApp:
     source = LiveSession(settings, sglang_options=session_options(settings, args))
     if settings.trace is None:
         return SpecdashApp(source)
-    writer = TraceWriter(settings.trace)
+    writer = TraceWriter(settings.trace, overwrite=settings.overwrite_trace)
     return SpecdashApp(source, settings.trace.parent, writer)
 
 
 def run_dashboard(args: argparse.Namespace) -> int:
-    """`specdash [flags]` / `specdash run [flags]`: the dashboard over a live session."""
-    return dashboard_app(args).run() or 0
+    """`specdash [flags]` / `specdash run [flags]`: the dashboard over a live session; the
+    exit code (and one line on stderr) says how the session ended (`SpecdashApp.exit_code`)."""
+    app = dashboard_app(args)
+    code = app.run() or 0
+    if code and app.exit_message:
+        print(f"specdash: error: {app.exit_message}", file=sys.stderr)
+    return code

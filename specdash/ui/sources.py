@@ -27,7 +27,7 @@ from types import FrameType
 from typing import TYPE_CHECKING, Protocol
 
 from specdash.controls import Controls
-from specdash.errors import SpecdashError
+from specdash.errors import EXIT_ENVIRONMENT, SpecdashError
 from specdash.events import EngineError, Event
 from specdash.runs.nvml_sampler import GpuSampler, device_index
 from specdash.settings import SessionSettings
@@ -123,7 +123,12 @@ class LiveSession:
             # a scheduler failure is relayed from the main thread without its message
             e = self._scheduler_failure or e
             known = isinstance(e, SpecdashError) and e is not self._scheduler_failure
-            sink(EngineError(message=str(e) if known else f"{type(e).__name__}: {e}"))
+            code = e.exit_code if known else EXIT_ENVIRONMENT if self._scheduler_failure else None
+            sink(
+                EngineError(
+                    message=str(e) if known else f"{type(e).__name__}: {e}", exit_code=code
+                )
+            )
 
     def _on_sigquit(self, signum: int, frame: FrameType | None) -> None:
         """SIGQUIT on the main thread: SGLang's handler, its exception raised in the engine."""
