@@ -154,3 +154,53 @@ def test_no_spec_session_has_no_verify_steps_and_a_verdict(pair) -> None:
         model.consume(e)
     assert model.verify_steps == 0 and not model.histogram
     assert model.exactness == "EXACT so far"
+
+
+def test_speculation_switched_on_loads_the_draft_model(pair) -> None:
+    """A session started with speculation off and --drafter model has no draft loaded; `s`
+    on loads it, and the drafts are the draft model's (not a silent n-gram stand-in)."""
+    from specdash.engine.drafters import ModelDrafter
+
+    settings = _settings(pair, k=3, speculation=False)
+    controls = Controls.from_settings(settings, "torch")
+    events: list[Event] = []
+    drafters: list[object] = []
+
+    def sink(e: Event) -> None:
+        events.append(e)
+        if e.kind == "verify_step" and e.step == 1:
+            controls.update(speculation=True)
+        if e.kind == "draft":
+            drafters.extend(type(seq.drafter) for seq in runner._group)
+
+    runner = SessionRunner(settings, sink, controls)
+    assert runner.loaded.draft is None
+    runner.run()
+    assert runner.loaded.draft is not None
+    drafts = [e for e in events if e.kind == "draft"]
+    assert drafts and all(d.drafter == "model" for d in drafts)
+    assert set(drafters) == {ModelDrafter}
+    assert sum(len(d.tokens) for d in drafts) > 0
+    assert all(d.exact for d in events if isinstance(d, PromptDone))
+
+
+def test_a_draft_that_cannot_load_keeps_speculation_off(pair, tmp_path) -> None:
+    settings = SessionSettings(
+        model=pair[0], draft=tmp_path / "missing", prompts=pair[2], max_new_tokens=8,
+        k=3, speculation=False,
+    )  # fmt: skip
+    controls = Controls.from_settings(settings, "torch")
+    events: list[Event] = []
+
+    def sink(e: Event) -> None:
+        events.append(e)
+        if e.kind == "verify_step" and e.step == 1:
+            controls.update(speculation=True)
+
+    SessionRunner(settings, sink, controls).run()
+    errors = [e for e in events if isinstance(e, EngineError)]
+    assert len(errors) == 1 and not errors[0].fatal and errors[0].exit_code == 3
+    assert errors[0].message.startswith("speculation stays off: the draft model did not load")
+    assert not [e for e in events if isinstance(e, ControlChange) and e.name == "speculation"]
+    assert all(e.k == 0 for e in events if e.kind == "verify_step")
+    assert controls.snapshot().speculation is False

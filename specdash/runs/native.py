@@ -116,21 +116,32 @@ def load_models(settings: SessionSettings) -> Loaded:
         # Small ops gain nothing from intra-op threads and lose a lot when cores are
         # shared (OpenMP barriers): measured 3.0 ms vs 22 ms per decode step under load.
         torch.set_num_threads(1)
-    draft = None
     desc = {"model": str(target_path or settings.preset), "drafter": settings.drafter}
+    loaded = Loaded(target, None, tok, eos, desc)
     if settings.drafter == "model" and settings.speculation:
-        draft_path = settings.draft
-        if draft_path is None:
-            if settings.model is not None or settings.preset is not None:
-                raise UsageError("--drafter model needs --draft DIR (or use --drafter ngram)")
-            draft_path = default_checkpoint("draft")
-        draft, draft_tok, _ = _load_one(draft_path, None, dtype, device, gemm, settings.seed)
-        if draft_tok != tok:
-            raise CheckpointError(
-                f"{draft_path}: draft tokenizer differs from the target's ({target_path})"
-            )
-        desc["draft"] = str(draft_path)
-    return Loaded(target, draft, tok, eos, desc)
+        load_draft(settings, loaded)
+    return loaded
+
+
+def load_draft(settings: SessionSettings, loaded: Loaded) -> None:
+    """The draft model into `loaded` (at the start, or when speculation is switched on in a
+    session that started without it), on the target's device, dtype and GEMM backend."""
+    target = loaded.target
+    draft_path = settings.draft
+    if draft_path is None:
+        if settings.model is not None or settings.preset is not None:
+            raise UsageError("--drafter model needs --draft DIR (or use --drafter ngram)")
+        draft_path = default_checkpoint("draft")
+    draft, draft_tok, _ = _load_one(
+        draft_path, None, target.dtype, target.device, target.gemm, settings.seed
+    )
+    if draft_tok != loaded.tokenizer:
+        target_path = loaded.description["model"]
+        raise CheckpointError(
+            f"{draft_path}: draft tokenizer differs from the target's ({target_path})"
+        )
+    loaded.draft = draft
+    loaded.description["draft"] = str(draft_path)
 
 
 def versions() -> dict[str, str]:
@@ -167,6 +178,7 @@ class SessionRunner:
         self.applied = self.controls.snapshot()
         self.step_no = 0
         self._next_index = 0  # prompt index for prompts typed in the dashboard
+        self._group: list[Sequence] = []  # the sequences being decoded now
         self.engine = Engine(self.loaded.target, self._make_drafter, self.loaded.eos_ids)
 
     def emit(self, event: Event) -> None:
@@ -174,9 +186,36 @@ class SessionRunner:
         self._sink(event)
 
     def _make_drafter(self) -> Drafter:
-        if self.settings.drafter == "ngram" or self.loaded.draft is None:
-            return NgramDrafter()
-        return ModelDrafter(self.loaded.draft)
+        if self.settings.drafter == "model" and self.loaded.draft is not None:
+            return ModelDrafter(self.loaded.draft)
+        # --drafter model with speculation off: a stand-in never asked for drafts;
+        # `_switch_drafts_on` loads the draft and replaces it before the first one
+        return NgramDrafter()
+
+    def _switch_drafts_on(self) -> bool:
+        """Speculation switched on: with --drafter model and no draft loaded yet (the session
+        started with speculation off), load it and give every live sequence a model drafter.
+        A draft that cannot load keeps speculation off, with a non-fatal error saying why."""
+        if self.settings.drafter != "model" or self.loaded.draft is not None:
+            return True
+        try:
+            with torch.inference_mode(
+                False
+            ):  # weights as at the start: the GEMM caches version them
+                load_draft(self.settings, self.loaded)
+        except SpecdashError as e:
+            self.emit(
+                EngineError(
+                    message=f"speculation stays off: the draft model did not load: {e}",
+                    fatal=False,
+                    exit_code=e.exit_code,
+                )
+            )
+            return False
+        for seq in self._group:
+            seq.drafter = ModelDrafter(self.loaded.draft)  # type: ignore[arg-type]
+            seq.drafter.start(seq.prompt, seq.capacity)
+        return True
 
     def _apply_controls(self) -> None:
         """Pick up control changes between steps; each change is itself an event.
@@ -194,6 +233,8 @@ class SessionRunner:
     def _take(self, new: ControlState) -> None:
         if new == self.applied:
             return
+        if new.speculation and not self.applied.speculation and not self._switch_drafts_on():
+            new = self.controls.update(speculation=False)
         if new.gemm_backend != self.applied.gemm_backend:
             try:
                 backend = gemm_backends.resolve(new.gemm_backend, self.loaded.target.device)
@@ -279,6 +320,7 @@ class SessionRunner:
     def _run_group(self, group: list[tuple[int, str, list[int]]]) -> None:
         s, eng = self.settings, self.engine
         seqs: list[Sequence] = []
+        self._group = seqs
         decode_s: dict[int, float] = {}
         verify_steps: dict[int, list[VerifyStep]] = {}  # plain decode steps left out
         for index, text, ids in group:
