@@ -265,3 +265,25 @@ def test_ctrl_c_mid_step_exits_130_and_keeps_the_trace(pair, tmp_path) -> None:
     assert "Traceback" not in err
     header, events, _warnings = read_trace(trace)
     assert any(e.kind == "verify_step" for e in events)
+
+
+def test_prompt_that_fills_the_context_exactly_runs(capsys, pair, tmp_path) -> None:
+    """prompt + new - 1 positions are fed (the last generated token never is): a prompt
+    that needs exactly the model's positions runs, one token more is refused."""
+    from specdash.runs.native import load_models
+    from specdash.settings import SessionSettings
+
+    loaded = load_models(SessionSettings(model=pair[0], drafter="ngram"))
+    tok, limit = loaded.tokenizer, loaded.target.cfg.max_position_embeddings
+    text = tok.decode(tok.encode(" ".join(f"w{i % 97}" for i in range(4000)))[: limit - 40])
+    n = len(tok.encode(text))
+    prompts = tmp_path / "fits.jsonl"
+    prompts.write_text(json.dumps({"prompt": text}) + "\n")
+    args = ["--model", str(pair[0]), "--drafter", "ngram", "--prompts", str(prompts), "--json"]
+    new = limit - n + 1
+    assert main(["run", "--headless", "--max-new-tokens", str(new), *args]) == 0
+    assert json.loads(capsys.readouterr().out)["new_tokens"] == new  # the last position used
+    code = main(["run", "--headless", "--max-new-tokens", str(new + 1), *args])
+    err = capsys.readouterr().err.strip()
+    assert code == EXIT_USAGE
+    assert f"it needs {limit + 1} positions, the model has {limit}" in err

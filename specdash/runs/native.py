@@ -261,7 +261,7 @@ class SessionRunner:
         if not ids:
             raise UsageError(f"prompt {name!r} is empty after tokenization")
         limit = self.loaded.target.cfg.max_position_embeddings
-        need = len(ids) + s.max_new_tokens
+        need = len(ids) + s.max_new_tokens - 1  # the last generated token is never fed
         if need > limit:
             raise UsageError(
                 f"prompt {name!r} is {len(ids)} tokens; with --max-new-tokens "
