@@ -46,3 +46,18 @@ def test_engine_error_panel(snap_compare):
 
 def test_terminal_too_small(snap_compare):
     assert snap_compare(dashboard(), terminal_size=(70, 20), run_before=settle)
+
+
+MINIMUM = (100, 30)
+"""The documented minimum: plots drawn bare, the footer starts with help and quit, the
+divergence table keeps its columns narrow."""
+
+
+def test_dashboard_minimum_size(snap_compare):
+    assert snap_compare(dashboard(), terminal_size=MINIMUM, run_before=settle)
+
+
+def test_help_screen_minimum_size(snap_compare):
+    assert snap_compare(
+        dashboard(), press=["question_mark"], terminal_size=MINIMUM, run_before=settle
+    )

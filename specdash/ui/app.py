@@ -62,6 +62,8 @@ CONTROL_ACTIONS = (
     ("q", "quit", "quit", "Quit specdash"),
 )
 
+FOOTER_FIRST = ("help", "quit")
+
 CONTROL_NAMES = {
     "gemm_backend": "GEMM backend",
     "speculation": "speculation",
@@ -86,7 +88,11 @@ class SpecdashApp(App[int]):
     CSS_PATH = "app.tcss"
     TITLE = "specdash"
     AUTO_FOCUS = "#divergence-table"
-    BINDINGS = [Binding(key, action, label) for key, action, label, _ in CONTROL_ACTIONS]
+    BINDINGS = sorted(
+        (Binding(key, action, label) for key, action, label, _ in CONTROL_ACTIONS),
+        key=lambda b: b.action not in FOOTER_FIRST,
+    )
+    """In CONTROL_ACTIONS order, but help and quit first: a narrow footer cuts the tail."""
 
     def __init__(
         self,

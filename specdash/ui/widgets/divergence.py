@@ -18,7 +18,13 @@ from specdash.events import Divergence
 from specdash.ui.dashboard_model import DashboardModel
 from specdash.ui.widgets.readout import Readout
 
-COLUMNS = ("prompt", "token", "what", "spec", "shadow", "k", "verify", "GEMM", "root cause")
+COLUMNS = ("p", "tok", "what", "spec", "shadow", "k", "verify", "GEMM", "root cause")
+NARROW_COLUMNS = ("p", "tok", "what", "spec", "shadow", "root cause")
+"""Below WIDE_WIDTH (a 100-column terminal) k, verify and GEMM give way (the detail has
+them) and the text cells are cut, so that every column shown fits."""
+WIDE_WIDTH = 70
+NARROW_TEXT = 8
+NARROW_CAUSE = 12
 
 
 def root_cause_label(d: Divergence) -> str:
@@ -26,12 +32,44 @@ def root_cause_label(d: Divergence) -> str:
     if rc is None:
         return "–"
     layer = "?" if rc.layer is None else str(rc.layer)
-    return f"layer {layer} {rc.sub_op}"
+    return f"L{layer} {rc.sub_op}"
+
+
+def cut(text: str, width: int) -> str:
+    return text if len(text) <= width else text[: width - 1] + "…"
+
+
+def row(d: Divergence, narrow: bool) -> tuple[str, ...]:
+    spec = repr(d.spec_text or str(d.spec_token))
+    shadow = repr(d.shadow_text or str(d.shadow_token))
+    cause = root_cause_label(d)
+    if narrow:
+        return (
+            str(d.prompt_index),
+            str(d.position),
+            d.what,
+            cut(spec, NARROW_TEXT),
+            cut(shadow, NARROW_TEXT),
+            cut(cause, NARROW_CAUSE),
+        )
+    return (
+        str(d.prompt_index),
+        str(d.position),
+        d.what,
+        spec,
+        shadow,
+        str(d.k),
+        d.verify_mode,
+        d.gemm_backend,
+        cause,
+    )
 
 
 class DivergencePanel(Vertical):
     _shown = 0
     """Divergences ever added to the table (its row keys are 0.._shown-1)."""
+    _narrow = False
+    _model: DashboardModel | None = None
 
     def compose(self) -> ComposeResult:
         yield Readout("divergences (session): none", id="divergence-count")
@@ -39,29 +77,32 @@ class DivergencePanel(Vertical):
         table.add_columns(*COLUMNS)
         yield table
 
+    def on_resize(self) -> None:
+        narrow = 0 < self.size.width < WIDE_WIDTH
+        if narrow == self._narrow:
+            return
+        self._narrow = narrow
+        table = self.query_one(DataTable)
+        table.clear(columns=True)
+        table.add_columns(*(NARROW_COLUMNS if narrow else COLUMNS))
+        self._shown = 0
+        if self._model is not None:
+            self._shown = self._model.divergence_count - len(self._model.divergences)
+            self.show(self._model)
+
     def show(self, m: DashboardModel) -> None:
         """Append rows for new divergences; start over when the model did (a replay seek).
 
         Row i is always `m.divergences[i]`: rows the model evicted are removed too.
         """
+        self._model = m
         table = self.query_one(DataTable)
         if m.divergence_count < self._shown:
             table.clear()
             self._shown = 0
         new = m.divergence_count - self._shown
         for d in list(m.divergences)[-new:] if new else []:
-            table.add_row(
-                str(d.prompt_index),
-                str(d.position),
-                d.what,
-                repr(d.spec_text or str(d.spec_token)),
-                repr(d.shadow_text or str(d.shadow_token)),
-                str(d.k),
-                d.verify_mode,
-                d.gemm_backend,
-                root_cause_label(d),
-                key=str(self._shown),
-            )
+            table.add_row(*row(d, self._narrow), key=str(self._shown))
             self._shown += 1
         while table.row_count > len(m.divergences):
             table.remove_row(str(self._shown - table.row_count))

@@ -15,6 +15,10 @@ from textual_plotext import PlotextPlot
 
 FALLBACK_WIDTH = 80
 """Columns assumed before the first layout."""
+ROOMY_HEIGHT = 9
+"""Rows a plot needs for its frame, title, axis labels and legend; a shorter one (a 100x30
+terminal) is drawn bare: two y ticks, x ticks a dozen columns apart, no frame, so that no
+label lands on another."""
 
 
 def envelope(
@@ -45,6 +49,16 @@ class SeriesPlot(PlotextPlot):
         self.heading = title
         self._xlabel = xlabel
         self._ylabel = ylabel
+        self._last: tuple | None = None
+        """The last `show` arguments, to redraw when a resize changes the decorations."""
+        self._bare: bool | None = None
+
+    def _is_bare(self) -> bool:
+        return 0 < self.size.height < ROOMY_HEIGHT
+
+    def on_resize(self) -> None:
+        if self._last is not None and self._is_bare() != self._bare:
+            self.show(*self._last)
 
     def show(
         self,
@@ -55,18 +69,25 @@ class SeriesPlot(PlotextPlot):
     ) -> None:
         """Redraw with `series` = (label, ys, colour) sharing `xs`, as lines or as dots (a
         third of the cost, and clearer for integer series that jump between levels)."""
+        self._last = (xs, series, ylim, lines)
+        self._bare = bare = self._is_bare()
         plt = self.plt
         plt.clear_data()
         plt.clear_figure()
-        plt.title(self.heading)
-        plt.xlabel(self._xlabel)
-        plt.ylabel(self._ylabel)
+        columns = self.size.width or FALLBACK_WIDTH
+        if bare:
+            plt.frame(False)
+            plt.yfrequency(2)
+            plt.xfrequency(max(2, columns // 12))
+        else:
+            plt.title(self.heading)
+            plt.xlabel(self._xlabel)
+            plt.ylabel(self._ylabel)
         if ylim is not None:
             plt.ylim(*ylim)
-        columns = self.size.width or FALLBACK_WIDTH
         draw = plt.plot if lines else plt.scatter
         for label, ys, colour in series:
             if ys:
                 px, py = envelope(xs, ys, columns)
-                draw(px, py, marker="braille", color=colour, label=label)
+                draw(px, py, marker="braille", color=colour, label=None if bare else label)
         self.refresh()
