@@ -15,7 +15,9 @@ from pydantic import BaseModel, ConfigDict, Field, TypeAdapter
 
 from specdash import metrics
 
-SCHEMA = "specdash/v1"
+SCHEMA = "specdash/v2"
+"""v2: `position` is the generated-token index, 0-based, for every engine (v1 native traces
+counted the prompt too; `read_trace` converts them)."""
 
 
 def now_ns() -> int:
@@ -110,7 +112,8 @@ class VerifyStep(_Event):
 
 
 class Token(_Event):
-    """One emitted token of the speculative run. `source` says how it got there."""
+    """One emitted token of the speculative run. `source` says how it got there; `position`
+    is its generated-token index, 0-based (the prefill's token is 0), as in every event."""
 
     kind: Literal["token"] = "token"
     prompt_index: int

@@ -111,7 +111,7 @@ def session(plan: Plan | None = None) -> list[Event]:
                         logprob = _next_float_down(logprob)
                 if plan.divergence_at == (p, pos):
                     events.append(
-                        Divergence(t_ns=tick(0.00001), prompt_index=p, position=PROMPT_TOKENS + pos,
+                        Divergence(t_ns=tick(0.00001), prompt_index=p, position=pos,
                                    step=step,
                                    k=k, verify_mode="exact", gemm_backend="triton", what="token",
                                    spec_token=tok, shadow_token=tok + 1, spec_logprob=logprob,
@@ -120,7 +120,7 @@ def session(plan: Plan | None = None) -> list[Event]:
                     )  # fmt: skip
                 source = "bonus" if i == len(emitted) - 1 else "draft"
                 events.append(
-                    Token(t_ns=tick(0.00001), prompt_index=p, position=PROMPT_TOKENS + pos,
+                    Token(t_ns=tick(0.00001), prompt_index=p, position=pos,
                           token_id=tok,
                           logprob=logprob, text=f"<{tok}>", source=source, step=step)
                 )  # fmt: skip

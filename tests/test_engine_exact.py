@@ -119,8 +119,7 @@ def test_fast_mode_reports_what_it_finds(pair, reference) -> None:  # noqa: ANN0
     assert r.divergences, "fast verify reported no divergence"
     flagged = {d.prompt_index: d for d in r.divergences}
     assert len(flagged) == len(r.divergences), "a prompt flagged twice"
-    tok = r.runner.loaded.tokenizer
-    for i, p in enumerate(load_prompts(pair[2])):
+    for i in range(len(load_prompts(pair[2]))):
         ref_ids, ref_lps = reference[i]
         moved = first_moved(r.ids[i], r.logprobs[i], ref_ids, ref_lps)
         if moved is None:
@@ -128,7 +127,7 @@ def test_fast_mode_reports_what_it_finds(pair, reference) -> None:  # noqa: ANN0
             continue
         assert i in flagged, f"prompt {i} moved at token {moved} and was not flagged"
         d = flagged[i]
-        assert d.position == len(tok.encode(p.text)) + moved, f"prompt {i}"
+        assert d.position == moved, f"prompt {i}"  # the generated-token index
         assert (d.shadow_token, d.spec_token) == (int(ref_ids[moved]), int(r.ids[i][moved]))
         assert torch.equal(ref_lps[moved : moved + 1], torch.tensor([d.shadow_logprob]))
         assert torch.equal(r.logprobs[i][moved : moved + 1], torch.tensor([d.spec_logprob]))
@@ -162,7 +161,6 @@ def test_one_ulp_fault_is_flagged_at_its_token_with_its_layer(
     runner.engine.fault = lambda step: perturb if step == fault_step else None
     runner.run()
     flagged = {e.prompt_index: e for e in events if isinstance(e, Divergence)}
-    prompt_tokens = {e.prompt_index: e.prompt_tokens for e in events if e.kind == "prompt_start"}
     # Whether and where the fault reaches an emitted token depends on rounding, so on the
     # CPU's vector ISA: on AVX-512 it surfaces at the perturbed token in some prompts and
     # tokens later in others; with AVX2 GEMMs one prompt's qkv_proj fault never reaches its
@@ -185,8 +183,8 @@ def test_one_ulp_fault_is_flagged_at_its_token_with_its_layer(
         assert i in flagged, f"prompt {i} moved at token {moved} and was not flagged"
         d = flagged[i]
         steps = [e for e in events if e.kind == "verify_step" and e.prompt_index == i]
-        perturbed = prompt_tokens[i] + 1 + sum(len(s.emitted_tokens) for s in steps[:fault_step])
-        assert d.position == prompt_tokens[i] + moved >= perturbed, f"prompt {i}"
+        perturbed = 1 + sum(len(s.emitted_tokens) for s in steps[:fault_step])
+        assert d.position == moved >= perturbed, f"prompt {i}"
         assert d.root_cause is not None
         assert (d.root_cause.layer, d.root_cause.sub_op) == (layer, sub_op)
         assert d.root_cause.origin_position == perturbed

@@ -95,7 +95,7 @@ def test_divergence_control_and_gpu_counters(trace):
     path, events = trace
     evs = perfetto_trace(events[0], events[1:])["traceEvents"]
     div = [e for e in evs if e["ph"] == "i" and e["name"].startswith("divergence")]
-    assert len(div) == 1 and div[0]["args"]["pos"] == 6 + 7 and div[0]["args"]["prompt"] == 2
+    assert len(div) == 1 and div[0]["args"]["pos"] == 7 and div[0]["args"]["prompt"] == 2
     assert div[0]["args"]["shadow_token"] == div[0]["args"]["spec_token"] + 1
     prompts = [e for e in evs if e["ph"] == "i" and e["name"].startswith("prompt ")]
     assert [(p["args"]["prompt"], p["s"]) for p in prompts] == [(0, "p"), (1, "p"), (2, "p")]

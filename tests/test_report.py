@@ -45,10 +45,10 @@ def test_report_lists_divergences_with_context_and_the_settings(tmp_path):
     page = report(tmp_path, record(tmp_path / "s.jsonl", Plan(divergence_at=(1, 9))))
     divergences = page[page.index("id='divergences'") : page.index("id='settings'")]
     assert "Divergences (1)" in divergences
-    assert "… the quick brown" in divergences and "<td>15</td>" in divergences
+    assert "… the quick brown" in divergences and "<td>9</td>" in divergences
     settings = page[page.index("id='settings'") :]
     for expected in ("config.k</th><td>4", "GEMM backend</th><td>triton", "0123456789ab",
-                     "version.torch</th><td>2.13.0+cpu", "specdash/v1"):  # fmt: skip
+                     "version.torch</th><td>2.13.0+cpu", "specdash/v2"):  # fmt: skip
         assert expected in settings
 
 

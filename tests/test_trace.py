@@ -158,12 +158,12 @@ def test_directory_is_not_a_trace(tmp_path):
 
 
 def test_newer_schema_says_upgrade(tmp_path):
-    line = header(Plan()).model_dump() | {"schema_version": "specdash/v2", "new_field": 1}
+    line = header(Plan()).model_dump() | {"schema_version": "specdash/v3", "new_field": 1}
     path = tmp_path / "t.jsonl"
     path.write_text(json.dumps(line) + "\n")
-    with pytest.raises(UsageError, match=r"schema specdash/v2, newer than .*\(specdash/v1\)"):
+    with pytest.raises(UsageError, match=r"schema specdash/v3, newer than .*\(specdash/v2\)"):
         read_trace(path)
-    assert SCHEMA == "specdash/v1"
+    assert SCHEMA == "specdash/v2"
 
 
 def test_damaged_middle_line_is_an_error_with_its_line_number(tmp_path):

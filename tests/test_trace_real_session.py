@@ -50,12 +50,15 @@ def recorded(tmp_path_factory) -> dict[str, Path]:
 def test_real_trace_reads_back_whole(recorded, which):
     path = GOLDEN if which == "golden" else recorded["spec"]
     header, events, warnings = read_trace(path)
-    assert warnings == [] and header.schema_version == "specdash/v1"
+    assert warnings == []
+    assert header.schema_version == ("specdash/v1" if which == "golden" else "specdash/v2")
     assert header.versions["torch"] and header.config["k"] == 3
     assert events[-1].kind == "summary" and events[-1].prompts == 2
     tokens = [e for e in events if isinstance(e, Token)]
     steps = [e for e in events if isinstance(e, VerifyStep)]
     assert len(tokens) == 24 and sum(len(s.emitted_tokens) for s in steps) <= 24
+    for p in (0, 1):  # generated-token index from 0 (a v1 native trace counted the prompt)
+        assert [t.position for t in tokens if t.prompt_index == p] == list(range(12))
     if which == "spec":
         assert header.git_revision is not None  # filled in by the writer from this checkout
 

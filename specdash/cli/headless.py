@@ -31,7 +31,7 @@ def format_summary(summary: Summary, divergences: list[Divergence]) -> str:
     for d in divergences:
         cause = f"; root cause: {d.root_cause.detail}" if d.root_cause else ""
         lines.append(
-            f"DIVERGED prompt {d.prompt_index} at token {d.position} ({d.what}): "
+            f"DIVERGED prompt {d.prompt_index} at generated token {d.position} ({d.what}): "
             f"spec {d.spec_token} ({d.spec_logprob!r}) vs shadow {d.shadow_token} "
             f"({d.shadow_logprob!r}){cause}"
         )

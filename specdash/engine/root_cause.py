@@ -73,7 +73,7 @@ def find_root_cause(engine: Engine, seq: Sequence, position: int) -> RootCause:
             if found is not None:
                 i, r = found
                 layer, name, a = capture.records[i]
-                origin = len(seq.prompt) + generated + r  # the token row r emits
+                origin = generated + r  # the generated token row r emits
                 return _describe(engine, layer, name, a[r : r + 1], shadow[r][i][2], origin)
             generated += rec.accepted + 1
     finally:

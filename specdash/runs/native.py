@@ -393,13 +393,12 @@ class SessionRunner:
 
     def _emit_tokens(self, seq: Sequence, start: int, source: str, accepted: int) -> None:
         tok = self.loaded.tokenizer
-        plen = len(seq.prompt)
         for j in range(start, len(seq.ids)):
             src = source if source == "decode" or j - start < accepted else "bonus"
             self.emit(
                 Token(
                     prompt_index=seq.index,
-                    position=plen + j,
+                    position=j,
                     token_id=seq.ids[j],
                     logprob=seq.logprobs[j],
                     text=tok.decode([seq.ids[j]]),
@@ -418,7 +417,7 @@ class SessionRunner:
         self.emit(
             Divergence(
                 prompt_index=seq.index,
-                position=len(seq.prompt) + j,
+                position=j,
                 step=self.step_no,
                 k=k,
                 verify_mode=seq.steps[step].mode,

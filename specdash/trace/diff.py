@@ -20,8 +20,8 @@ from specdash.trace.jsonl import read_trace
 
 @dataclass(frozen=True, slots=True)
 class PromptDiff:
-    """First difference of one prompt; `index` counts generated tokens from 0 (a token's
-    `position` also counts the prompt, as the engine's divergence events do).
+    """First difference of one prompt; `index` counts generated tokens from 0, like every
+    event's `position`.
 
     `a`/`b` is None where that trace has no token at `index` (it stopped earlier or never
     ran the prompt); `index` is None when the prompt's tokens are identical.
@@ -99,11 +99,8 @@ def format_diff(d: PromptDiff) -> str:
     if d.index is None:
         return f"prompt {d.prompt_index}: identical ({d.tokens_a} tokens)"
     what = "logprob bits" if d.a and d.b and d.a.token_id == d.b.token_id else "token"
-    where = d.a or d.b
-    position = f" (position {where.position})" if where else ""
     return (
-        f"prompt {d.prompt_index}: first {what} difference at generated token {d.index}"
-        f"{position}: "
+        f"prompt {d.prompt_index}: first {what} difference at generated token {d.index}: "
         f"{_side('A', d.a, d.tokens_a)} | {_side('B', d.b, d.tokens_b)}"
     )
 

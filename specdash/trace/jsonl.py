@@ -19,7 +19,15 @@ from typing import IO
 from pydantic import ValidationError
 
 from specdash.errors import EnvironmentProblem, UsageError
-from specdash.events import SCHEMA, Event, SessionStart, parse_event
+from specdash.events import (
+    SCHEMA,
+    Divergence,
+    Event,
+    PromptStart,
+    SessionStart,
+    Token,
+    parse_event,
+)
 
 
 def git_revision(directory: Path | None = None) -> str | None:
@@ -214,4 +222,27 @@ def read_trace(path: Path | str) -> tuple[SessionStart, list[Event], list[str]]:
                 f"{path}:{len(lines) + 1}: skipped a torn last line ({len(torn)} bytes); "
                 "the recording was cut off mid-write"
             )
+    if _schema_major(header.schema_version) == 1 and header.config.get("engine") != "sglang":
+        events = _v1_positions(events)
     return header, events, warnings
+
+
+def _v1_positions(events: list[Event]) -> list[Event]:
+    """A v1 native trace counted `position` from the prompt's start: make it the
+    generated-token index every v2 event uses (SGLang v1 traces already did)."""
+    prompt_tokens: dict[int, int] = {}
+    out: list[Event] = []
+    for e in events:
+        if isinstance(e, PromptStart):
+            prompt_tokens[e.prompt_index] = e.prompt_tokens
+        elif isinstance(e, Token | Divergence) and e.prompt_index in prompt_tokens:
+            shift = prompt_tokens[e.prompt_index]
+            update: dict[str, object] = {"position": e.position - shift}
+            cause = e.root_cause if isinstance(e, Divergence) else None
+            if cause is not None and cause.origin_position is not None:
+                update["root_cause"] = cause.model_copy(
+                    update={"origin_position": cause.origin_position - shift}
+                )
+            e = e.model_copy(update=update)
+        out.append(e)
+    return out
