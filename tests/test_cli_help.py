@@ -90,3 +90,12 @@ def test_usage_error_is_one_line_and_a_hint(capsys, argv, message, hint) -> None
 def test_gemm_backend_choices_are_the_engines_names() -> None:
     names = set(gemm_backends.backends(torch.device("cpu"))) | set(gemm_backends.gpu_backends())
     assert set(GEMM_BACKENDS) == names | {"auto"}
+
+
+def test_batch_help_says_sequences_are_stepped_one_after_another() -> None:
+    """--batch is the audit's axis, not batched compute: the help must not promise that."""
+    line = " ".join(
+        build_parser()._subparsers._group_actions[0].choices["run"].format_help().split()
+    )
+    assert "--batch N N prompts in flight, each stepped in turn (one after another" in line
+    assert "decoded together" not in line

@@ -92,7 +92,14 @@ def _add_session_flags(p: argparse.ArgumentParser) -> None:
         default="auto",
         help="GEMM implementation; auto: torch on the CPU, triton on CUDA",
     )
-    p.add_argument("--batch", type=int, default=1, metavar="N", help="prompts decoded together")
+    p.add_argument(
+        "--batch",
+        type=int,
+        default=1,
+        metavar="N",
+        help="N prompts in flight, each stepped in turn (one after another, not batched "
+        "compute): the audit's batch axis",
+    )
     p.add_argument(
         "--prompts",
         metavar="FILE",
