@@ -3,6 +3,7 @@ is complete when it can be and says what it lacks when it cannot."""
 
 from __future__ import annotations
 
+import math
 import tracemalloc
 from collections import Counter
 from collections.abc import Iterator
@@ -10,7 +11,7 @@ from collections.abc import Iterator
 from fake_events import ScriptedSource, fake_session
 
 from specdash.events import Divergence, Event, PromptDone, PromptStart, SessionStart, Token
-from specdash.trace.event_log import EventLog
+from specdash.trace.event_log import LANDMARK_KINDS, PACK, WINDOW_EVENTS, EventLog
 from specdash.trace.jsonl import TraceWriter, read_trace
 from specdash.ui.app import SpecdashApp
 
@@ -76,7 +77,51 @@ def test_memory_stays_bounded_over_a_long_session():
         tracemalloc.stop()
     assert len(log) == 1 + 500 + 2_000
     assert len(sizes) == 3  # 300k events seen
-    assert max(sizes) - min(sizes) < 200_000, sizes  # flat, not ~1 kB per event
+    # flat, not ~1 kB per event (100 MB): what moves is the newest < PACK events, kept as
+    # objects until a block is packed
+    assert max(sizes) - min(sizes) < PACK * 1_500, sizes
+
+
+def test_a_full_window_is_packed_small():
+    """Issue 12: a full window of pydantic objects was ~65 MB and the dashboard's RSS grew
+    until it filled; packed it is a few MB."""
+    log = EventLog()
+    tracemalloc.start()
+    try:
+        for event in long_session(prompts=WINDOW_EVENTS // 200 + 10):
+            log.append(event)
+        held = tracemalloc.get_traced_memory()[0]
+    finally:
+        tracemalloc.stop()
+    assert not log.complete and len(log) >= WINDOW_EVENTS
+    assert held < 5 * 2**20, held  # ~100 B an event at most, vs ~1.3 kB as objects
+
+
+def test_packed_events_export_unchanged_in_stream_order():
+    events = list(long_session(prompts=30, tokens_per_prompt=150))
+    nan = Token(
+        t_ns=events[-1].t_ns + 1,
+        prompt_index=29,
+        position=150,
+        token_id=1,
+        logprob=float("nan"),
+        text="\x00 é",
+        source="bonus",
+        step=150,
+    )
+    events.append(nan)
+    window = 3 * PACK + 17
+    log = EventLog(window=window, max_landmarks=10)
+    for event in events:
+        log.append(event)
+    assert len(log) == 1 + 10 + window
+    exported = list(log.export())
+    assert exported[-window:-1] == events[-window:-1]
+    assert math.isnan(exported[-1].logprob) and exported[-1].text == nan.text
+    assert exported[1:11] == [e for e in events[:-window] if e.kind in LANDMARK_KINDS][-10:]
+    kept = Counter(e.kind for e in exported[1:])
+    assert log.dropped + kept == Counter(e.kind for e in events[1:])
+    assert log.dropped_until_ns < events[-window].t_ns
 
 
 def test_nothing_dropped_exports_everything_unchanged():

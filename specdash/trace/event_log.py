@@ -7,23 +7,57 @@ summary), up to `MAX_LANDMARKS`. What it no longer holds is counted by kind, and
 built from it says so in its header (`config["export_gap"]`), so a partial trace never passes
 for a complete one. A session recorded from its header on (`--trace`, or `e` early enough)
 does not need this: its trace file is the complete session.
+
+Held events are packed (issue 12): a pydantic event takes ~1.3 kB as an object, so a full
+window of objects was ~65 MB and the dashboard's RSS grew until it filled. All but the newest
+`PACK` events are kept as zlib-compressed blocks of their field dicts plus each event's kind
+and time (~35 B an event, ~2 MB for a full window, ~4 us an event to pack); landmarks are
+also kept as objects. Packing is lossless: an export unpacks the same events.
 """
 
 from __future__ import annotations
 
+import pickle
+import typing
+import zlib
+from array import array
 from collections import Counter, deque
 from collections.abc import Iterator
 
 from specdash.events import Event, SessionStart
 
 WINDOW_EVENTS = 50_000
-"""Recent events kept in full: about 60 MB of pydantic events (a token is ~1.2 kB), minutes
-of decoding on a GPU, tens of minutes for the tiny CPU model."""
+"""Recent events kept in full: minutes of decoding on a GPU, tens of minutes for the tiny CPU
+model; packed, about 2 MB (as pydantic objects it would be ~65 MB: a token is ~1.3 kB)."""
+PACK = 1024
+"""Events per packed block; fewer than this newest events stay objects."""
 MAX_LANDMARKS = 20_000
 LANDMARK_KINDS = frozenset(
     {"prompt_start", "prompt_done", "divergence", "control", "error", "summary"}
 )
 """Rare events that say what happened when: kept after their neighbours are dropped."""
+_TYPES = {t.model_fields["kind"].default: t for t in typing.get_args(typing.get_args(Event)[0])}
+
+
+class _Block:
+    """`PACK` consecutive events, packed; `start` is the first one still held."""
+
+    __slots__ = ("data", "kinds", "landmarks", "start", "t_ns")
+
+    def __init__(self, events: list[Event]) -> None:
+        self.data = zlib.compress(pickle.dumps([e.__dict__ for e in events], 5), 1)
+        self.kinds = [e.kind for e in events]  # interned literals: a pointer each
+        self.t_ns = array("q", (e.t_ns for e in events))
+        self.landmarks = {i: e for i, e in enumerate(events) if e.kind in LANDMARK_KINDS}
+        self.start = 0
+
+    def __len__(self) -> int:
+        return len(self.kinds) - self.start
+
+    def events(self) -> list[Event]:
+        """The held events, unpacked (equal to the ones packed: fields are already valid)."""
+        fields = pickle.loads(zlib.decompress(self.data))[self.start :]
+        return [_TYPES[f["kind"]].model_construct(**f) for f in fields]
 
 
 class EventLog:
@@ -32,6 +66,10 @@ class EventLog:
     def __init__(self, window: int = WINDOW_EVENTS, max_landmarks: int = MAX_LANDMARKS) -> None:
         self.header: SessionStart | None = None
         self._recent: deque[Event] = deque()
+        """The newest events (fewer than `PACK` once blocks exist), after `_blocks`."""
+        self._blocks: deque[_Block] = deque()
+        self._packed = 0
+        """Events held in `_blocks`."""
         self._landmarks: deque[Event] = deque()
         self._window = window
         self._max_landmarks = max_landmarks
@@ -45,22 +83,42 @@ class EventLog:
             self.header = event
             return
         self._recent.append(event)
-        if len(self._recent) > self._window:
-            old = self._recent.popleft()
-            if old.kind in LANDMARK_KINDS:
-                self._landmarks.append(old)
-                if len(self._landmarks) > self._max_landmarks:
-                    self._drop(self._landmarks.popleft())
-            else:
-                self._drop(old)
+        if len(self._recent) >= PACK:
+            self._blocks.append(_Block(list(self._recent)))
+            self._packed += len(self._recent)
+            self._recent.clear()
+        if self._packed + len(self._recent) > self._window:
+            self._evict_oldest()
 
-    def _drop(self, event: Event) -> None:
-        self.dropped[event.kind] += 1
-        self.dropped_until_ns = max(self.dropped_until_ns or event.t_ns, event.t_ns)
+    def _evict_oldest(self) -> None:
+        """The oldest held event leaves the window: kept as a landmark, or counted."""
+        if self._blocks:
+            block = self._blocks[0]
+            i = block.start
+            kind, t_ns, old = block.kinds[i], block.t_ns[i], block.landmarks.pop(i, None)
+            block.start += 1
+            self._packed -= 1
+            if not len(block):
+                self._blocks.popleft()
+        else:
+            old = self._recent.popleft()
+            kind, t_ns = old.kind, old.t_ns
+        if kind in LANDMARK_KINDS:
+            self._landmarks.append(old)
+            if len(self._landmarks) > self._max_landmarks:
+                landmark = self._landmarks.popleft()
+                self._drop(landmark.kind, landmark.t_ns)
+        else:
+            self._drop(kind, t_ns)
+
+    def _drop(self, kind: str, t_ns: int) -> None:
+        self.dropped[kind] += 1
+        self.dropped_until_ns = max(self.dropped_until_ns or t_ns, t_ns)
 
     def __len__(self) -> int:
         """Events held (header included)."""
-        return (self.header is not None) + len(self._landmarks) + len(self._recent)
+        held = self._packed + len(self._recent)
+        return (self.header is not None) + len(self._landmarks) + held
 
     @property
     def complete(self) -> bool:
@@ -98,4 +156,6 @@ class EventLog:
             header = header.model_copy(update={"config": header.config | {"export_gap": gap}})
         yield header
         yield from self._landmarks
+        for block in list(self._blocks):
+            yield from block.events()
         yield from self._recent
