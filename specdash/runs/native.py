@@ -43,6 +43,7 @@ from specdash.events import (
     VerifyStep,
 )
 from specdash.prompts import load_prompts
+from specdash.runs.heap import trim_heap
 from specdash.settings import MAX_K, SessionSettings
 from specdash.stats import SessionStats
 
@@ -313,6 +314,7 @@ class SessionRunner:
         with torch.inference_mode():
             while not self.stop.is_set() and (group := self._next_group(queue)):
                 self._run_group(group)
+        trim_heap()  # the last group's caches: the dashboard stays open after the session
         summary = self.stats.summary()
         self.emit(summary)
         return summary
@@ -331,6 +333,7 @@ class SessionRunner:
             seqs.append(seq)
             decode_s[index] = 0.0
             verify_steps[index] = []
+        trim_heap()  # the prefills' freed activations back to the OS, or RSS keeps them
         while not self.stop.is_set():
             self._apply_controls()
             if self.controls.take_next_prompt_request():
