@@ -171,6 +171,9 @@ class PromptDone(_Event):
     accepted_drafts: int
     proposed_drafts: int
     exact: bool
+    """Ids and fp32 logprob bits equal to the shadow's, every token."""
+    same_text: bool | None = None
+    """Token ids equal to the shadow's, every token (the bits may differ); None: not checked."""
 
 
 class TelemetrySample(_Event):
@@ -224,13 +227,19 @@ class Summary(_Event):
     acceptance_rate: float
     verify_steps: int
     divergences: int
+    same_text_prompts: int | None = None
+    """Prompts whose token ids equal the shadow's to the end (None: not checked)."""
 
     @property
     def exact_text(self) -> str:
-        """What every view prints: "23/24", or "not checked (--no-shadow)"."""
+        """What every view prints: "15/24 identical text, 9/24 identical bits", or "not
+        checked (--no-shadow)"."""
         if not self.checked:
             return "not checked (--no-shadow)"
-        return f"{self.exact_prompts}/{self.prompts}"
+        bits = f"{self.exact_prompts}/{self.prompts} identical bits"
+        if self.same_text_prompts is None:
+            return bits
+        return f"{self.same_text_prompts}/{self.prompts} identical text, {bits}"
 
 
 Event = Annotated[

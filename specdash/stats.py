@@ -9,6 +9,7 @@ from specdash.events import Divergence, Event, PromptDone, SessionStart, Summary
 class SessionStats:
     def __init__(self) -> None:
         self.prompts = self.exact_prompts = self.new_tokens = 0
+        self.same_text_prompts: int | None = None
         self.seconds = 0.0
         self.verify_steps = self.accepted = self.proposed = self.emitted = 0
         self.divergences = 0
@@ -27,6 +28,8 @@ class SessionStats:
         elif isinstance(event, PromptDone):
             self.prompts += 1
             self.exact_prompts += event.exact
+            if event.same_text is not None:
+                self.same_text_prompts = (self.same_text_prompts or 0) + event.same_text
             self.new_tokens += event.new_tokens
             self.seconds += event.seconds
 
@@ -43,4 +46,5 @@ class SessionStats:
             acceptance_rate=metrics.acceptance_rate(self.accepted, self.proposed) or 0.0,
             verify_steps=self.verify_steps,
             divergences=self.divergences,
+            same_text_prompts=self.same_text_prompts if self.checked else None,
         )

@@ -53,7 +53,8 @@ class Sequence:
     shadow_ids: list[int] = field(default_factory=list)
     shadow_logprobs: list[float] = field(default_factory=list)
     steps: list[StepRecord] = field(default_factory=list)
-    diverged_at: int | None = None  # index into ids
+    diverged_at: int | None = None  # first index whose id or logprob bits differ
+    text_diverged_at: int | None = None  # first index whose token id differs
     done: bool = False
 
     @property
@@ -168,8 +169,10 @@ class Engine:
         )
 
     def shadow_catch_up(self, seq: Sequence) -> float:
-        """Decode the shadow up to the speculative run's length, comparing as it goes."""
-        if seq.shadow is None or seq.diverged_at is not None:
+        """Decode the shadow up to the speculative run's length, comparing as it goes. The
+        shadow runs to the end after a divergence too (its own greedy path), so a later change
+        of the text is seen, and its time is always real."""
+        if seq.shadow is None:
             return 0.0
         t0 = time.perf_counter()
         while len(seq.shadow_ids) < len(seq.ids):
@@ -179,11 +182,13 @@ class Engine:
             seq.shadow_ids.append(int(tok[0]))
             seq.shadow_logprobs.append(float(tok_lp[0]))
             j = len(seq.shadow_ids) - 1
-            if seq.shadow_ids[j] != seq.ids[j] or not same_fp32_bits(
-                seq.shadow_logprobs[j], seq.logprobs[j]
+            same_id = seq.shadow_ids[j] == seq.ids[j]
+            if seq.text_diverged_at is None and not same_id:
+                seq.text_diverged_at = j
+            if seq.diverged_at is None and not (
+                same_id and same_fp32_bits(seq.shadow_logprobs[j], seq.logprobs[j])
             ):
                 seq.diverged_at = j
-                break
         return time.perf_counter() - t0
 
     def step_of(self, seq: Sequence, position: int) -> tuple[int, int]:

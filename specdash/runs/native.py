@@ -377,7 +377,10 @@ class SessionRunner:
                     verify_steps[seq.index].append(step)
                 self._emit_tokens(seq, before, "draft", r.accepted)
                 if seq.diverged_at is not None and seq.diverged_at >= before:
-                    self._emit_divergence(seq, k)
+                    self._emit_divergence(seq, k, seq.diverged_at)
+                text_at = seq.text_diverged_at
+                if text_at is not None and text_at >= before and text_at != seq.diverged_at:
+                    self._emit_divergence(seq, k, text_at)  # the text changes later too
             self.step_no += 1
         for seq in seqs:
             verified = verify_steps[seq.index]
@@ -390,6 +393,11 @@ class SessionRunner:
                     accepted_drafts=sum(v.accepted for v in verified),
                     proposed_drafts=sum(v.proposed for v in verified),
                     exact=s.shadow and seq.diverged_at is None and seq.compared == len(seq.ids),
+                    same_text=(
+                        seq.text_diverged_at is None and seq.compared == len(seq.ids)
+                        if s.shadow
+                        else None
+                    ),
                 )
             )
             eng.release(seq)
@@ -410,12 +418,13 @@ class SessionRunner:
                 )
             )  # type: ignore[arg-type]
 
-    def _emit_divergence(self, seq: Sequence, k: int) -> None:
-        j = seq.diverged_at
-        assert j is not None
+    def _emit_divergence(self, seq: Sequence, k: int, j: int) -> None:
+        """Generated token j differs from the shadow's: the first bit divergence, or the first
+        token-id divergence when that comes later (root cause only for the first)."""
         tok = self.loaded.tokenizer
         what = "token" if seq.ids[j] != seq.shadow_ids[j] else "logprob"
-        cause = find_root_cause(self.engine, seq, j) if self.settings.root_cause else None
+        first = j == seq.diverged_at
+        cause = find_root_cause(self.engine, seq, j) if self.settings.root_cause and first else None
         step, _ = self.engine.step_of(seq, j)
         self.emit(
             Divergence(

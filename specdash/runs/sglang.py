@@ -552,34 +552,56 @@ class SGLangSession:
         return _generate(engine, text, f"specdash-shadow-{index}", self.settings.max_new_tokens)
 
     def _compare(self, index: int, spec: _Output, shadow: _Output) -> None:
-        """First position where ids or fp32 logprob bits differ -> Divergence."""
-        for pos, (a, b) in enumerate(zip(spec.ids, shadow.ids, strict=False)):
-            la = spec.logprobs[pos] if pos < len(spec.logprobs) else None
-            lb = shadow.logprobs[pos] if pos < len(shadow.logprobs) else None
-            if a != b or not same_fp32_bits(la, lb):
-                sources = list(token_sources(self.steps.get(index, []), len(spec.ids)))
-                self.emit(
-                    Divergence(
-                        prompt_index=index,
-                        position=pos,
-                        step=sources[pos][1],
-                        k=self.settings.k,
-                        verify_mode=self.settings.verify,
-                        gemm_backend=self.gemm_backend,
-                        what="token" if a != b else "logprob",
-                        spec_token=a,
-                        shadow_token=b,
-                        spec_logprob=la if la is not None else float("nan"),
-                        shadow_logprob=lb if lb is not None else float("nan"),
-                        spec_text=spec.texts[pos] if pos < len(spec.texts) else "",
-                        shadow_text=shadow.texts[pos] if pos < len(shadow.texts) else "",
-                    )
-                )
-                self._done(index, spec, exact=False)
-                return
-        self._done(index, spec, exact=len(spec.ids) == len(shadow.ids))
+        """The first position where ids or fp32 logprob bits differ, and the first where the ids
+        do when that is later (the text changed too) -> a Divergence each; then PromptDone."""
+        pairs = list(zip(spec.ids, shadow.ids, strict=False))
 
-    def _done(self, index: int, out: _Output, exact: bool) -> None:
+        def logprob(out: _Output, p: int) -> float | None:
+            return out.logprobs[p] if p < len(out.logprobs) else None
+
+        bits_at = next(
+            (
+                p
+                for p, (a, b) in enumerate(pairs)
+                if a != b or not same_fp32_bits(logprob(spec, p), logprob(shadow, p))
+            ),
+            None,
+        )
+        text_at = next((p for p, (a, b) in enumerate(pairs) if a != b), None)
+        for pos in sorted({bits_at, text_at} - {None}):
+            self._emit_divergence(index, spec, shadow, pos)
+        same_length = len(spec.ids) == len(shadow.ids)
+        self._done(
+            index,
+            spec,
+            exact=bits_at is None and same_length,
+            same_text=text_at is None and same_length,
+        )
+
+    def _emit_divergence(self, index: int, spec: _Output, shadow: _Output, pos: int) -> None:
+        a, b = spec.ids[pos], shadow.ids[pos]
+        la = spec.logprobs[pos] if pos < len(spec.logprobs) else None
+        lb = shadow.logprobs[pos] if pos < len(shadow.logprobs) else None
+        sources = list(token_sources(self.steps.get(index, []), len(spec.ids)))
+        self.emit(
+            Divergence(
+                prompt_index=index,
+                position=pos,
+                step=sources[pos][1],
+                k=self.settings.k,
+                verify_mode=self.settings.verify,
+                gemm_backend=self.gemm_backend,
+                what="token" if a != b else "logprob",
+                spec_token=a,
+                shadow_token=b,
+                spec_logprob=la if la is not None else float("nan"),
+                shadow_logprob=lb if lb is not None else float("nan"),
+                spec_text=spec.texts[pos] if pos < len(spec.texts) else "",
+                shadow_text=shadow.texts[pos] if pos < len(shadow.texts) else "",
+            )
+        )
+
+    def _done(self, index: int, out: _Output, exact: bool, same_text: bool | None = None) -> None:
         steps = self.steps.get(index, [])
         k = self.settings.k
         self.emit(
@@ -591,6 +613,7 @@ class SGLangSession:
                 accepted_drafts=int(out.meta.get("spec_num_correct_drafts", sum(steps)) or 0),
                 proposed_drafts=int(out.meta.get("spec_num_proposed_drafts", k * len(steps)) or 0),
                 exact=exact,
+                same_text=same_text,
             )
         )
 
