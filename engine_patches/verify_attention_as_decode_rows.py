@@ -368,6 +368,18 @@ def _decode_rows_forward_extend(
 
 _TRITON = "sglang.srt.layers.attention.triton_backend.TritonAttnBackend"
 
+_HYBRID_TARGETS = (  # the same source in 0.5.17 and 0.5.23
+    Target(
+        f"{_HYBRID}.forward_extend",
+        "7feebbdc1924eddec77dd8397228e9dcce06db94558e38a53ea8ba8aef31d728",
+    ),
+    Target(
+        f"{_HYBRID}._is_full_attn",
+        "fa0f3067149d81c47bfd5f3d45750de60793bb12ac5fc75612e1685ebb6bb628",
+        role="relied on",
+    ),
+)
+
 PATCH = Patch(
     name="verify_attention_as_decode_rows",
     flag="attention",
@@ -375,15 +387,7 @@ PATCH = Patch(
     variants={
         "0.5.17": Variant(
             targets=(
-                Target(
-                    f"{_HYBRID}.forward_extend",
-                    "7feebbdc1924eddec77dd8397228e9dcce06db94558e38a53ea8ba8aef31d728",
-                ),
-                Target(
-                    f"{_HYBRID}._is_full_attn",
-                    "fa0f3067149d81c47bfd5f3d45750de60793bb12ac5fc75612e1685ebb6bb628",
-                    role="relied on",
-                ),
+                *_HYBRID_TARGETS,
                 Target(
                     f"{_TRITON}.forward_decode",
                     "7d358d0c723bac03f1b95f3db50201bb2277d80ff5158e7a56d151542e71febb",
@@ -424,15 +428,7 @@ PATCH = Patch(
         ),
         "0.5.23": Variant(
             targets=(
-                Target(
-                    f"{_HYBRID}.forward_extend",
-                    "7feebbdc1924eddec77dd8397228e9dcce06db94558e38a53ea8ba8aef31d728",
-                ),
-                Target(
-                    f"{_HYBRID}._is_full_attn",
-                    "fa0f3067149d81c47bfd5f3d45750de60793bb12ac5fc75612e1685ebb6bb628",
-                    role="relied on",
-                ),
+                *_HYBRID_TARGETS,
                 Target(
                     "sglang.srt.layers.attention.triton_backend.TritonAttnBackend.forward_decode",
                     "7577d9e3055af8a4aebeaeb1ede2a66742e830cb11630936a7647ccd2b61e69f",
