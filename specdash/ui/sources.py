@@ -125,9 +125,7 @@ class LiveSession:
             known = isinstance(e, SpecdashError) and e is not self._scheduler_failure
             code = e.exit_code if known else EXIT_ENVIRONMENT if self._scheduler_failure else None
             sink(
-                EngineError(
-                    message=str(e) if known else f"{type(e).__name__}: {e}", exit_code=code
-                )
+                EngineError(message=str(e) if known else f"{type(e).__name__}: {e}", exit_code=code)
             )
 
     def _on_sigquit(self, signum: int, frame: FrameType | None) -> None:
