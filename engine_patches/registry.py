@@ -167,10 +167,6 @@ class Patch:
             r.remove()
         self._applied = None
 
-    def rebinding(self, name: str) -> Rebinding:
-        variant = self._applied or self.variant()
-        return next(r for r in variant.rebindings if r.name == name)
-
 
 def all_patches() -> list[Patch]:
     """The four patches, in the order they are applied."""

@@ -375,6 +375,10 @@ class _Output:
     seconds: float
     meta: dict[str, Any]
 
+    def logprob(self, pos: int) -> float | None:
+        """The logprob of output token `pos`; None where SGLang returned none."""
+        return self.logprobs[pos] if pos < len(self.logprobs) else None
+
 
 def _count_tokens(engine: Any, text: str) -> int:
     tokenizer = getattr(engine.tokenizer_manager, "tokenizer", None)
@@ -518,7 +522,7 @@ class SGLangSession:
             pump.join()
         sources = token_sources(self.steps[index], len(out.ids))
         for pos, ((source, step), tok) in enumerate(zip(sources, out.ids, strict=True)):
-            lp = out.logprobs[pos] if pos < len(out.logprobs) else None
+            lp = out.logprob(pos)
             self.emit(
                 Token(
                     prompt_index=index,
@@ -555,15 +559,11 @@ class SGLangSession:
         """The first position where ids or fp32 logprob bits differ, and the first where the ids
         do when that is later (the text changed too) -> a Divergence each; then PromptDone."""
         pairs = list(zip(spec.ids, shadow.ids, strict=False))
-
-        def logprob(out: _Output, p: int) -> float | None:
-            return out.logprobs[p] if p < len(out.logprobs) else None
-
         bits_at = next(
             (
                 p
                 for p, (a, b) in enumerate(pairs)
-                if a != b or not same_fp32_bits(logprob(spec, p), logprob(shadow, p))
+                if a != b or not same_fp32_bits(spec.logprob(p), shadow.logprob(p))
             ),
             None,
         )
@@ -580,8 +580,7 @@ class SGLangSession:
 
     def _emit_divergence(self, index: int, spec: _Output, shadow: _Output, pos: int) -> None:
         a, b = spec.ids[pos], shadow.ids[pos]
-        la = spec.logprobs[pos] if pos < len(spec.logprobs) else None
-        lb = shadow.logprobs[pos] if pos < len(shadow.logprobs) else None
+        la, lb = spec.logprob(pos), shadow.logprob(pos)
         sources = list(token_sources(self.steps.get(index, []), len(spec.ids)))
         self.emit(
             Divergence(
