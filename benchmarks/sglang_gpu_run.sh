@@ -7,6 +7,8 @@
 #   tests     pytest -m sglang_gpu
 #   dashboard benchmarks/sglang_dashboard_shot.py (Textual headless, SVG)
 # Results under $OUT; SGLang's own log lines go to $OUT/*.log, not to stdout.
+# Triton's cache travels between calls: read from .carry/triton-cache.tgz when carried, written
+# back to $OUT/triton-cache.tgz (a fresh machine otherwise spends ~70 s compiling per call).
 set -u
 T0=$(date +%s)
 BUDGET=${BUDGET:-560}
@@ -14,6 +16,8 @@ OUT=${OUT:-/tmp/out}; mkdir -p "$OUT"
 export PYTHONUNBUFFERED=1 TOKENIZERS_PARALLELISM=false HF_HUB_OFFLINE=1 TRANSFORMERS_OFFLINE=1
 export SGLANG_IS_FLASHINFER_AVAILABLE=false   # flashinfer is an import stub in the carry
 export NCCL_NVLS_ENABLE=0 TORCH_SYMM_MEM_DISABLE_MULTICAST=1 NVSHMEM_DISABLE_NVLS=1
+export TRITON_CACHE_DIR=/tmp/triton-cache; mkdir -p $TRITON_CACHE_DIR
+[ -f .carry/triton-cache.tgz ] && tar -xzf .carry/triton-cache.tgz -C $TRITON_CACHE_DIR
 left() { echo $(( BUDGET - ($(date +%s) - T0) )); }
 { date -u; nvidia-smi --query-gpu=name,driver_version --format=csv,noheader; } | tee "$OUT/env.txt"
 python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade \
@@ -55,4 +59,5 @@ for step in ${STEPS:-cli bench}; do
         --out "$OUT" > "$OUT/dashboard.log" 2>&1; echo "exit $?"; tail -8 "$OUT/dashboard.log" ;;
   esac
 done
+tar -czf "$OUT/triton-cache.tgz" -C $TRITON_CACHE_DIR . && du -h "$OUT/triton-cache.tgz"
 echo "== done $(( $(date +%s) - T0 ))s"

@@ -72,9 +72,9 @@ def session(pair, algorithm: str, *, unpatch: tuple[str, ...] = (), **engine_arg
     return events
 
 
-@pytest.mark.parametrize(
-    ("algorithm", "graphs"), [("NGRAM", True), ("NGRAM", False), ("STANDALONE", False)]
-)
+# NGRAM eager and k in {1, 5} are benchmarks/bench_sglang.py's matrix (device time is short);
+# STANDALONE's draft graph capture imports deep_gemm, which the carried SGLang lacks.
+@pytest.mark.parametrize(("algorithm", "graphs"), [("NGRAM", True), ("STANDALONE", False)])
 def test_patched_speculation_equals_shadow_bitwise(pair, algorithm: str, graphs: bool) -> None:
     events = session(pair, algorithm, disable_cuda_graph=not graphs)
     done = [e for e in events if isinstance(e, PromptDone)]
