@@ -79,7 +79,7 @@ class Engine:
         self, target: Model, make_drafter: Callable[[], Drafter], eos_ids: list[int]
     ) -> None:
         self.target, self.make_drafter, self.eos_ids = target, make_drafter, set(eos_ids)
-        self.cuda_graphs = target.device.type == "cuda" and target.triton_rows
+        self.cuda_graphs = target.device.type == "cuda" and target.rows["exact"].graphable
         """Capture the decode/verify forwards as CUDA graphs on reusable state slots: on CUDA
         with the row kernels, which read every position on the device (the per-row torch path
         slices by host-side lengths, which a graph would freeze)."""

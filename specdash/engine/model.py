@@ -5,19 +5,21 @@ GDN input and gate/up projections fused into one GEMM each), built from Hugging 
 tensor names by `Model.from_tensors`, which uses only differentiable ops so the
 training script can reuse it.
 
-`forward` has three modes, one per way rows are computed:
+`forward` has three modes, one per way rows are computed, each by a `rows.Rows`
+implementation chosen once at construction (`rows.row_implementations`):
   * ``prefill``: all prompt rows batched (SDPA, chunked GDN). Shared by the speculative
     run and the shadow, so it need not match decode.
-  * ``exact``: every row computed as decode computes that position (see `ops`). Decode is
-    `exact` with one row; an exact verify is `exact` with k+1 rows.
-  * ``fast``: one batched verify pass the usual way (batched GEMMs and SDPA).
+  * ``exact``: every row computed as decode computes that position (torch rows on the CPU,
+    Triton row kernels on CUDA). Decode is `exact` with one row; an exact verify is `exact`
+    with k+1 rows.
+  * ``fast``: one batched verify pass the usual way (batched GEMMs, norms and SDPA), on
+    every device.
 
 Why each sub-op is exact on each path, and which test proves it: docs/exactness.md.
 """
 
 from __future__ import annotations
 
-import warnings
 from collections.abc import Callable
 from dataclasses import dataclass, fields
 from typing import Literal
@@ -26,7 +28,8 @@ import torch
 
 from specdash.engine import gemm_backends, ops
 from specdash.engine.config import ModelConfig
-from specdash.engine.state import GdnSteps, SeqState
+from specdash.engine.rows import Rope, Rows, row_implementations
+from specdash.engine.state import SeqState
 from specdash.errors import UsageError
 
 Tensor = torch.Tensor
@@ -155,17 +158,9 @@ class Model:
         self.cfg, self.embed, self.layers = cfg, embed, layers
         self.final_norm, self.lm_head, self.gemm = final_norm, lm_head, gemm
         self.dtype, self.device = embed.dtype, embed.device
-        # Built once for every position the model supports and never rebound: captured CUDA
-        # graphs hold these tables' addresses.
-        n_pos = cfg.max_position_embeddings
-        r = cfg.rotary_dim
-        inv = 1.0 / (cfg.rope_theta ** (torch.arange(0, r, 2, dtype=torch.float32) / r))
-        freqs = torch.arange(n_pos, dtype=torch.float32)[:, None] * inv
-        emb = torch.cat((freqs, freqs), dim=-1).to(embed.device)
-        self._rope_cos, self._rope_sin = emb.cos().to(embed.dtype), emb.sin().to(embed.dtype)
-        self._arange = torch.arange(n_pos, device=embed.device)
-        self.triton_rows = embed.is_cuda and _triton_rows_supported(cfg)
-        """Exact rows through specdash.kernels (GPU); else the per-row torch ops, also exact."""
+        self.rope = Rope.build(cfg, embed.dtype, embed.device)
+        self.rows: dict[Mode, Rows] = row_implementations(cfg, self.rope, embed.device)
+        """How each mode computes its rows, chosen once (specdash.engine.rows)."""
 
     @classmethod
     def from_tensors(
@@ -233,15 +228,6 @@ class Model:
             mats += [t for t in mixer if t.dim() == 2 and t is not getattr(lw.mixer, "conv", None)]
         return sum(t.numel() * t.element_size() for t in mats)
 
-    # ------------------------------------------------------------------ rope
-
-    def _positions(self, state: SeqState, n: int) -> slice | Tensor:
-        """Positions of the n new rows: a slice on CPU, a device tensor read at run time on
-        CUDA (from `state.position`), so a captured graph is valid at every length."""
-        if state.position is None:
-            return slice(state.length, state.length + n)
-        return state.position + self._arange[:n]
-
     # ------------------------------------------------------------------ forward
 
     def forward(
@@ -264,7 +250,7 @@ class Model:
                 f"sequence of {start + t_len} tokens exceeds the allocated context of "
                 f"{state.capacity} or the model's {self.cfg.max_position_embeddings} positions"
             )
-        if state.graphs is not None and self.triton_rows and mode != "prefill" and not observe:
+        if state.graphs is not None and self.rows[mode].graphable and not observe:
             from specdash.engine.graphs import graphed_forward
 
             return graphed_forward(self, tokens, state, mode)
@@ -284,69 +270,47 @@ class Model:
         observe: Observer | None = None,
         all_logits: bool = False,
     ) -> Tensor:
-        t_len = tokens.shape[0]
-        exact = mode == "exact"
-        rows = self.triton_rows and mode != "prefill"
-        """Decode/verify rows through specdash.kernels' fused row kernels (graph-safe)."""
+        t_len, rows = tokens.shape[0], self.rows[mode]
         obs = observe or _identity
         x = obs(-1, "embed", self.embed[tokens])
-        # the row kernels read positions on the device themselves; the torch path gathers here
-        pos = None if rows else self._positions(state, t_len)
-        cos, sin = (None, None) if pos is None else (self._rope_cos[pos], self._rope_sin[pos])
         head = len(self.layers)
         norms = [lw.input_norm for lw in self.layers[1:]] + [self.final_norm]
-        h = obs(0, "input_norm", self._norm(x, self.layers[0].input_norm, exact, rows))
+        h = obs(0, "input_norm", rows.norm(x, self.layers[0].input_norm))
         for i, lw in enumerate(self.layers):
             if isinstance(lw.mixer, AttentionWeights):
-                a = self._attention(i, lw.mixer, h, state, pos, cos, sin, mode, obs)
+                a = self._attention(i, lw.mixer, h, state, mode, obs)
             else:
                 a = self._gdn(i, lw.mixer, h, state, mode, obs)
             at = ((i, "mixer_residual"), (i, "post_norm"))
-            x, h = self._residual_norm(x, a, lw.post_norm, rows, exact, obs, *at)
+            x, h = self._residual_norm(x, a, lw.post_norm, rows, obs, *at)
             gu = obs(i, "gate_up_proj", self._linear(h, lw.gate_up, mode))
-            m = obs(i, "down_proj", self._linear(self._swiglu(gu, rows), lw.down, mode))
+            m = obs(i, "down_proj", self._linear(rows.swiglu(gu), lw.down, mode))
             at = ((i, "output"), (i + 1, "input_norm") if i + 1 < head else (head, "final_norm"))
-            x, h = self._residual_norm(x, m, norms[i], rows, exact, obs, *at)
+            x, h = self._residual_norm(x, m, norms[i], rows, obs, *at)
         if mode == "prefill":
             state.advance(t_len)
             if not all_logits:
                 h = h[-1:]
         logits = obs(head, "lm_head", self._linear(h, self.lm_head, mode))
-        return obs(head, "log_softmax", ops.log_softmax(logits, exact))
+        return obs(head, "log_softmax", ops.log_softmax(logits, mode == "exact"))
 
     def _residual_norm(
         self,
         x: Tensor,
         a: Tensor,
         w: Tensor,
-        rows: bool,
-        exact: bool,
+        rows: Rows,
         obs: Observer,
         sum_at: tuple[int, str],
         norm_at: tuple[int, str],
     ) -> tuple[Tensor, Tensor]:
-        """x + a and the norm after it: one kernel on the GPU row path. Observed at `sum_at`
+        """x + a and the norm after it (one kernel on the Triton rows). Observed at `sum_at`
         and `norm_at`; a sum an observer replaced (fault injection) is normed again."""
-        if rows:
-            from specdash.kernels.rmsnorm import add_rms_norm_rows
-
-            eps, zc = self.cfg.rms_norm_eps, self.cfg.zero_centred_norm
-            s, h = add_rms_norm_rows(a, x, w, eps, zc)
-            seen = obs(*sum_at, s)
-            if seen is not s:
-                s, h = seen, self._norm(seen, w, exact, rows)
-        else:
-            s = obs(*sum_at, x + a)
-            h = self._norm(s, w, exact, rows)
+        s, h = rows.residual_norm(x, a, w)
+        seen = obs(*sum_at, s)
+        if seen is not s:
+            s, h = seen, rows.norm(seen, w)
         return s, obs(*norm_at, h)
-
-    def _swiglu(self, gate_up: Tensor, rows: bool) -> Tensor:
-        if rows:
-            from specdash.kernels.elementwise import swiglu_rows
-
-            return swiglu_rows(gate_up)
-        gate, up = gate_up.chunk(2, dim=-1)
-        return ops.silu(gate) * up
 
     def _linear(self, x: Tensor, w: Tensor, mode: Mode) -> Tensor:
         """Prefill is shared by both runs, so it takes the plain batched GEMM (cuBLAS on GPU);
@@ -355,151 +319,30 @@ class Model:
             return torch.nn.functional.linear(x, w)
         return self.gemm(x, w, mode == "exact")
 
-    def _norm(self, x: Tensor, w: Tensor, exact: bool, rows: bool) -> Tensor:
-        if rows:
-            from specdash.kernels.rmsnorm import rms_norm_rows
-
-            return rms_norm_rows(x, w, self.cfg.rms_norm_eps, self.cfg.zero_centred_norm)
-        return ops.rms_norm(x, w, self.cfg.rms_norm_eps, self.cfg.zero_centred_norm, exact)
-
     def _attention(
-        self,
-        i: int,
-        w: AttentionWeights,
-        h: Tensor,
-        state: SeqState,
-        pos: slice | Tensor | None,
-        cos: Tensor,
-        sin: Tensor,
-        mode: Mode,
-        obs: Observer,
+        self, i: int, w: AttentionWeights, h: Tensor, state: SeqState, mode: Mode, obs: Observer
     ) -> Tensor:
-        cfg, t_len, exact = self.cfg, h.shape[0], mode == "exact"
-        d, hq, hkv = cfg.head_dim, cfg.num_attention_heads, cfg.num_key_value_heads
+        rows = self.rows[mode]
         qkv = obs(i, "qkv_proj", self._linear(h, w.qkv, mode))
-        cache, scale = state.kv[i], d**-0.5
-        gated = cfg.gated_attention
-        q_width = hq * d * (2 if gated else 1)
-        if pos is None:  # the GPU row path: norms, RoPE and the cache write in one kernel
-            from specdash.kernels.decode_attention import verify_as_decode_rows
-            from specdash.kernels.elementwise import sigmoid_gate_rows
-            from specdash.kernels.rope import qk_norm_rope_rows
-
-            position = state.position
-            if position is None:  # an eager CPU state (the kernels' interpreter tests)
-                position = torch.tensor([state.length], device=h.device)
-            q = qk_norm_rope_rows(
-                qkv, hq, hkv, gated, w.q_norm, w.k_norm, cfg.rms_norm_eps,
-                cfg.zero_centred_norm, self._rope_cos, self._rope_sin, position,
-                cache.k, cache.v,
-            )  # fmt: skip
-            # fixed-split decode kernel; verify rows are decode rows of lengths L+1..L+T
-            o = verify_as_decode_rows(q[None], cache.k[None], cache.v[None], position, scale)
-            o = obs(i, "attention", o[0].reshape(t_len, hq * d))
-            if gated:
-                gate = qkv[:, :q_width].view(t_len, hq, 2 * d)[..., d:]
-                o = sigmoid_gate_rows(o.view(t_len, hq, d), gate).view(t_len, hq * d)
-            return obs(i, "o_proj", self._linear(o, w.o, mode))
-        q, k, v = qkv.split([q_width, hkv * d, hkv * d], dim=-1)
-        gate = None
-        if gated:
-            q, gate = q.view(t_len, hq, 2 * d).chunk(2, dim=-1)
-            gate = gate.reshape(t_len, hq * d)
-        q = self._norm(q.reshape(t_len, hq, d), w.q_norm, exact, False)
-        k = self._norm(k.reshape(t_len, hkv, d), w.k_norm, exact, False)
-        q, k = ops.apply_rope(q, cos, sin), ops.apply_rope(k, cos, sin)
-        v = v.view(t_len, hkv, d)
-        if isinstance(pos, slice):
-            cache.k[:, pos] = k.transpose(0, 1)
-            cache.v[:, pos] = v.transpose(0, 1)
-            start = pos.start
-        else:
-            cache.k.index_copy_(1, pos, k.transpose(0, 1))
-            cache.v.index_copy_(1, pos, v.transpose(0, 1))
-            start = state.length
-        if mode == "exact":
-            o = ops.attention_decode_rows(q, cache.k, cache.v, start, scale)
-        else:
-            o = ops.attention_batched(q, cache.k, cache.v, start, scale)
-        o = obs(i, "attention", o.reshape(t_len, hq * d))
-        if gate is not None:
-            o = o * ops.sigmoid(gate)
-        return obs(i, "o_proj", self._linear(o, w.o, mode))
+        o = obs(i, "attention", rows.attention(qkv, w, state.kv[i], state))
+        return obs(i, "o_proj", self._linear(rows.output_gate(o, qkv), w.o, mode))
 
     def _gdn(
         self, i: int, w: GdnWeights, h: Tensor, state: SeqState, mode: Mode, obs: Observer
     ) -> Tensor:
-        cfg, t_len, exact = self.cfg, h.shape[0], mode == "exact"
+        cfg, t_len, rows = self.cfg, h.shape[0], self.rows[mode]
         nk, nv = cfg.linear_num_key_heads, cfg.linear_num_value_heads
         dk, dv = cfg.linear_key_head_dim, cfg.linear_value_head_dim
-        rows = self.triton_rows and mode != "prefill"
         proj = obs(i, "in_proj", self._linear(h, w.proj, mode))
         qkv, z, b, a = proj.split([cfg.gdn_conv_dim, cfg.gdn_value_dim, nv, nv], dim=-1)
-        st = state.gdn[i]
-        if rows:
-            from specdash.kernels.elementwise import causal_conv_silu_rows
-
-            mixed, conv_seq = causal_conv_silu_rows(st.conv, qkv, w.conv)
-        else:
-            conv_seq = torch.cat((st.conv, qkv), dim=0)
-            mixed = ops.causal_conv_silu(st.conv, qkv, w.conv)
+        mixed, conv_seq = rows.conv(state.gdn[i].conv, qkv, w.conv)
         mixed = obs(i, "conv", mixed)
         q, k, v = mixed.split([cfg.gdn_key_dim, cfg.gdn_key_dim, cfg.gdn_value_dim], dim=-1)
         q, k, v = q.view(t_len, nk, dk), k.view(t_len, nk, dk), v.view(t_len, nv, dv)
-        z = z.view(t_len, nv, dv)
-        if rows:
-            # one Triton recurrent-step kernel for decode and verify, then the gated norm
-            from specdash.kernels.gdn import gdn_verify_steps
-            from specdash.kernels.rmsnorm import gated_rms_norm_rows
-
-            o, steps = gdn_verify_steps(
-                q[None], k[None], v[None], a[None], b[None], w.a_log, w.dt_bias, st.ssm[None]
-            )
-            state.pending[i] = GdnSteps(conv_seq, steps[0])
-            o = obs(i, "recurrent", o[0])
-            o = gated_rms_norm_rows(o, z, w.norm, cfg.rms_norm_eps)
-        else:
-            if mode == "prefill" and self.triton_rows:
-                # FLA's chunked kernel when fla-core imports, else the same torch chunked form
-                from specdash.kernels.gdn import gdn_prefill
-
-                o, final = gdn_prefill(
-                    q[None], k[None], v[None], a[None], b[None], w.a_log, w.dt_bias, st.ssm[None]
-                )
-                o = o[0]
-                state.store_gdn(i, conv_seq[t_len:], final[0])
-            else:
-                q = ops.l2norm(q, exact) * dk**-0.5
-                k = ops.l2norm(k, exact)
-                if nv != nk:
-                    q, k = (x.repeat_interleave(nv // nk, dim=1) for x in (q, k))
-                decay, beta = ops.gdn_gates(a, b, w.a_log, w.dt_bias)
-                if mode == "prefill":
-                    o, ssm = ops.gdn_chunked(q, k, v.float(), decay, beta, st.ssm)
-                    state.store_gdn(i, conv_seq[t_len:], ssm)
-                else:
-                    o, steps = ops.gdn_recurrent_steps(q, k, v.float(), decay, beta, st.ssm)
-                    state.pending[i] = GdnSteps(conv_seq, steps)
-            o = obs(i, "recurrent", o).to(h.dtype)
-            o = ops.gated_rms_norm(o, z, w.norm, cfg.rms_norm_eps, exact)
+        o = rows.gdn(i, q, k, v, a, b, w, state, conv_seq)
+        o = rows.gated_norm(obs(i, "recurrent", o), z.view(t_len, nv, dv), w.norm)
         o = obs(i, "gated_norm", o.reshape(t_len, nv * dv))
         return obs(i, "out_proj", self._linear(o, w.out, mode))
-
-
-def _triton_rows_supported(cfg: ModelConfig) -> bool:
-    """Shapes specdash.kernels' attention and GDN kernels take; others warn once and run the
-    per-row torch path, which is exact too (same op, same shape per row), only slower."""
-    pow2 = cfg.head_dim >= 16 and cfg.head_dim & (cfg.head_dim - 1) == 0
-    dk = cfg.linear_key_head_dim
-    gdn = not cfg.has_gdn or (dk & (dk - 1) == 0 and cfg.linear_value_head_dim % 32 == 0)
-    if not (pow2 and gdn):
-        warnings.warn(
-            f"head dims (attention {cfg.head_dim}, GDN {dk}/{cfg.linear_value_head_dim}) are "
-            "outside the Triton row kernels; exact rows run per row in torch",
-            RuntimeWarning,
-            stacklevel=3,
-        )
-    return pow2 and gdn
 
 
 def _identity(layer: int, name: str, x: Tensor) -> Tensor:

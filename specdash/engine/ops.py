@@ -195,6 +195,24 @@ def attention_batched(
     return out[0].transpose(0, 1)
 
 
+def attention_masked(
+    q: Tensor, k_cache: Tensor, v_cache: Tensor, pos: Tensor, scale: float
+) -> Tensor:
+    """Rows q [T, Hq, D] at device positions `pos` [T], each over the cached keys up to its own
+    position, in one SDPA call over the whole cache: fast verify on CUDA, whose CUDA graph must
+    not depend on the host-side length (`attention_batched` slices by it)."""
+    keys = torch.arange(k_cache.shape[1], device=q.device)
+    out = F.scaled_dot_product_attention(
+        q.transpose(0, 1)[None],
+        k_cache[None],
+        v_cache[None],
+        attn_mask=keys[None, :] <= pos[:, None],
+        scale=scale,
+        enable_gqa=True,
+    )
+    return out[0].transpose(0, 1)
+
+
 # ---------------------------------------------------------------- gated delta rule
 
 

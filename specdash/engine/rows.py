@@ -1,0 +1,384 @@
+"""How a forward computes its rows: one implementation per mode, picked once per model.
+
+`Model` holds a `Rows` for each mode (`row_implementations`), as mini-sglang holds an attention
+backend, and its forward is one straight line through it:
+
+* `TorchRows` (exact, CPU): each row with decode's shapes, norms by a fixed-order sum.
+* `TritonRows` (exact, CUDA): specdash.kernels' fused row kernels; positions read on the device.
+* `BatchedRows` (fast, every device): one batched verify pass the usual way: torch's fused
+  norms, one SDPA call over the k+1 rows, the GDN recurrence with batched norms.
+* `PrefillRows` (prefill, every device): batched, with the chunked GDN form.
+
+Every implementation has the same small interface over n rows; what makes each exact, and the
+test that proves it: docs/exactness.md.
+"""
+
+from __future__ import annotations
+
+import warnings
+from abc import ABC, abstractmethod
+from dataclasses import dataclass
+from typing import TYPE_CHECKING
+
+import torch
+
+from specdash.engine import ops
+from specdash.engine.config import ModelConfig
+from specdash.engine.state import GdnSteps, KVCache, SeqState
+
+if TYPE_CHECKING:
+    from specdash.engine.model import AttentionWeights, GdnWeights, Mode
+
+Tensor = torch.Tensor
+
+
+@dataclass(frozen=True, slots=True)
+class Rope:
+    """cos/sin for every position the model supports. Built once and never rebound: captured
+    CUDA graphs hold these tables' addresses."""
+
+    cos: Tensor
+    sin: Tensor
+    arange: Tensor
+
+    @classmethod
+    def build(cls, cfg: ModelConfig, dtype: torch.dtype, device: torch.device) -> Rope:
+        n_pos, r = cfg.max_position_embeddings, cfg.rotary_dim
+        inv = 1.0 / (cfg.rope_theta ** (torch.arange(0, r, 2, dtype=torch.float32) / r))
+        freqs = torch.arange(n_pos, dtype=torch.float32)[:, None] * inv
+        emb = torch.cat((freqs, freqs), dim=-1).to(device)
+        return cls(emb.cos().to(dtype), emb.sin().to(dtype), torch.arange(n_pos, device=device))
+
+    def positions(self, state: SeqState, n: int) -> slice | Tensor:
+        """Positions of the n new rows: a slice on an eager CPU state, a device tensor read at
+        run time on CUDA (from `state.position`), so a captured graph is valid at every length."""
+        if state.position is None:
+            return slice(state.length, state.length + n)
+        return state.position + self.arange[:n]
+
+
+class Rows(ABC):
+    """The row-computing sub-ops of one mode: the model's GEMMs and observers stay outside."""
+
+    graphable: bool = False
+    """Reads every position on the device, so a CUDA graph of it is valid at every length."""
+
+    def __init__(self, cfg: ModelConfig, rope: Rope) -> None:
+        self.cfg, self.rope = cfg, rope
+
+    @abstractmethod
+    def norm(self, x: Tensor, w: Tensor) -> Tensor:
+        """RMSNorm of every row of x."""
+
+    @abstractmethod
+    def residual_norm(self, x: Tensor, a: Tensor, w: Tensor) -> tuple[Tensor, Tensor]:
+        """(x + a, its RMSNorm)."""
+
+    @abstractmethod
+    def swiglu(self, gate_up: Tensor) -> Tensor:
+        """silu(gate) * up of the fused [gate | up] projection."""
+
+    @abstractmethod
+    def attention(
+        self, qkv: Tensor, w: AttentionWeights, cache: KVCache, state: SeqState
+    ) -> Tensor:
+        """q/k norm, RoPE, the K/V cache write and attention of each row over its prefix:
+        [T, Hq*D], before the output gate."""
+
+    @abstractmethod
+    def output_gate(self, o: Tensor, qkv: Tensor) -> Tensor:
+        """`o * sigmoid(gate)` with the gate from the q projection (gated attention)."""
+
+    @abstractmethod
+    def conv(self, window: Tensor, qkv: Tensor, w: Tensor) -> tuple[Tensor, Tensor]:
+        """(causal conv + SiLU of the new rows, the window followed by the new inputs)."""
+
+    @abstractmethod
+    def gdn(
+        self,
+        i: int,
+        q: Tensor,
+        k: Tensor,
+        v: Tensor,
+        a: Tensor,
+        b: Tensor,
+        w: GdnWeights,
+        state: SeqState,
+        conv_seq: Tensor,
+    ) -> Tensor:
+        """The gated delta rule over the rows of layer i: the output, with the state after each
+        row left pending for `state.commit` (prefill stores the final state instead)."""
+
+    @abstractmethod
+    def gated_norm(self, o: Tensor, z: Tensor, w: Tensor) -> Tensor:
+        """`w * rmsnorm(o) * silu(z)`, in z's dtype."""
+
+
+class _TorchOps(Rows):
+    """The torch implementations, exact (decode's shapes, fixed-order sums) or batched."""
+
+    exact: bool
+
+    def norm(self, x: Tensor, w: Tensor) -> Tensor:
+        cfg = self.cfg
+        return ops.rms_norm(x, w, cfg.rms_norm_eps, cfg.zero_centred_norm, self.exact)
+
+    def residual_norm(self, x: Tensor, a: Tensor, w: Tensor) -> tuple[Tensor, Tensor]:
+        s = x + a
+        return s, self.norm(s, w)
+
+    def swiglu(self, gate_up: Tensor) -> Tensor:
+        gate, up = gate_up.chunk(2, dim=-1)
+        return ops.silu(gate) * up
+
+    def attention(
+        self, qkv: Tensor, w: AttentionWeights, cache: KVCache, state: SeqState
+    ) -> Tensor:
+        cfg, t_len = self.cfg, qkv.shape[0]
+        d, hq, hkv = cfg.head_dim, cfg.num_attention_heads, cfg.num_key_value_heads
+        q_width = hq * d * (2 if cfg.gated_attention else 1)
+        q, k, v = qkv.split([q_width, hkv * d, hkv * d], dim=-1)
+        if cfg.gated_attention:
+            q = q.view(t_len, hq, 2 * d)[..., :d]
+        pos = self.rope.positions(state, t_len)
+        cos, sin = self.rope.cos[pos], self.rope.sin[pos]
+        q = ops.apply_rope(self.norm(q.reshape(t_len, hq, d), w.q_norm), cos, sin)
+        k = ops.apply_rope(self.norm(k.reshape(t_len, hkv, d), w.k_norm), cos, sin)
+        v = v.view(t_len, hkv, d)
+        if isinstance(pos, slice):
+            cache.k[:, pos] = k.transpose(0, 1)
+            cache.v[:, pos] = v.transpose(0, 1)
+        else:
+            cache.k.index_copy_(1, pos, k.transpose(0, 1))
+            cache.v.index_copy_(1, pos, v.transpose(0, 1))
+        return self._attend(q, cache, state, pos).reshape(t_len, hq * d)
+
+    @abstractmethod
+    def _attend(self, q: Tensor, cache: KVCache, state: SeqState, pos: slice | Tensor) -> Tensor:
+        """Rows q [T, Hq, D] at `pos` over the cache (already holding their own K/V)."""
+
+    def output_gate(self, o: Tensor, qkv: Tensor) -> Tensor:
+        if not self.cfg.gated_attention:
+            return o
+        t_len, d, hq = qkv.shape[0], self.cfg.head_dim, self.cfg.num_attention_heads
+        gate = qkv[:, : 2 * hq * d].view(t_len, hq, 2 * d)[..., d:].reshape(t_len, hq * d)
+        return o * ops.sigmoid(gate)
+
+    def conv(self, window: Tensor, qkv: Tensor, w: Tensor) -> tuple[Tensor, Tensor]:
+        return ops.causal_conv_silu(window, qkv, w), torch.cat((window, qkv), dim=0)
+
+    def _qk_gates(
+        self, q: Tensor, k: Tensor, a: Tensor, b: Tensor, w: GdnWeights
+    ) -> tuple[Tensor, Tensor, Tensor, Tensor]:
+        """l2-normed q (scaled) and k repeated to the v-heads, decay and beta (docs §3)."""
+        q = ops.l2norm(q, self.exact) * self.cfg.linear_key_head_dim**-0.5
+        k = ops.l2norm(k, self.exact)
+        rep = self.cfg.linear_num_value_heads // self.cfg.linear_num_key_heads
+        if rep != 1:
+            q, k = q.repeat_interleave(rep, dim=1), k.repeat_interleave(rep, dim=1)
+        return q, k, *ops.gdn_gates(a, b, w.a_log, w.dt_bias)
+
+    def gdn(
+        self,
+        i: int,
+        q: Tensor,
+        k: Tensor,
+        v: Tensor,
+        a: Tensor,
+        b: Tensor,
+        w: GdnWeights,
+        state: SeqState,
+        conv_seq: Tensor,
+    ) -> Tensor:
+        q, k, decay, beta = self._qk_gates(q, k, a, b, w)
+        o, steps = ops.gdn_recurrent_steps(q, k, v.float(), decay, beta, state.gdn[i].ssm)
+        state.pending[i] = GdnSteps(conv_seq, steps)
+        return o
+
+    def gated_norm(self, o: Tensor, z: Tensor, w: Tensor) -> Tensor:
+        return ops.gated_rms_norm(o.to(z.dtype), z, w, self.cfg.rms_norm_eps, self.exact)
+
+
+class TorchRows(_TorchOps):
+    """Exact rows in torch: attention one row at a time over its own prefix, fixed-order sums.
+    The CPU's exact path, and CUDA's for shapes outside the Triton kernels (not graphable: it
+    slices the cache by the host-side length)."""
+
+    exact = True
+
+    def _attend(self, q: Tensor, cache: KVCache, state: SeqState, pos: slice | Tensor) -> Tensor:
+        scale = self.cfg.head_dim**-0.5
+        return ops.attention_decode_rows(q, cache.k, cache.v, state.length, scale)
+
+
+class BatchedRows(_TorchOps):
+    """Fast verify on every device: one batched pass the usual way (torch's fused norms, one
+    SDPA call over the k+1 rows), not exact, for comparison.
+
+    With `device_positions` (CUDA) attention masks the whole cache by the positions on the
+    device instead of slicing it by the host-side length, so fast verify is graphed like exact.
+    """
+
+    exact = False
+
+    def __init__(self, cfg: ModelConfig, rope: Rope, device_positions: bool) -> None:
+        super().__init__(cfg, rope)
+        self.graphable = device_positions
+
+    def _attend(self, q: Tensor, cache: KVCache, state: SeqState, pos: slice | Tensor) -> Tensor:
+        scale = self.cfg.head_dim**-0.5
+        if not self.graphable:
+            return ops.attention_batched(q, cache.k, cache.v, state.length, scale)
+        assert isinstance(pos, Tensor), "device positions need a state with `position`"
+        return ops.attention_masked(q, cache.k, cache.v, pos, scale)
+
+
+class PrefillRows(BatchedRows):
+    """Prefill, shared by the speculative run and its shadow, so it need not match decode:
+    batched, and GDN in the chunked form, storing the final state. With `gdn_kernel` (CUDA, the
+    kernels' shapes) GDN goes through `kernels.gdn.gdn_prefill` (FLA's chunked kernel when
+    fla-core imports, else the same torch chunked form)."""
+
+    def __init__(self, cfg: ModelConfig, rope: Rope, gdn_kernel: bool) -> None:
+        super().__init__(cfg, rope, device_positions=False)
+        self.gdn_kernel = gdn_kernel
+
+    def gdn(
+        self,
+        i: int,
+        q: Tensor,
+        k: Tensor,
+        v: Tensor,
+        a: Tensor,
+        b: Tensor,
+        w: GdnWeights,
+        state: SeqState,
+        conv_seq: Tensor,
+    ) -> Tensor:
+        ssm, t_len = state.gdn[i].ssm, q.shape[0]
+        if self.gdn_kernel:
+            from specdash.kernels.gdn import gdn_prefill
+
+            o, final = gdn_prefill(
+                q[None], k[None], v[None], a[None], b[None], w.a_log, w.dt_bias, ssm[None]
+            )
+            o, ssm = o[0], final[0]
+        else:
+            q, k, decay, beta = self._qk_gates(q, k, a, b, w)
+            o, ssm = ops.gdn_chunked(q, k, v.float(), decay, beta, ssm)
+        state.store_gdn(i, conv_seq[t_len:], ssm)
+        return o
+
+
+class TritonRows(Rows):
+    """Exact rows through specdash.kernels (CUDA; the CPU runs them under TRITON_INTERPRET):
+    one program per row whose arithmetic cannot depend on the row count, positions read on the
+    device, so decode and verify forwards are graphable."""
+
+    graphable = True
+
+    def norm(self, x: Tensor, w: Tensor) -> Tensor:
+        from specdash.kernels.rmsnorm import rms_norm_rows
+
+        return rms_norm_rows(x, w, self.cfg.rms_norm_eps, self.cfg.zero_centred_norm)
+
+    def residual_norm(self, x: Tensor, a: Tensor, w: Tensor) -> tuple[Tensor, Tensor]:
+        from specdash.kernels.rmsnorm import add_rms_norm_rows
+
+        return add_rms_norm_rows(a, x, w, self.cfg.rms_norm_eps, self.cfg.zero_centred_norm)
+
+    def swiglu(self, gate_up: Tensor) -> Tensor:
+        from specdash.kernels.elementwise import swiglu_rows
+
+        return swiglu_rows(gate_up)
+
+    def attention(
+        self, qkv: Tensor, w: AttentionWeights, cache: KVCache, state: SeqState
+    ) -> Tensor:
+        """Norms, RoPE and the cache write in one kernel; then the fixed-split decode kernel,
+        verify rows issued as decode rows of lengths L+1..L+T."""
+        from specdash.kernels.decode_attention import verify_as_decode_rows
+        from specdash.kernels.rope import qk_norm_rope_rows
+
+        cfg, t_len = self.cfg, qkv.shape[0]
+        hq, d = cfg.num_attention_heads, cfg.head_dim
+        position = state.position
+        if position is None:  # an eager CPU state (the kernels' interpreter tests)
+            position = torch.tensor([state.length], device=qkv.device)
+        q = qk_norm_rope_rows(
+            qkv, hq, cfg.num_key_value_heads, cfg.gated_attention, w.q_norm, w.k_norm,
+            cfg.rms_norm_eps, cfg.zero_centred_norm, self.rope.cos, self.rope.sin, position,
+            cache.k, cache.v,
+        )  # fmt: skip
+        o = verify_as_decode_rows(q[None], cache.k[None], cache.v[None], position, d**-0.5)
+        return o[0].reshape(t_len, hq * d)
+
+    def output_gate(self, o: Tensor, qkv: Tensor) -> Tensor:
+        if not self.cfg.gated_attention:
+            return o
+        from specdash.kernels.elementwise import sigmoid_gate_rows
+
+        t_len, d, hq = qkv.shape[0], self.cfg.head_dim, self.cfg.num_attention_heads
+        gate = qkv[:, : 2 * hq * d].view(t_len, hq, 2 * d)[..., d:]
+        return sigmoid_gate_rows(o.view(t_len, hq, d), gate).view(t_len, hq * d)
+
+    def conv(self, window: Tensor, qkv: Tensor, w: Tensor) -> tuple[Tensor, Tensor]:
+        from specdash.kernels.elementwise import causal_conv_silu_rows
+
+        return causal_conv_silu_rows(window, qkv, w)
+
+    def gdn(
+        self,
+        i: int,
+        q: Tensor,
+        k: Tensor,
+        v: Tensor,
+        a: Tensor,
+        b: Tensor,
+        w: GdnWeights,
+        state: SeqState,
+        conv_seq: Tensor,
+    ) -> Tensor:
+        """One recurrent-step kernel for decode and verify, gates in-kernel in fp32."""
+        from specdash.kernels.gdn import gdn_verify_steps
+
+        ssm = state.gdn[i].ssm
+        o, steps = gdn_verify_steps(
+            q[None], k[None], v[None], a[None], b[None], w.a_log, w.dt_bias, ssm[None]
+        )
+        state.pending[i] = GdnSteps(conv_seq, steps[0])
+        return o[0]
+
+    def gated_norm(self, o: Tensor, z: Tensor, w: Tensor) -> Tensor:
+        from specdash.kernels.rmsnorm import gated_rms_norm_rows
+
+        return gated_rms_norm_rows(o, z, w, self.cfg.rms_norm_eps)
+
+
+def row_implementations(cfg: ModelConfig, rope: Rope, device: torch.device) -> dict[Mode, Rows]:
+    """The implementation of each mode on `device`, chosen here only: exact rows are the Triton
+    kernels on CUDA (the torch rows outside their shapes or on the CPU); fast verify is the
+    batched pass on every device, so it diverges the usual way on a GPU too."""
+    cuda = device.type == "cuda"
+    kernels = cuda and _triton_rows_supported(cfg)
+    return {
+        "prefill": PrefillRows(cfg, rope, gdn_kernel=kernels),
+        "exact": TritonRows(cfg, rope) if kernels else TorchRows(cfg, rope),
+        "fast": BatchedRows(cfg, rope, device_positions=cuda),
+    }
+
+
+def _triton_rows_supported(cfg: ModelConfig) -> bool:
+    """Shapes specdash.kernels' attention and GDN kernels take; others warn once and run the
+    per-row torch path, which is exact too (same op, same shape per row), only slower."""
+    pow2 = cfg.head_dim >= 16 and cfg.head_dim & (cfg.head_dim - 1) == 0
+    dk = cfg.linear_key_head_dim
+    gdn = not cfg.has_gdn or (dk & (dk - 1) == 0 and cfg.linear_value_head_dim % 32 == 0)
+    if not (pow2 and gdn):
+        warnings.warn(
+            f"head dims (attention {cfg.head_dim}, GDN {dk}/{cfg.linear_value_head_dim}) are "
+            "outside the Triton row kernels; exact rows run per row in torch",
+            RuntimeWarning,
+            stacklevel=4,
+        )
+    return pow2 and gdn
