@@ -17,6 +17,7 @@ from specdash.engine.config import preset
 from specdash.engine.drafters import ModelDrafter, RandomDrafter, ReplayDrafter
 from specdash.engine.engine import Engine
 from specdash.engine.model import Model, random_tensors
+from specdash.engine.rows import TritonRows
 from specdash.engine.state import SeqState
 from specdash.kernels import pdl
 
@@ -54,7 +55,7 @@ def _model(seed: int, noise: float = 0.0) -> Model:
 def test_graphed_spec_equals_eager_plain_greedy(k: int) -> None:
     target, draft = _model(0), _model(1, noise=0.05)
     engine = Engine(target, lambda: ModelDrafter(draft), [])
-    assert engine.cuda_graphs and target.triton_rows
+    assert engine.cuda_graphs and isinstance(target.rows["exact"], TritonRows)
     gen = torch.Generator().manual_seed(k)
     accepted = 0
     for i in range(6):

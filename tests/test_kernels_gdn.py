@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from dataclasses import replace
+
 import pytest
 import torch
 import torch.nn.functional as F
@@ -98,14 +100,16 @@ def test_model_prefill_through_kernels_equals_the_native_torch_path() -> None:
     in the same order as the CPU engine's, bit for bit."""
     from specdash.engine.config import preset
     from specdash.engine.model import Model, random_tensors
+    from specdash.engine.rows import row_implementations
     from specdash.engine.state import SeqState
 
-    cfg = preset("tiny-hybrid")
+    cfg = replace(preset("tiny-hybrid"), linear_value_head_dim=32)  # inside the kernels' shapes
     model = Model.from_tensors(cfg, random_tensors(cfg, 3))
     tokens = torch.randint(0, cfg.vocab_size, (70,), generator=torch.Generator().manual_seed(4))
     out = []
-    for kernels_route in (False, True):
-        model.triton_rows = kernels_route
+    for device in ("cpu", "cuda"):  # the CPU route, then the one chosen on CUDA
+        model.rows = row_implementations(cfg, model.rope, torch.device(device))
+        assert model.rows["prefill"].gdn_kernel == (device == "cuda")
         state = SeqState.empty(cfg, 80, torch.float32, torch.device("cpu"))
         out.append((model.forward(tokens, state, "prefill"), state.gdn[0].ssm.clone()))
     assert torch.equal(out[0][0], out[1][0]) and torch.equal(out[0][1], out[1][1])

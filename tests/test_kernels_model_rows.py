@@ -12,6 +12,7 @@ import torch
 
 from specdash.engine.config import preset
 from specdash.engine.model import Model, random_tensors
+from specdash.engine.rows import BatchedRows, TritonRows, row_implementations
 from specdash.engine.state import SeqState
 
 # Padding tile rows in the attention kernel compute -inf - -inf = NaN that is never read.
@@ -22,12 +23,13 @@ pytestmark = [
     ),
 ]
 CFG = replace(preset("tiny-hybrid"), linear_value_head_dim=32, max_position_embeddings=128)
+CUDA = torch.device("cuda")
 
 
 @pytest.fixture(scope="module")
 def model() -> Model:
     m = Model.from_tensors(CFG, random_tensors(CFG, 5))
-    m.triton_rows = True  # the GPU route, through the interpreter
+    m.rows = row_implementations(CFG, m.rope, CUDA)  # the GPU route, through the interpreter
     return m
 
 
@@ -59,11 +61,33 @@ def test_row_path_computes_the_same_model_as_torch(model: Model) -> None:
     prompt = torch.randint(0, CFG.vocab_size, (9,), generator=torch.Generator().manual_seed(0))
     tokens = torch.tensor([3, 77, 400])
     out = []
-    for kernels in (True, False):
-        model.triton_rows = kernels
+    for device in (CUDA, torch.device("cpu")):
+        model.rows = row_implementations(CFG, model.rope, device)
         out.append(model.forward(tokens, _prefilled(model, prompt), "exact"))
-    model.triton_rows = True
+    model.rows = row_implementations(CFG, model.rope, CUDA)
     torch.testing.assert_close(out[0], out[1], rtol=1e-4, atol=1e-4)
+
+
+def test_fast_verify_on_the_cuda_route_is_the_batched_pass(model: Model) -> None:
+    """Chosen as on CUDA, fast verify is the usual batched pass (SDPA over the k+1 rows with
+    the positions read on the device, fused norms), not the exact row kernels: the same
+    model, other bits. A CUDA state keeps its length on the device; here a CPU tensor does."""
+    assert isinstance(model.rows["fast"], BatchedRows) and model.rows["fast"].graphable
+    assert isinstance(model.rows["exact"], TritonRows)
+    prompt = torch.randint(0, CFG.vocab_size, (9,), generator=torch.Generator().manual_seed(2))
+    tokens = torch.tensor([3, 77, 400, 12, 5])
+    out = {}
+    for mode in ("exact", "fast"):
+        state = SeqState.empty(CFG, 64, torch.float32, torch.device("cpu"))
+        state.position = torch.zeros(1, dtype=torch.int64)
+        model.forward(prompt, state, "prefill")
+        out[mode] = model.forward(tokens, state, mode)
+        state.commit(3)
+        out[mode + " next"] = model.forward(tokens[3:4], state, mode)
+    for row in ("", " next"):
+        exact, fast = out["exact" + row], out["fast" + row]
+        torch.testing.assert_close(fast, exact, rtol=1e-4, atol=1e-4)
+        assert not torch.equal(fast, exact), "fast verify computed the exact rows"
 
 
 def test_speculation_on_the_row_path_equals_plain_greedy(model: Model) -> None:
