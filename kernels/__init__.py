@@ -7,13 +7,31 @@ The exactness rule each kernel implements, and its test: docs/exactness.md.
 """
 
 import os
+import sys
 
-import torch
+if __name__ == "kernels":
+    # Imported as top-level `kernels`: a checkout's root is on sys.path (`python -m` run from
+    # it), and what was asked for is the PyPI `kernels` that transformers imports. This folder
+    # is `specdash.kernels`; hand the name over to the real package (or to ImportError).
+    from importlib.machinery import PathFinder
+    from importlib.util import module_from_spec
 
-if not torch.cuda.is_available():
-    os.environ.setdefault("TRITON_INTERPRET", "1")
+    _root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+    _path = [p for p in sys.path if os.path.abspath(p or os.curdir) != _root]
+    _spec = PathFinder.find_spec("kernels", _path)
+    if _spec is None or _spec.loader is None:
+        raise ImportError(
+            "No module named 'kernels' (this checkout's kernels/ is specdash.kernels)"
+        )
+    sys.modules["kernels"] = _real = module_from_spec(_spec)
+    _spec.loader.exec_module(_real)
+else:
+    import torch
 
-if os.environ.get("TRITON_INTERPRET") == "1":
-    from specdash.kernels._interpreter import patch_interpreter_dot
+    if not torch.cuda.is_available():
+        os.environ.setdefault("TRITON_INTERPRET", "1")
 
-    patch_interpreter_dot()
+    if os.environ.get("TRITON_INTERPRET") == "1":
+        from specdash.kernels._interpreter import patch_interpreter_dot
+
+        patch_interpreter_dot()

@@ -20,12 +20,14 @@ import ast
 import contextlib
 import logging
 import os
+import sys
 import tempfile
 import threading
 import time
 import uuid
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import Any, Literal
 
 from specdash.controls import Controls
@@ -52,6 +54,7 @@ ALGORITHMS = ("NEXTN", "EAGLE3", "DFLASH", "STANDALONE", "NGRAM")
 PATCHES_ENV = "SPECDASH_SGLANG_PATCHES"
 """Comma-separated patch names the scheduler entry applies; unset: all of them."""
 ERROR_FILE_ENV = "SPECDASH_SGLANG_ERROR_FILE"
+LOG_FILE_ENV = "SPECDASH_SGLANG_LOG"
 """Where a scheduler process writes the one-line reason it failed."""
 
 EXACT_DEFAULTS: dict[str, Any] = {
@@ -78,6 +81,10 @@ class SGLangOptions:
     unpatch: tuple[str, ...] = ()
     """Patch flags (`gdn`, `attention`, `gemm`, `telemetry`) left off in both engines, to see
     which fix matters on a model: the divergences come back."""
+    log_file: Path | None = None
+    """Where SGLang's processes write their output; None: the terminal. The dashboard sets it:
+    a TUI owns the terminal, and the scheduler's logging, tqdm bars and C-level lines would
+    write over it."""
 
 
 def parse_engine_arg(text: str) -> tuple[str, Any]:
@@ -110,6 +117,13 @@ def session_options(settings: SessionSettings, args: argparse.Namespace) -> SGLa
     `sglang_options`: the SGLang flags for `--engine sglang`, else None. The headless run and
     the dashboard both call this, so both run SGLang with the same options."""
     return options_from_args(args) if settings.engine == "sglang" else None
+
+
+def log_file_beside(settings: SessionSettings) -> Path:
+    """Where a dashboard session's SGLang output goes: beside the trace, else in the temp dir."""
+    if settings.trace is not None:
+        return settings.trace.with_name(settings.trace.name + ".sglang.log")
+    return Path(tempfile.gettempdir()) / f"specdash-sglang-{os.getpid()}.log"
 
 
 def engine_kwargs(
@@ -178,8 +192,8 @@ def _last_line(text: str) -> str:
 
 
 class _ReasonToFile(logging.Handler):
-    """In the scheduler: SGLang logs "Scheduler hit an exception: <traceback>" before it sends
-    SIGQUIT to the parent; keep the traceback's last line for the parent to show."""
+    """In the scheduler (and detokenizer): SGLang logs "Scheduler hit an exception: <traceback>"
+    before it sends SIGQUIT to the parent; keep the traceback's last line for the parent."""
 
     def __init__(self, path: str) -> None:
         super().__init__(logging.ERROR)
@@ -212,11 +226,33 @@ def new_error_file() -> str:
     return path
 
 
-def scheduler_entry(*args: Any, **kwargs: Any) -> Any:
-    """SGLang's scheduler process entry with the specdash patches applied first."""
+def _child_process(logger: str) -> str | None:
+    """In an SGLang child process: fds 1 and 2 to `LOG_FILE_ENV`'s file when set, and the
+    reason it dies with (`logger`'s "hit an exception") to the error file the parent reads."""
+    path = os.environ.get(LOG_FILE_ENV)
+    if path:
+        fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o600)
+        os.dup2(fd, 1)
+        os.dup2(fd, 2)
+        os.close(fd)
     error_file = os.environ.get(ERROR_FILE_ENV)
     if error_file:
-        logging.getLogger("sglang.srt.managers.scheduler").addHandler(_ReasonToFile(error_file))
+        logging.getLogger(logger).addHandler(_ReasonToFile(error_file))
+    return error_file
+
+
+def detokenizer_entry(*args: Any, **kwargs: Any) -> Any:
+    """SGLang's detokenizer process entry; its output and its death reported as the
+    scheduler's are."""
+    _child_process("sglang.srt.managers.detokenizer_manager")
+    from sglang.srt.managers.detokenizer_manager import run_detokenizer_process
+
+    return run_detokenizer_process(*args, **kwargs)
+
+
+def scheduler_entry(*args: Any, **kwargs: Any) -> Any:
+    """SGLang's scheduler process entry with the specdash patches applied first."""
+    error_file = _child_process("sglang.srt.managers.scheduler")
     try:
         from specdash.engine_patches import registry
 
@@ -238,7 +274,9 @@ def scheduler_failed(signum: int, frame: Any) -> None:
 
     reason = read_reason(os.environ.get(ERROR_FILE_ENV))
     kill_process_tree(os.getpid(), include_parent=False)
-    raise SchedulerFailed(reason or "an SGLang scheduler process died (see its log above)")
+    log = os.environ.get(LOG_FILE_ENV)
+    where = f"SGLang's log: {log}" if log else "see its log above"
+    raise SchedulerFailed(reason or f"an SGLang scheduler process died ({where})")
 
 
 def _remove(path: str) -> None:
@@ -253,6 +291,7 @@ def patched_engine_class() -> type:
 
     class PatchedEngine(Engine):
         run_scheduler_process_func = staticmethod(scheduler_entry)
+        run_detokenizer_process_func = staticmethod(detokenizer_entry)
 
     return PatchedEngine
 
@@ -279,6 +318,7 @@ def start_engine(kwargs: dict[str, Any]) -> Any:
     """A PatchedEngine, with SGLang's own refusal (unknown argument, a speculative algorithm
     the model does not support, ...) as a one-line error."""
     error_file = os.environ.setdefault(ERROR_FILE_ENV, new_error_file())
+    _start_resource_tracker()
     try:
         return patched_engine_class()(**kwargs)
     except TypeError as e:
@@ -288,6 +328,17 @@ def start_engine(kwargs: dict[str, Any]) -> Any:
         algo = kwargs.get("speculative_algorithm")
         what = f"with --speculative-algorithm {algo}" if algo else "(shadow, no speculation)"
         raise UsageError(f"sglang could not start {what}: {reason}") from None
+
+
+def _start_resource_tracker() -> None:
+    """multiprocessing's resource tracker, started with the real stderr before SGLang spawns
+    its processes. It passes `sys.stderr.fileno()` to its child, and under Textual sys.stderr
+    is a print capture whose fileno() is -1: every dashboard start of SGLang failed with
+    'bad value(s) in fds_to_keep'."""
+    from multiprocessing import resource_tracker
+
+    with contextlib.redirect_stderr(sys.__stderr__):
+        resource_tracker.ensure_running()
 
 
 class TelemetryReceiver:
@@ -442,6 +493,9 @@ class SGLangSession:
             os.environ[telemetry.ADDRESS_ENV] = self.receiver.address
             os.environ[ERROR_FILE_ENV] = new_error_file()
             session.callback(_remove, os.environ[ERROR_FILE_ENV])
+            if self.options.log_file is not None:
+                os.environ[LOG_FILE_ENV] = str(self.options.log_file)
+                session.callback(os.environ.pop, LOG_FILE_ENV, None)
             with contextlib.ExitStack() as engines:
                 spec = engines.enter_context(self._engine(speculative=spec_on, split=split))
                 shadow = None

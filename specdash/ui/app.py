@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import argparse
 import contextlib
+import dataclasses
 import shutil
 import sys
 import time
@@ -456,10 +457,13 @@ class SpecdashApp(App[int]):
 def dashboard_app(args: argparse.Namespace) -> SpecdashApp:
     """The dashboard `specdash [flags]` asks for, not yet running: bad flags, bad SGLang
     options and an unwritable `--trace` fail here, before the UI takes the terminal."""
-    from specdash.runs.sglang import session_options
+    from specdash.runs.sglang import log_file_beside, session_options
 
     settings = SessionSettings.from_args(args)
-    source = LiveSession(settings, sglang_options=session_options(settings, args))
+    options = session_options(settings, args)
+    if options is not None:  # the TUI owns the terminal: SGLang's processes write to a file
+        options = dataclasses.replace(options, log_file=log_file_beside(settings))
+    source = LiveSession(settings, sglang_options=options)
     if settings.trace is None:
         return SpecdashApp(source)
     writer = TraceWriter(settings.trace, overwrite=settings.overwrite_trace)

@@ -26,6 +26,7 @@ out = {
     "lazy_engine": type(sglang.Engine).__name__,
     "subclass": issubclass(cls, Engine),
     "entry": cls.run_scheduler_process_func is se.scheduler_entry,
+    "detokenizer": cls.run_detokenizer_process_func is se.detokenizer_entry,
     "entry_pickles": pickle.loads(pickle.dumps(cls.run_scheduler_process_func))
     is se.scheduler_entry,
 }
@@ -61,7 +62,7 @@ def test_real_engine_class_and_scheduler_entry(run_each_sglang) -> None:
     r = json.loads(next(x for x in proc.stdout.splitlines() if x.startswith("RESULT "))[7:])
     assert r["version"] == r["row"] == run_each_sglang.version
     assert r["lazy_engine"] == "LazyImport"  # why the class comes from its module
-    assert r["subclass"] and r["entry"] and r["entry_pickles"]
+    assert r["subclass"] and r["entry"] and r["entry_pickles"] and r["detokenizer"]
     assert r["unknown_kwargs"] == {key: [] for key in r["unknown_kwargs"]}
     assert r["entry_returns"] == "ran"
     assert r["applied"] == [["gemm_routing", "verify_attention_as_decode_rows"], []]
