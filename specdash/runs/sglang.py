@@ -150,9 +150,12 @@ def engine_kwargs(
             kw["speculative_eagle_topk"] = 1
             kw["speculative_num_draft_tokens"] = settings.k + 1
         elif options.speculative_algorithm == "NGRAM":
-            # a chain of k drafts (breadth 1): the verify rows are a chain, as the patch needs
+            # k + 1 verify tokens. The breadth stays SGLang's (10): NGRAM drafts are trees even
+            # at breadth 1 (several trie anchors), and SGLang gives GDN verify the parent of
+            # each row only when breadth (its eagle topk) > 1. At breadth 1 the GDN state ran
+            # down the packed rows as if they were a chain: on the H200, k=5, 2/24 prompts
+            # differed. The attention rows read each row's ancestors from the tree mask.
             kw["speculative_num_draft_tokens"] = settings.k + 1
-            kw["speculative_ngram_max_bfs_breadth"] = 1
         if options.speculative_algorithm == "NEXTN":
             kw["speculative_draft_model_path"] = str(settings.draft or settings.model)
         elif settings.draft is not None:

@@ -174,11 +174,9 @@ def test_engine_kwargs_per_algorithm(tmp_path, monkeypatch) -> None:
     assert nextn["speculative_draft_model_path"] == str(tmp_path)  # MTP: the target itself
     assert nextn["linear_attn_backend"] == "triton" and nextn["attention_backend"] == "triton"
     assert not {"speculative_num_steps", "speculative_eagle_topk"} & set(kwargs("DFLASH"))
-    ngram = kwargs("NGRAM")  # a chain of k drafts: breadth 1, k + 1 verify tokens
-    assert (ngram["speculative_ngram_max_bfs_breadth"], ngram["speculative_num_draft_tokens"]) == (
-        1,
-        4,
-    )
+    ngram = kwargs("NGRAM")  # k + 1 verify tokens; SGLang's breadth, so GDN verify sees trees
+    assert ngram["speculative_num_draft_tokens"] == 4
+    assert "speculative_ngram_max_bfs_breadth" not in ngram
     assert nextn["disable_decode_cuda_graph"]  # 0.5.23's Triton verify rows are eager-only
     monkeypatch.setattr(sglang_engine, "sglang_version", lambda: "0.5.17")
     assert "disable_decode_cuda_graph" not in kwargs("NEXTN")  # 0.5.17's rows are graphed
