@@ -118,9 +118,22 @@ def _gemm(
     if name == "deepgemm":
         deepgemm = original.__globals__["_matmul_persistent_deepgemm"]
         return lambda x, w: deepgemm(a=x, b=w.transpose(0, 1), **sglang)
+    if name == "specdash-cublas":
+        return cublas_unrouted
     from specdash.engine import gemm_backends as registry
 
     return registry.get_backend(name.removeprefix(SPECDASH_PREFIX))
+
+
+def cublas_unrouted(x: Any, w: Any) -> Any:
+    """x @ w.T on cuBLAS through `aten::addmm.out`. SGLang's deterministic mode sends
+    `aten::mm`, `addmm` (and in 0.5.23 `mm.out`) to `matmul_persistent`, i.e. back into this
+    router: specdash's cuBLAS backend (`F.linear`) recursed until the CUDA graph recapture
+    failed. `addmm.out` it leaves to the vendor kernel in both releases."""
+    import torch
+
+    out = x.new_empty(x.shape[0], w.shape[0])
+    return torch.addmm(out, x, w.t(), beta=0, out=out)
 
 
 def _routed_0_5_17(original: Callable[..., Any]) -> Callable[..., Any]:
