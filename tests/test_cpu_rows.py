@@ -96,6 +96,38 @@ def test_cpu_gemm_verify_rows_are_decode_rows(n: int, k: int) -> None:
         assert torch.equal(backend(x[r : r + 1], w, exact=True), decode), f"row {r} as a view"
 
 
+# every weight shape of the embedded pair, a wide K, odd N/K
+EXACT_SHAPES = [(2048, 128), (768, 128), (392, 128), (384, 128), (128, 384), (128, 128)]
+
+
+@pytest.mark.parametrize("n,k", [*EXACT_SHAPES, (256, 5120), (7, 33)])
+def test_cpu_exact_gemm_rows_do_not_depend_on_slot_or_m(n: int, k: int) -> None:
+    """The exact CPU GEMM is batch-invariant: a row's bits are those of the row alone (decode),
+    whatever its position in the call, the number of rows (1..17) and the other
+    rows' values; the test `test_cpu_isa` re-runs under a second vector ISA."""
+    backend = gemm_backends.resolve("auto", torch.device("cpu"))
+    assert backend.batch_invariant
+    gen = torch.Generator().manual_seed(7 * n + k)
+    w = torch.randn(n, k, generator=gen) * k**-0.5
+    x = torch.randn(17, k, generator=gen)
+    alone = [backend(x[r : r + 1].clone(), w, exact=True) for r in range(x.shape[0])]
+    for m in range(1, x.shape[0] + 1):
+        for start in (0, x.shape[0] - m):
+            rows = x[start : start + m]
+            out = backend(rows, w, exact=True)
+            for r in range(m):
+                assert torch.equal(out[r : r + 1], alone[start + r]), f"m {m}, row {start + r}"
+    # other rows' values do not matter, nor does the slot (each row of x in every slot of a
+    # block of random neighbours)
+    m = 8
+    for r in range(0, x.shape[0], 3):
+        for slot in range(m):
+            block = torch.randn(m, k, generator=gen)
+            block[slot] = x[r]
+            got = backend(block, w, exact=True)[slot : slot + 1]
+            assert torch.equal(got, alone[r]), f"row {r} in slot {slot}"
+
+
 def test_cpu_gemm_follows_in_place_weight_updates() -> None:
     """The backend's cached [K, N] copy of a weight is remade when the weight changes."""
     backend = gemm_backends.resolve("auto", torch.device("cpu"))
@@ -103,6 +135,8 @@ def test_cpu_gemm_follows_in_place_weight_updates() -> None:
     w, x = torch.randn(64, 32, generator=gen), torch.randn(3, 32, generator=gen)
     before = backend(x, w, exact=False)
     assert torch.equal(before, x @ w.t().contiguous())
+    exact_before = backend(x, w, exact=True)
     w.mul_(2)
     after = backend(x, w, exact=False)
     assert torch.equal(after, x @ w.t().contiguous()) and not torch.equal(after, before)
+    assert not torch.equal(backend(x, w, exact=True), exact_before)

@@ -17,6 +17,7 @@ import torch
 import torch.nn.functional as F
 from torch.utils.weak import WeakIdKeyDictionary
 
+from specdash.engine import cpu_gemm
 from specdash.errors import EnvironmentProblem
 
 Tensor = torch.Tensor
@@ -63,26 +64,45 @@ class GemmBackend:
 _TRANSPOSED: WeakIdKeyDictionary = WeakIdKeyDictionary()
 
 
-def _cpu_linear(x: Tensor, w: Tensor) -> Tensor:
-    """`x @ w.T` through a cached contiguous [K, N] copy of w: the CPU's non-exact GEMM.
-
-    MKL's one-row GEMM runs N-wide FMAs down a [K, N] weight; on the [N, K] layout
-    `F.linear` hands it, it takes dot products instead, measured 2-2.5x slower over the tiny
-    pair's 33 weights (draft steps ~0.3-1 ms faster per 4 tokens). Exact rows keep
-    `F.linear`, so exact bits are those the audits and the shipped pair's numbers were
-    measured with; it would also save ~0.5 ms of a 4 ms exact decode step. The copy (GEMM
-    weights twice in memory) is remade when w changes in place (its version counter) and
-    never made for a weight that needs gradients.
-    """
+def _kn(w: Tensor) -> Tensor:
+    """A cached contiguous [K, N] copy of w [N, K], remade when w changes in place (its version
+    counter); never cached for a weight that needs gradients (GEMM weights twice in memory)."""
     if w.requires_grad:
-        return F.linear(x, w)
+        return w.t().contiguous()
     cached = _TRANSPOSED.get(w)
     if cached is None or cached[0] != w._version:
         cached = _TRANSPOSED[w] = (w._version, w.t().contiguous())
-    return torch.matmul(x, cached[1])
+    return cached[1]
 
 
-CPU_BACKENDS = {"torch": GemmBackend("torch", F.linear, False, fast_fn=_cpu_linear)}
+def _cpu_linear(x: Tensor, w: Tensor) -> Tensor:
+    """`x @ w.T` through the cached [K, N] copy of w: the CPU's non-exact GEMM.
+
+    MKL's one-row GEMM runs N-wide FMAs down a [K, N] weight; on the [N, K] layout
+    `F.linear` hands it, it takes dot products instead, measured 2-2.5x slower over the tiny
+    pair's 33 weights.
+    """
+    if w.requires_grad:
+        return F.linear(x, w)
+    return torch.matmul(x, _kn(w))
+
+
+def _cpu_exact(x: Tensor, w: Tensor) -> Tensor:
+    """`x @ w.T` with each row's bits independent of the other rows: the CPU's exact GEMM.
+
+    fp32: `cpu_gemm`'s compiled loop (batch-invariant by construction) on the cached [K, N]
+    weight, so an exact verify is one call per weight instead of one per row. Other dtypes,
+    or where no C compiler works: one `F.linear` per row from an aligned address (decode's
+    shape). The choice depends on the dtype and the machine only, never on the row count.
+    """
+    if x.dtype == torch.float32 and w.dtype == torch.float32 and cpu_gemm.load() is not None:
+        return cpu_gemm.gemm_rows(x, _kn(w))
+    if x.shape[0] == 1:
+        return F.linear(_aligned(x), w)
+    return torch.cat([F.linear(_aligned(row), w) for row in x.split(1)])
+
+
+CPU_BACKENDS = {"torch": GemmBackend("torch", _cpu_exact, True, fast_fn=_cpu_linear)}
 
 _gpu_backends: dict[str, GemmBackend] = {}
 
