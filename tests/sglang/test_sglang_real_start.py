@@ -40,13 +40,15 @@ async def main():
     app = dashboard_app(build_parser().parse_args(argv))
     app.source._telemetry = False
     async with app.run_test(size=(160, 48)) as pilot:
+        await pilot.pause(0.1)
+        loading = str(app.dashboard.query_one("#status").render())
         deadline = time.monotonic() + 200
         while not app.model.errors and time.monotonic() < deadline:
             await pilot.pause(0.2)
         await pilot.pause(0.3)
         alive = app.is_running
         await pilot.press("q")
-    return {"errors": [e.message for e in app.model.errors], "alive": alive}
+    return {"errors": [e.message for e in app.model.errors], "alive": alive, "loading": loading}
 
 print("RESULT " + json.dumps(asyncio.run(main())))
 """
@@ -72,4 +74,5 @@ def test_dashboard_starts_the_real_engine(run_each_sglang, tmp_path) -> None:
     reason = error.rsplit(": ", 2)[-2:]
     assert "hit an exception" in log and ": ".join(reason) in log, (error, log[-2000:])
     assert r["alive"]
+    assert f"SGLang's log: {tmp_path / 't.jsonl.sglang.log'}" in r["loading"].replace("\n", "")
     assert (tmp_path / "t.jsonl").exists()

@@ -24,6 +24,12 @@ def loading_label(settings: SessionSettings | None) -> str:
     if settings is None:
         return "waiting for the first event"
     target = settings.model.name if settings.model else settings.preset or "embedded target"
+    if settings.engine == "sglang":
+        from specdash.runs.sglang import log_file_beside
+
+        engines = "engine + shadow engine" if settings.speculation and settings.shadow else "engine"
+        log = log_file_beside(settings)
+        return f"starting the SGLang {engines} for {target} (SGLang's log: {log})"
     if not settings.speculation or settings.drafter == "ngram":
         draft = ""
     else:
