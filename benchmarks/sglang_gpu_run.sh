@@ -21,8 +21,8 @@ export TRITON_CACHE_DIR=/tmp/triton-cache; mkdir -p $TRITON_CACHE_DIR
 left() { echo $(( BUDGET - ($(date +%s) - T0) )); }
 { date -u; nvidia-smi --query-gpu=name,driver_version --format=csv,noheader; } | tee "$OUT/env.txt"
 python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade \
-  --target /tmp/site .carry/sglang/*.whl .carry/ui/*.whl > "$OUT/install.log" 2>&1 \
-  || { tail -5 "$OUT/install.log"; exit 1; }
+  --target /tmp/site .carry/sglang/*.whl .carry/ui/*.whl > /tmp/install.log 2>&1 \
+  || { tail -5 /tmp/install.log; exit 1; }
 export PYTHONPATH=/tmp/site:$PWD
 [ -e specdash/kernels ] || ln -s ../kernels specdash/kernels
 [ -e specdash/engine_patches ] || ln -s ../engine_patches specdash/engine_patches
@@ -32,8 +32,9 @@ python3 -c "import sglang, torch, triton; print('sglang', sglang.__version__, 't
 echo "== install done $(( $(date +%s) - T0 ))s"
 CK=/tmp/sglang_pair
 [ -e $CK/draft/model.safetensors ] || python3 benchmarks/sglang_checkpoint.py $CK 2>&1 | tail -2
-python3 -c "from specdash.cli import main; main(['patches', 'check'])" > "$OUT/patches_check.txt" 2>&1
-tail -2 "$OUT/patches_check.txt"
+# at most 8 files come back from $OUT: `patches check` goes into env.txt
+python3 -c "from specdash.cli import main; main(['patches', 'check'])" >> "$OUT/env.txt" 2>&1
+tail -1 "$OUT/env.txt"
 # What the carried SGLang supports on this box (its README): xgrammar and flashinfer are stubs.
 BOX="--sglang-arg grammar_backend=none --sglang-arg sampling_backend=pytorch"
 for step in ${STEPS:-cli bench}; do
