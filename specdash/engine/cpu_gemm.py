@@ -1,4 +1,5 @@
-"""The CPU's exact GEMM: a few lines of C whose rows cannot depend on how many come together.
+"""The CPU's exact GEMM and GDN recurrence: a few lines of C whose rows cannot depend on how
+many come together.
 
 `out[m, n] = sum_k x[m, k] * w[k, n]` with every output element one chain of fp32
 multiply-then-add in k order, starting from +0. Built with ``-ffp-contract=off`` and without
@@ -11,7 +12,8 @@ promise (MKL rounds a row differently by its slot in the micro-kernel: measured 
 
 The library is compiled on first use with the system C compiler (about a second) into the user
 cache directory, keyed by the source, the flags and the CPU; where no compiler works the exact
-GEMM falls back to one BLAS call per row (`gemm_backends`), exact too, only slower.
+GEMM falls back to one BLAS call per row (`gemm_backends`), exact too, only slower; so it does
+with ``SPECDASH_CPU_GEMM=0`` (the path before this library, for comparisons).
 """
 
 from __future__ import annotations
@@ -89,6 +91,38 @@ void specdash_gemm_rows(cf *x, cf *w, float *out, long m_rows, long k_dim, long 
         }
     }
 }
+
+/* The gated delta rule, token after token (ops.gdn_recurrent_steps): q, k [t, hv, dk],
+   v [t, hv, dv], decay, beta [t, hv], state [hv, dk, dv]; out [t, hv, dv] and steps
+   [t, hv, dk, dv] (the state after each token). A token's arithmetic is the same loop
+   whatever t: verify's steps are decode's. Sums over dk run in i order. */
+void specdash_gdn_steps(cf *q, cf *k, cf *v, cf *decay, cf *beta, cf *state, float *out,
+                        float *steps, long t_len, long hv, long dk, long dv) {
+    float mem[dv];
+    for (long t = 0; t < t_len; t++) {
+        cf *prev = t == 0 ? state : steps + (t - 1) * hv * dk * dv;
+        for (long hh = 0; hh < hv; hh++) {
+            const long th = t * hv + hh;
+            const float d = decay[th], b = beta[th];
+            cf *hp = prev + hh * dk * dv, *qh = q + th * dk, *kh = k + th * dk;
+            cf *vh = v + th * dv;
+            float *h = steps + th * dk * dv, *o = out + th * dv;
+            for (long j = 0; j < dv; j++) mem[j] = 0.0f;
+            for (long i = 0; i < dk; i++)
+                for (long j = 0; j < dv; j++) {
+                    h[i * dv + j] = hp[i * dv + j] * d;
+                    mem[j] = mem[j] + h[i * dv + j] * kh[i];
+                }
+            for (long j = 0; j < dv; j++) mem[j] = (vh[j] - mem[j]) * b;
+            for (long j = 0; j < dv; j++) o[j] = 0.0f;
+            for (long i = 0; i < dk; i++)
+                for (long j = 0; j < dv; j++) {
+                    h[i * dv + j] = h[i * dv + j] + kh[i] * mem[j];
+                    o[j] = o[j] + h[i * dv + j] * qh[i];
+                }
+        }
+    }
+}
 """
 FLAGS = ["-O3", "-ffp-contract=off", "-fno-fast-math", "-fPIC", "-shared"]
 _lib: ctypes.CDLL | None = None
@@ -105,30 +139,43 @@ def _cpu_key() -> str:
     return f"{platform.machine()} {platform.processor()} {flags}"
 
 
-def _build() -> ctypes.CDLL:
+def compile_library(name: str, source: str, flags: list[str]) -> ctypes.CDLL:
+    """`source` built with the system C compiler into the user cache directory (once per
+    source, flags and CPU) and loaded; OSError says why not."""
     cc = os.environ.get("CC") or shutil.which("cc") or shutil.which("gcc")
     if cc is None:
         raise OSError("no C compiler (cc/gcc) on PATH")
-    flags = [*FLAGS, "-march=native"] if platform.machine() in ("x86_64", "AMD64") else FLAGS
-    key = hashlib.sha256(f"{SOURCE}\n{flags}\n{_cpu_key()}".encode()).hexdigest()[:16]
+    if platform.machine() in ("x86_64", "AMD64"):
+        flags = [*flags, "-march=native"]
+    key = hashlib.sha256(f"{source}\n{flags}\n{_cpu_key()}".encode()).hexdigest()[:16]
     base = Path(os.environ.get("XDG_CACHE_HOME") or Path.home() / ".cache") / "specdash"
-    lib = base / f"cpu_gemm-{key}.so"
+    lib = base / f"{name}-{key}.so"
     if not lib.exists():
         base.mkdir(parents=True, exist_ok=True)
         with tempfile.TemporaryDirectory(dir=base) as tmp:
-            src = Path(tmp) / "cpu_gemm.c"
-            src.write_text(SOURCE)
-            out = Path(tmp) / "cpu_gemm.so"
+            src = Path(tmp) / f"{name}.c"
+            src.write_text(source)
+            out = Path(tmp) / f"{name}.so"
             run = subprocess.run(
-                [cc, *flags, str(src), "-o", str(out)], capture_output=True, text=True, timeout=120
+                [cc, *flags, str(src), "-o", str(out), "-lm"],
+                capture_output=True,
+                text=True,
+                timeout=120,
             )
             if run.returncode != 0:
                 raise OSError(f"{cc} failed: {run.stderr.strip()[:300]}")
             os.replace(out, lib)
-    dll = ctypes.CDLL(str(lib))
+    return ctypes.CDLL(str(lib))
+
+
+def _build() -> ctypes.CDLL:
+    dll = compile_library("cpu_gemm", SOURCE, FLAGS)
     fn = dll.specdash_gemm_rows
     fn.argtypes = [ctypes.c_void_p] * 3 + [ctypes.c_long] * 3
     fn.restype = None
+    gdn = dll.specdash_gdn_steps
+    gdn.argtypes = [ctypes.c_void_p] * 8 + [ctypes.c_long] * 4
+    gdn.restype = None
     return dll
 
 
@@ -137,6 +184,9 @@ def load() -> ctypes.CDLL | None:
     it cannot be built or loaded. Decided once per process, never per call."""
     global _lib, unavailable
     if _lib is None and unavailable is None:
+        if os.environ.get("SPECDASH_CPU_GEMM") == "0":
+            unavailable = "SPECDASH_CPU_GEMM=0"
+            return None
         try:
             _lib = _build()
         except (OSError, subprocess.SubprocessError) as exc:
@@ -154,3 +204,19 @@ def gemm_rows(x: Tensor, wt: Tensor) -> Tensor:
     out = torch.empty((m, n), dtype=torch.float32)
     lib.specdash_gemm_rows(x.data_ptr(), wt.data_ptr(), out.data_ptr(), m, k, n)
     return out
+
+
+def gdn_steps(
+    q: Tensor, k: Tensor, v: Tensor, decay: Tensor, beta: Tensor, state: Tensor
+) -> tuple[Tensor, Tensor]:
+    """`ops.gdn_recurrent_steps` (all fp32) through the compiled loop: (o, steps)."""
+    lib = _lib
+    assert lib is not None
+    q, k, v, decay, beta, state = (x.contiguous() for x in (q, k, v, decay, beta, state))
+    t, hv, dk = q.shape
+    dv = v.shape[-1]
+    out = torch.empty((t, hv, dv), dtype=torch.float32)
+    steps = torch.empty((t, hv, dk, dv), dtype=torch.float32)
+    ptrs = (x.data_ptr() for x in (q, k, v, decay, beta, state, out, steps))
+    lib.specdash_gdn_steps(*ptrs, t, hv, dk, dv)
+    return out, steps

@@ -107,8 +107,12 @@ class ModelDrafter:
     name = "model"
 
     def __init__(self, model: Model) -> None:
+        from specdash.engine import cpu_draft
+
         self.model = model
         self.state: SeqState | None = None
+        self.c_step = cpu_draft.DraftStep(model) if cpu_draft.supported(model) else None
+        """The compiled single-token step (`cpu_draft`) on the CPU; None: torch's `fast`."""
         self._snapshots: list[tuple[int, dict[int, tuple[Tensor, Tensor]]]] = []
 
     def _snapshot(self) -> tuple[int, dict[int, tuple[Tensor, Tensor]]]:
@@ -137,6 +141,15 @@ class ModelDrafter:
             self.model.forward(self._tensor(behind), state, "prefill")
             behind = []
         self._snapshots, proposal = [], []
+        if self.c_step is not None:
+            for tok in behind:
+                self.c_step.step(tok, state)
+            tok = context[-1]
+            for _ in range(k):
+                tok = self.c_step.step(tok, state)
+                self._snapshots.append(self._snapshot())
+                proposal.append(tok)
+            return proposal
         rows = [*behind, context[-1]]  # a short catch-up rides along with the first step
         for _ in range(k):
             lp = self.model.forward(self._tensor(rows), state, "fast")

@@ -230,7 +230,14 @@ def gdn_recurrent_steps(
     q, k: [T, HV, Dk] (l2-normalised, q scaled); v: [T, HV, Dv]; decay, beta: [T, HV];
     state: fp32 [HV, Dk, Dv]. Returns o [T, HV, Dv] fp32 and the per-step states
     [T, HV, Dk, Dv] so a rejected suffix can be rolled back.
+
+    fp32 on the CPU: `cpu_gemm.gdn_steps`, the same loop in C (one call instead of 7 ops a
+    token); a token's arithmetic there does not depend on T either.
     """
+    if _c_gdn(q, state):
+        from specdash.engine import cpu_gemm
+
+        return cpu_gemm.gdn_steps(q, k, v, decay, beta, state)
     steps = []
     outs = []
     h = state
@@ -247,6 +254,18 @@ def gdn_recurrent_steps(
     if len(steps) == 1:  # decode: views, not copies
         return outs[0][None], h[None]
     return torch.stack(outs), torch.stack(steps)
+
+
+def _c_gdn(q: Tensor, state: Tensor) -> bool:
+    """The compiled recurrence serves fp32 CPU tensors without gradients, where it builds;
+    decided by dtype, device and machine only, never by T."""
+    if q.device.type != "cpu" or q.dtype != torch.float32 or state.dtype != torch.float32:
+        return False
+    if q.requires_grad or state.requires_grad:
+        return False
+    from specdash.engine import cpu_gemm
+
+    return cpu_gemm.load() is not None
 
 
 def gdn_chunked(
