@@ -36,6 +36,7 @@ from specdash.engine import gemm_backends
 from specdash.engine.config import preset
 from specdash.engine.drafters import RandomDrafter, ReplayDrafter
 from specdash.engine.engine import Engine
+from specdash.engine.graphs import CapturedForward
 from specdash.engine.model import PREFILL_CHUNK, Model
 from specdash.engine.state import SeqState
 from specdash.kernels import pdl
@@ -113,11 +114,11 @@ def profile_step(model: Model, prompt: list[int], rows: int) -> dict:
     model.forward(torch.tensor(prompt, device=model.device), state, "prefill")
     tokens = torch.tensor(prompt[-rows:], device=model.device)
     for _ in range(3):
-        model.forward_eager(tokens, state, "exact")
+        model.forward(tokens, state, "exact")
         state.pending = {}
     torch.cuda.synchronize()
     with profile(activities=[ProfilerActivity.CUDA]) as prof:
-        model.forward_eager(tokens, state, "exact")
+        model.forward(tokens, state, "exact")
         torch.cuda.synchronize()
     state.pending = {}
     return {"rows": rows, **kernel_table(prof, 15)}
@@ -256,19 +257,18 @@ def main() -> int:
     # verify (k+1 rows) vs decode (1 row), graph replays from the same position
     state = SeqState.empty(cfg, 4096, model.dtype, dev)
     model.forward(torch.tensor(rand_prompt(2048), device=dev), state, "prefill")
-    from specdash.engine import graphs
-
-    graphs.enable(state)
+    state.in_place = True  # from here on the graphs hold its buffers, as on an engine slot
     times: dict[int, list[float]] = {1: [], args.k + 1: []}
     rows = torch.tensor(rand_prompt(args.k + 1), device=dev)
+    captured = {t: CapturedForward(model, state, t, "exact") for t in times}
     for t in times:
-        model.forward(rows[:t], state, "exact")
+        captured[t].replay(rows[:t], state)
         state.pending = {}
     for _ in range(20):
         for t in times:
             torch.cuda.synchronize()
             t1 = time.perf_counter()
-            model.forward(rows[:t], state, "exact")
+            captured[t].replay(rows[:t], state)
             torch.cuda.synchronize()
             times[t].append(time.perf_counter() - t1)
             state.pending = {}

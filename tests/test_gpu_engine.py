@@ -69,6 +69,9 @@ def test_graphed_spec_equals_eager_plain_greedy(k: int) -> None:
         assert torch.equal(torch.tensor(seq.logprobs, dtype=torch.float32), ref_lps)
         engine.release(seq)
     assert accepted > 0
+    # the engine replayed its own graphs: verify steps of k+1 rows and the shadow's decode
+    assert {key[2:] for key in engine._graphs} == {("triton", "exact")}
+    assert {1, k + 1} <= {key[1] for key in engine._graphs}
 
 
 def _decode_prompts(engine: Engine, k: int, mode: str, seed: int) -> tuple[list[int], list[float]]:
@@ -101,6 +104,7 @@ def test_graphed_fast_verify_equals_eager_fast_verify() -> None:
         engine = Engine(target, lambda: ModelDrafter(draft), [])
         engine.cuda_graphs = graphs
         runs.append(_decode_prompts(engine, 4, "fast", 3))
+        assert any(key[3] == "fast" for key in engine._graphs) is graphs
     _same_bits(*runs)
 
 

@@ -9,6 +9,12 @@ The shadow is a plain greedy decode of the same prompt on the same weights, star
 from the same prefill and advanced to the same position after every step, so each
 emitted token is compared (id and fp32 logprob bits) the moment both exist.
 What makes the verify rows equal the shadow's decode rows: docs/exactness.md.
+
+On CUDA the engine, not the model, owns the CUDA graphs (as nano-vllm's `ModelRunner` and
+mini-sglang's `Engine` do): states are reusable slots, and a decode or verify forward on a slot
+replays a graph captured once per (slot, rows, GEMM backend, mode) (`graphs.CapturedForward`),
+then commits through a graph too; prefill, observed forwards and rows that read host-side
+lengths run eagerly. `spec_step` and `shadow_catch_up` show both paths.
 """
 
 from __future__ import annotations
@@ -85,7 +91,12 @@ class Engine:
         slices by host-side lengths, which a graph would freeze)."""
         self.slot_capacity = 0
         """Graphed states are allocated at least this large, so later prompts reuse them."""
+        self._slots: list[SeqState] = []
+        """Every graphed state ever allocated; its index names it in `_graphs`."""
         self._free_slots: list[SeqState] = []
+        self._graphs: dict[tuple[int, int, str, Mode], graphs.CapturedForward] = {}
+        """Captured forwards by (slot, rows, GEMM backend, mode): switching backend selects (or
+        captures) another graph at the next step, never mid-step."""
         self.fault: Callable[[int], Observer | None] | None = None
         """Verify-step index -> observer for the speculative run (fault-injection tests)."""
 
@@ -127,7 +138,8 @@ class Engine:
                 slot.reset()
                 return slot
         slot = SeqState.empty(m.cfg, max(capacity, self.slot_capacity), m.dtype, m.device)
-        graphs.enable(slot)
+        slot.in_place = True
+        self._slots.append(slot)
         return slot
 
     def release(self, seq: Sequence) -> None:
@@ -135,21 +147,44 @@ class Engine:
         if self.cuda_graphs:
             self._free_slots += [s for s in (seq.state, seq.shadow) if s is not None]
 
+    def _graph(self, state: SeqState, rows: int, mode: Mode) -> graphs.CapturedForward | None:
+        """The captured forward of `rows` rows on `state` (captured on first use), after the
+        eager forward's capacity check; None where the forward runs eagerly: a state that is no
+        slot (CUDA graphs off, or the CPU), or rows that read host-side lengths
+        (`Rows.graphable`), which a graph would freeze."""
+        slot = next((i for i, s in enumerate(self._slots) if s is state), None)
+        if slot is None or not self.target.rows[mode].graphable:
+            return None
+        self.target.check_fits(state, rows)  # a capture writes K/V at those rows too
+        key = (slot, rows, self.target.gemm.name, mode)
+        graph = self._graphs.get(key)
+        if graph is None:
+            graph = self._graphs[key] = graphs.CapturedForward(self.target, state, rows, mode)
+        return graph
+
     def spec_step(self, seq: Sequence, k: int, mode: Mode, max_new_tokens: int) -> StepResult:
         room = max_new_tokens - len(seq.ids)
         t0 = time.perf_counter()
         drafts = seq.drafter.propose(seq.context, min(k, room - 1)) if k > 0 and room > 1 else []
         t1 = time.perf_counter()
         rows = [seq.context[-1], *drafts]
+        tokens = self._tensor(rows)
         observer = self.fault(len(seq.steps)) if self.fault else None
-        lp = self.target.forward(self._tensor(rows), seq.state, mode, observer)
+        graph = None if observer else self._graph(seq.state, len(rows), mode)
+        if graph is not None:
+            lp = graph.replay(tokens, seq.state)
+        else:  # an observed forward is eager: the observer sees (and may change) every sub-op
+            lp = self.target.forward(tokens, seq.state, mode, observer)
         ids, lps = ops.greedy(lp)
         ids_l, lps_l = ids.tolist(), lps.tolist()
         accepted = 0
         while accepted < len(drafts) and drafts[accepted] == ids_l[accepted]:
             accepted += 1
         t2 = time.perf_counter()
-        seq.state.commit(accepted + 1)
+        if graph is not None:
+            graph.commit(seq.state, accepted + 1)
+        else:
+            seq.state.commit(accepted + 1)
         emitted, emitted_lp = ids_l[: accepted + 1], lps_l[: accepted + 1]
         for j, tok in enumerate(emitted):  # stop at end of sequence
             if tok in self.eos_ids:
@@ -176,8 +211,14 @@ class Engine:
             return 0.0
         t0 = time.perf_counter()
         while len(seq.shadow_ids) < len(seq.ids):
-            lp = self.target.forward(self._tensor(seq.shadow_ids[-1:]), seq.shadow, "exact")
-            seq.shadow.commit(1)
+            token = self._tensor(seq.shadow_ids[-1:])
+            graph = self._graph(seq.shadow, 1, "exact")
+            if graph is not None:
+                lp = graph.replay(token, seq.shadow)
+                graph.commit(seq.shadow, 1)
+            else:
+                lp = self.target.forward(token, seq.shadow, "exact")
+                seq.shadow.commit(1)
             tok, tok_lp = ops.greedy(lp)
             seq.shadow_ids.append(int(tok[0]))
             seq.shadow_logprobs.append(float(tok_lp[0]))

@@ -244,25 +244,27 @@ class Model:
         updates `state` in place, PREFILL_CHUNK tokens per pass unless observed; exact/fast
         leave the GDN steps pending for `state.commit(rows)`.
         """
-        t_len, start = tokens.shape[0], state.length
-        if start + t_len > min(state.capacity, self.cfg.max_position_embeddings):
-            raise UsageError(
-                f"sequence of {start + t_len} tokens exceeds the allocated context of "
-                f"{state.capacity} or the model's {self.cfg.max_position_embeddings} positions"
-            )
-        if state.graphs is not None and self.rows[mode].graphable and not observe:
-            from specdash.engine.graphs import graphed_forward
-
-            return graphed_forward(self, tokens, state, mode)
+        t_len = tokens.shape[0]
+        self.check_fits(state, t_len)
         if mode == "prefill" and t_len > PREFILL_CHUNK and observe is None:
             out = [
-                self.forward_eager(tokens[c : c + PREFILL_CHUNK], state, mode, None, all_logits)
+                self._forward_pass(tokens[c : c + PREFILL_CHUNK], state, mode, None, all_logits)
                 for c in range(0, t_len, PREFILL_CHUNK)
             ]
             return torch.cat(out) if all_logits else out[-1]
-        return self.forward_eager(tokens, state, mode, observe, all_logits)
+        return self._forward_pass(tokens, state, mode, observe, all_logits)
 
-    def forward_eager(
+    def check_fits(self, state: SeqState, t_len: int) -> None:
+        """Refuse rows past the state's capacity or the model's positions: they would index the
+        cache and the RoPE tables out of range."""
+        end = state.length + t_len
+        if end > min(state.capacity, self.cfg.max_position_embeddings):
+            raise UsageError(
+                f"sequence of {end} tokens exceeds the allocated context of "
+                f"{state.capacity} or the model's {self.cfg.max_position_embeddings} positions"
+            )
+
+    def _forward_pass(
         self,
         tokens: Tensor,
         state: SeqState,

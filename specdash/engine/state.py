@@ -46,13 +46,10 @@ class SeqState:
     pending: dict[int, GdnSteps] = field(default_factory=dict)
     position: Tensor | None = None
     """`length` mirrored on the device (CUDA): a captured CUDA graph reads positions from it."""
-    graphs: dict[tuple[int, str, str], object] | None = None
-    """Captured CUDA graphs of this state's forwards, by (rows, GEMM backend, mode); None: eager."""
-
-    @property
-    def static(self) -> bool:
-        """Graphs hold buffer addresses, so a graphed state updates its tensors in place."""
-        return self.graphs is not None
+    in_place: bool = False
+    """Store GDN updates into the existing buffers: the engine sets it on its CUDA-graph slots,
+    whose graphs hold these addresses. Otherwise new tensors replace them, which saves a copy
+    and lets `ModelDrafter` snapshot a state by reference."""
 
     @classmethod
     def empty(
@@ -97,14 +94,14 @@ class SeqState:
 
     def store_gdn(self, i: int, conv: Tensor, ssm: Tensor) -> None:
         st = self.gdn[i]
-        if self.static:
+        if self.in_place:
             st.conv.copy_(conv)
             st.ssm.copy_(ssm)
         else:
             st.conv, st.ssm = conv, ssm
 
     def reset(self) -> None:
-        """Empty again, keeping the buffers (and so the CUDA graphs captured on them)."""
+        """Empty again, keeping the buffers (and so any CUDA graph captured on them)."""
         for g in self.gdn.values():
             g.conv.zero_()
             g.ssm.zero_()
@@ -127,21 +124,20 @@ class SeqState:
         """Keep the first `rows` tokens of the last step; drop the rest.
 
         The KV of dropped rows stays in the cache past `length` and is overwritten later.
-        A step replayed from a CUDA graph commits through a graph of the same copies
-        (`pending.replay_commit`): one graph launch instead of two copies per GDN layer.
         """
-        replay = getattr(self.pending, "replay_commit", None)
-        if replay is not None:
-            replay(self, rows)
-        else:
-            self.apply_commit(self.pending, rows)
-        self.length += rows
-        self.pending = {}
+        self.apply_commit(self.pending, rows)
+        self.keep(rows)
 
     def apply_commit(self, pending: dict[int, GdnSteps], rows: int) -> None:
-        """The device side of `commit`: conv windows, GDN states and the device position."""
+        """The device side of `commit`: conv windows, GDN states and the device position. Its
+        own method so that the engine can capture it as a CUDA graph (`graphs.CapturedForward`)."""
         w = next(iter(self.gdn.values())).conv.shape[0] if self.gdn else 0
         for i, steps in pending.items():
             self.store_gdn(i, steps.conv_seq[rows : rows + w], steps.states[rows - 1])
         if self.position is not None:
             self.position.add_(rows)
+
+    def keep(self, rows: int) -> None:
+        """The host side of `commit`, after the device side ran eagerly or as a graph."""
+        self.length += rows
+        self.pending = {}
