@@ -11,6 +11,11 @@ Verify rows: the bs*n verify rows equal, bit for bit, a plain decode batch in wh
 its own sequence of length seq_len + i + 1, with the split counts SGLang's own
 `TritonAttnBackend.get_num_kv_splits` picks in deterministic mode (0.5.23: the table from the
 verify metadata; 0.5.17: the graph-capturable table from `req_to_token`).
+
+GDN on a draft tree (NGRAM's drafts are trees): the verify conv and recurrent kernels with
+SGLang's tree links against decode along each root-to-candidate path, and the chain mode (links
+None, what SGLang runs when topk == 1) on the same tree. The recurrent step is exact with the
+parents; the conv's tree branch sums its taps in the reverse order, which is not.
 """
 
 from __future__ import annotations
@@ -218,16 +223,223 @@ print("ROWS " + json.dumps({
 }))
 """
 
+TREE_SCRIPT = r"""
+import sys
+import types
+
+import numpy as np
+from triton.runtime import interpreter as _interp
+
+from sglang.kernels.ops.mamba.causal_conv1d_triton import causal_conv1d_update
+
+# ngram_worker imports the CUDA op it mirrors; only its host-side twin is used here.
+_sk = types.ModuleType("sgl_kernel")
+_sk.speculative = types.ModuleType("sgl_kernel.speculative")
+_sk.speculative.reconstruct_indices_from_tree_mask = None
+sys.modules.setdefault("sgl_kernel", _sk)
+sys.modules.setdefault("sgl_kernel.speculative", _sk.speculative)
+from sglang.srt.speculative.ngram_worker import _derive_tree_links
+
+# Two fixes to the Triton interpreter (not to SGLang), both needed by the conv kernel:
+# a comparison's result is int1 (the interpreter tags it with the left operand's type, so
+# `scalar_i64 < n` & a block mask becomes an int64 load mask it then rejects), and bf16
+# arithmetic goes through fp32 with round-to-nearest-even back to bf16 (the interpreter
+# multiplies the raw uint16 bit patterns, and truncates fp32 -> bf16). A bf16 product is exact
+# in fp32, so fp32-then-RNE is the GPU's bf16 multiply, the only bf16 arithmetic here.
+_B = _interp.InterpreterBuilder
+
+
+def _as_int1(op):
+    return lambda self, lhs, rhs: _interp.TensorHandle(op(self, lhs, rhs).data, tl.int1)
+
+
+for _name in dir(_B):
+    if _name.startswith(("create_icmp", "create_fcmp")):
+        setattr(_B, _name, _as_int1(getattr(_B, _name)))
+
+
+def _f32(h):
+    if h.dtype.scalar == tl.bfloat16:
+        return (np.asarray(h.data).astype(np.uint32) << 16).view(np.float32)
+    return h.data
+
+
+def _bf16(a):
+    t = torch.from_numpy(np.ascontiguousarray(a, dtype=np.float32)).to(torch.bfloat16)
+    return t.view(torch.int16).numpy().view(np.uint16)
+
+
+_cast, _binary = _B.cast_impl, _B.binary_op
+
+
+def _cast_impl(self, src, dst_type):
+    s, d = src.dtype.scalar, dst_type.scalar
+    if s == tl.bfloat16 and d == tl.float32:
+        return _interp.TensorHandle(_f32(src), tl.float32)
+    if s == tl.float32 and d == tl.bfloat16:
+        return _interp.TensorHandle(_bf16(src.data), tl.bfloat16)
+    return _cast(self, src, dst_type)
+
+
+def _binary_op(self, lhs, rhs, op):
+    if tl.bfloat16 not in (lhs.dtype.scalar, rhs.dtype.scalar):
+        return _binary(self, lhs, rhs, op)
+    out = op(_f32(lhs), _f32(rhs))
+    if out.dtype == np.bool_:
+        return _interp.TensorHandle(out, tl.int1)
+    return _interp.TensorHandle(_bf16(out), tl.bfloat16)
+
+
+_B.cast_impl, _B.binary_op = _cast_impl, _binary_op
+
+# The draft tree of the conv kernel's own docstring: candidates 1 and 2 both children of 0,
+# 3 a child of 1. SGLang's NGRAM tree mask (row i: i and its ancestors) -> its links.
+PARENTS = [-1, 0, 0, 1]
+T = len(PARENTS)
+H, HV, K, V, WIDTH = 1, 2, 16, 16, 4
+DIM = 2 * H * K + HV * V
+ONE = torch.tensor([1], dtype=torch.int32)  # the request's state slot
+ZERO = torch.tensor([0], dtype=torch.int32)  # its row in the intermediate buffers
+
+
+def path(i):
+    out = []
+    while i >= 0:
+        out.append(i)
+        i = PARENTS[i]
+    return out[::-1]
+
+
+tree_mask = np.zeros((1, T, T), dtype=bool)
+for i in range(T):
+    tree_mask[0, i, path(i)] = True
+next_token, next_sibling = _derive_tree_links(tree_mask, 1, T)
+
+gdn.PATCH.apply()
+d = dispatcher()
+assert not d.supports_packed_decode
+
+
+def split(mixed, n):
+    q_, k_, v_ = torch.split(mixed, [H * K, H * K, HV * V], -1)
+    return q_.reshape(1, n, H, K), k_.reshape(1, n, H, K), v_.reshape(1, n, HV, V)
+
+
+def recurrent_decode(qkv, g, i):
+    # the patched decode step, token by token along root..i (GDNAttnBackend.forward_decode)
+    state = g["state0"].clone()
+    for t in path(i):
+        q_, k_, v_ = (x[:, t : t + 1] for x in qkv)
+        o = d.decode(q_, k_, v_, g["a"][t][None], g["b"][t][None], A_log=g["A_log"],
+                     dt_bias=g["dt_bias"], ssm_states=state, cache_indices=ONE,
+                     query_start_loc=torch.tensor([0, 1], dtype=torch.int32))
+    return o.reshape(HV, V), state[1]
+
+
+def decode(g, i):
+    # conv (decode-mode causal_conv1d_update) + recurrent step, token by token along root..i
+    conv = g["conv0"].clone()
+    mixed = torch.zeros(T, DIM, dtype=g["x"].dtype)
+    for t in path(i):
+        mixed[t] = causal_conv1d_update(g["x"][t][None].clone(), conv, g["w"], None, "silu",
+                                        conv_state_indices=ONE)[0]
+    return (mixed[i], *recurrent_decode(split(mixed, T), g, i))
+
+
+def verify(g, tree):
+    # GDNAttnBackend.forward_extend, target verify: the conv over the T rows with the
+    # intermediate windows, then the recurrent verify; the tree links only when topk > 1
+    # (HybridLinearAttnBackend), retrieve_parent_token filled by the conv kernel.
+    links = (next_token.clone(), next_sibling.clone()) if tree else (None, None)
+    parent = torch.empty_like(next_token) if tree else None
+    window = torch.zeros(1, T, DIM, WIDTH - 1, dtype=g["x"].dtype)
+    mixed = causal_conv1d_update(g["x"][None].transpose(1, 2), g["conv0"].clone(), g["w"],
+                                 None, "silu", conv_state_indices=ONE,
+                                 intermediate_conv_window=window,
+                                 intermediate_state_indices=ZERO,
+                                 retrieve_next_token=links[0], retrieve_next_sibling=links[1],
+                                 retrieve_parent_token=parent)
+    mixed = mixed.transpose(1, 2).reshape(T, DIM)
+    qkv = split(mixed, T)
+    steps = torch.zeros(1, T, HV, V, K)
+    o = d.target_verify(g["A_log"], g["dt_bias"], *qkv, g["a"], g["b"],
+                        ssm_states=g["state0"].clone(), cache_indices=ONE,
+                        query_start_loc=torch.tensor([0, T], dtype=torch.int32),
+                        intermediate_states_buffer=steps, intermediate_state_indices=ZERO,
+                        cache_steps=T, retrieve_parent_token=parent)
+    return mixed, qkv, o.reshape(T, HV, V), steps[0], parent
+
+
+def inputs(dtype, seed):
+    torch.manual_seed(seed)
+    return {"x": torch.randn(T, DIM).to(dtype), "w": (torch.randn(DIM, WIDTH) * 0.5).to(dtype),
+            "conv0": torch.randn(2, DIM, WIDTH - 1).to(dtype),
+            "a": torch.randn(T, HV, dtype=bf16), "b": torch.randn(T, HV, dtype=bf16),
+            "A_log": torch.randn(HV), "dt_bias": torch.randn(HV),
+            "state0": torch.randn(2, HV, V, K) * 0.1}
+
+
+def compare(g):
+    ref = [decode(g, i) for i in range(T)]
+    out = {}
+    for mode in ("tree", "chain"):
+        mixed, qkv, o, states, parent = verify(g, mode == "tree")
+        out[mode] = {
+            "parent": None if parent is None else parent[0].tolist(),
+            "conv_equal": [torch.equal(mixed[i], ref[i][0]) for i in range(T)],
+            "conv_ulps": [int((mixed[i] != ref[i][0]).sum()) for i in range(T)],
+            "conv_max_diff": max((mixed[i].float() - ref[i][0].float()).abs().max().item()
+                                 for i in range(T)),
+            "out_equal": [torch.equal(o[i], ref[i][1]) for i in range(T)],
+            # the fp32 state after candidate i (verify's intermediate state of row i)
+            "state_equal": [torch.equal(states[i], ref[i][2]) for i in range(T)],
+            # the recurrent kernels alone: decode fed the verify's own conv rows
+            "recurrent_equal": [
+                all(map(torch.equal, (o[i], states[i]), recurrent_decode(qkv, g, i)))
+                for i in range(T)
+            ],
+        }
+    return out
+
+
+def order_sensitive(n):
+    # bf16 channels (conv state c0..c2, input x, weights w0..w3) where decode's accumulation
+    # order (c0*w0 + c1*w1 + c2*w2 + x*w3) and the tree branch's (x*w3 + c2*w2 + c1*w1 +
+    # c0*w0) round to different bf16 after SiLU: found in a torch model of the kernel's
+    # arithmetic, c0 and c1 small so the fp32 sum is inexact.
+    torch.manual_seed(1)
+    m = 1 << 20
+    c = torch.randn(m, WIDTH - 1)
+    c[:, :2] *= 2.0**-12
+    c, x, w = c.to(bf16), torch.randn(m).to(bf16), (torch.randn(m, WIDTH) * 0.5).to(bf16)
+    p = [(c[:, j] * w[:, j]).float() for j in range(WIDTH - 1)] + [(x * w[:, -1]).float()]
+    silu = lambda s: (s / (1 + torch.exp(-s))).to(bf16)
+    hit = silu(((p[0] + p[1]) + p[2]) + p[3]) != silu(((p[3] + p[2]) + p[1]) + p[0])
+    idx = hit.nonzero()[:n, 0]
+    return c[idx], x[idx], w[idx]
+
+
+result = {"links": [next_token[0].tolist(), next_sibling[0].tolist()],
+          "bf16": compare(inputs(bf16, 0)), "fp32": compare(inputs(torch.float32, 0))}
+g = inputs(bf16, 0)
+c, x0, w = order_sensitive(8)
+n = len(x0)
+g["conv0"][1, -n:], g["x"][0, -n:], g["w"][-n:] = c, x0, w  # v channels of the root row
+result["bf16_order_sensitive"] = dict(compare(g), channels=n)
+gdn.PATCH.remove()
+print("TREE " + json.dumps(result))
+"""
+
 
 @pytest.fixture(scope="module")
 def interpreted(run_each_sglang) -> dict[str, dict]:
-    proc = run_each_sglang(GDN_SCRIPT + ROWS_SCRIPT, env={"TRITON_INTERPRET": "1"})
+    proc = run_each_sglang(GDN_SCRIPT + ROWS_SCRIPT + TREE_SCRIPT, env={"TRITON_INTERPRET": "1"})
     results = {}
     for line in proc.stdout.splitlines():
         tag, _, payload = line.partition(" ")
-        if tag in ("GDN", "ROWS"):
+        if tag in ("GDN", "ROWS", "TREE"):
             results[tag] = json.loads(payload)
-    assert set(results) == {"GDN", "ROWS"}, proc.stdout[-2000:]
+    assert set(results) == {"GDN", "ROWS", "TREE"}, proc.stdout[-2000:]
     results["version"] = run_each_sglang.version
     return results
 
@@ -258,3 +470,43 @@ def test_verify_rows_equal_sglang_decode_bitwise(interpreted) -> None:
     assert r["equal"]
     assert r["splits"] == [2, 2, 2, 3, 3, 3]  # ceil(len / 4) for lengths 6,7,8,10,11,12
     assert r["max_diff_vs_softmax"] < 1e-5  # and it is attention over the right tokens
+
+
+def test_gdn_tree_verify_equals_decode_along_each_path_except_conv_order(interpreted) -> None:
+    """NGRAM drafts are trees. GDN verify walks each row's parent only when it is given the
+    tree links (retrieve_next_token/sibling; the conv kernel fills retrieve_parent_token for
+    the recurrent kernel), which HybridLinearAttnBackend passes only when topk > 1; with the
+    links None it treats the packed rows as one chain. Tree: parents [-1, 0, 0, 1].
+
+    Recurrent kernel with the parents: each candidate's output equals the patched decode along
+    root..candidate, bit for bit. Chain mode on the same tree: candidate 2 (the branch) and 3
+    (after it in the rows) see the wrong history. The conv's tree branch sums its taps in the
+    reverse of decode's order (x*w3 + parent*w2 + ... vs c0*w0 + ... + x*w3), so its fp32
+    accumulator can differ from decode's: with fp32 inputs in about a third of the channels,
+    with bf16 inputs (the model's) rarely, since four bf16 products mostly sum exactly in fp32,
+    but on order-sensitive channels by one bf16 ulp, which then moves the fp32 GDN state of
+    every candidate below (and, when it crosses a bf16 rounding, the output). So tree verify
+    is not bit-exact to decode in general; only the conv's summation order stands in the way.
+    """
+    r = interpreted["TREE"]
+    assert r["links"] == [[1, 3, -1, -1], [-1, 2, -1, -1]]  # SGLang's links for this tree
+    for case in ("bf16", "fp32", "bf16_order_sensitive"):
+        tree, chain = r[case]["tree"], r[case]["chain"]
+        assert tree["parent"] == [0, 0, 0, 1], case
+        assert tree["recurrent_equal"] == [True] * 4, case
+        # chain mode: exact along the chain prefix 0, 1; wrong for the branch and after it
+        assert chain["conv_equal"] == chain["out_equal"] == [True, True, False, False], case
+        assert chain["recurrent_equal"] == [True, True, False, False], case
+        assert chain["state_equal"] == [True, True, False, False], case
+    bf = r["bf16"]["tree"]  # random bf16 inputs: no channel here is order-sensitive
+    assert bf["conv_equal"] == bf["out_equal"] == bf["state_equal"] == [True] * 4
+    fp32 = r["fp32"]["tree"]
+    assert not any(fp32["conv_equal"]) and 0 < fp32["conv_max_diff"] < 1e-6
+    assert not any(fp32["state_equal"])
+    sensitive = r["bf16_order_sensitive"]["tree"]
+    assert r["bf16_order_sensitive"]["channels"] > 0
+    assert sensitive["conv_equal"] == [False, True, True, True]  # the root row's window
+    assert sensitive["conv_ulps"][0] == r["bf16_order_sensitive"]["channels"]
+    # v channels of the root: every candidate's fp32 state moves (all descend from the root);
+    # here the bf16 outputs still round alike
+    assert sensitive["state_equal"] == [False] * 4, sensitive
