@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import sys
 import threading
 import types
@@ -382,7 +383,7 @@ SGLANG_FLAGS = [
 def test_dashboard_gets_the_sglang_options_headless_gets(fake_engine, prefix):
     """Same flags, same `session_options`, same `run_engine` call as `run --headless`."""
     from specdash.cli import build_parser
-    from specdash.runs.sglang import SGLangOptions, session_options
+    from specdash.runs.sglang import SGLangOptions, log_file_beside, session_options
     from specdash.ui.app import dashboard_app
 
     args = build_parser().parse_args([*prefix, *SGLANG_FLAGS])
@@ -390,7 +391,10 @@ def test_dashboard_gets_the_sglang_options_headless_gets(fake_engine, prefix):
     headless_args = build_parser().parse_args(["run", "--headless", *SGLANG_FLAGS])
     assert session_options(SessionSettings.from_args(headless_args), headless_args) == expected
     source = dashboard_app(args).source
-    assert source.sglang_options == expected
+    # The dashboard owns the terminal, so SGLang's own output goes to a log file.
+    settings = SessionSettings.from_args(args)
+    dashboard_options = dataclasses.replace(expected, log_file=log_file_beside(settings))
+    assert source.sglang_options == dashboard_options
     received = []
     fake_engine.run_engine = lambda settings, sink, controls, stop, options: received.append(
         (settings.engine, options)
@@ -398,7 +402,7 @@ def test_dashboard_gets_the_sglang_options_headless_gets(fake_engine, prefix):
     source._telemetry = False
     source.start(lambda event: None)
     source.stop()
-    assert received == [("sglang", expected)]
+    assert received == [("sglang", dashboard_options)]
 
 
 def test_native_engine_gets_no_sglang_options_and_keeps_sigquit(fake_engine):
