@@ -9,6 +9,7 @@ live run. Times are integer nanoseconds from `time.monotonic_ns()`.
 from __future__ import annotations
 
 import time
+from collections.abc import Callable
 from typing import Annotated, Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, TypeAdapter
@@ -259,6 +260,9 @@ Event = Annotated[
 ]
 
 EVENT_ADAPTER: TypeAdapter[Event] = TypeAdapter(Event)
+
+Sink = Callable[[Event], None]
+"""Where a producer (a runner, the GPU sampler, a replay) sends each event."""
 
 
 def parse_event(line: str | bytes) -> Event:

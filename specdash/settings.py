@@ -1,20 +1,15 @@
-"""What a session is asked to do: one validated object shared by CLI, dashboard and trace header."""
+"""What a session is asked to do: one validated object shared by CLI, dashboard and trace header.
+
+`specdash.cli.session_args.settings_from_args` builds it from the command line."""
 
 from __future__ import annotations
 
-import argparse
 from pathlib import Path
 from typing import Literal
 
-from pydantic import BaseModel, ConfigDict, Field, ValidationError
-
-from specdash.errors import UsageError
+from pydantic import BaseModel, ConfigDict, Field
 
 MAX_K = 16
-
-
-def _path(value: str | None) -> Path | None:
-    return None if value is None else Path(value)
 
 
 class SessionSettings(BaseModel):
@@ -44,31 +39,3 @@ class SessionSettings(BaseModel):
     trace: Path | None = None
     overwrite_trace: bool = False
     """Replace an existing `trace` file (otherwise an existing file is refused, exit 2)."""
-
-    @classmethod
-    def from_args(cls, args: argparse.Namespace) -> SessionSettings:
-        """Settings from the CLI's session flags; a bad value is a one-line `UsageError`."""
-        try:
-            return cls(
-                engine=args.engine,
-                model=_path(args.model),
-                draft=_path(args.draft),
-                preset=args.preset,
-                drafter=args.drafter,
-                k=args.k,
-                speculation=not args.no_spec,
-                verify=args.verify,
-                gemm_backend=args.gemm_backend,
-                batch=args.batch,
-                prompts=_path(args.prompts),
-                max_new_tokens=args.max_new_tokens,
-                device=args.device,
-                dtype=args.dtype,
-                shadow=not args.no_shadow,
-                trace=_path(args.trace),
-                overwrite_trace=args.overwrite_trace,
-            )
-        except ValidationError as e:
-            err = e.errors()[0]
-            where = ".".join(str(p) for p in err["loc"])
-            raise UsageError(f"{where}: {err['msg']}") from None

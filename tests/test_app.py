@@ -271,9 +271,10 @@ async def test_status_bar_shows_verdict(tmp_path):
 
 @pytest.fixture
 def fake_engine(monkeypatch):
-    """A stand-in `specdash.runs.native` so LiveSession's threading is tested without torch."""
-    module = types.ModuleType("specdash.runs.native")
-    monkeypatch.setitem(sys.modules, "specdash.runs.native", module)
+    """A stand-in `specdash.runs.runner` (its `run_engine`), so LiveSession's threading is
+    tested without torch."""
+    module = types.ModuleType("specdash.runs.runner")
+    monkeypatch.setitem(sys.modules, "specdash.runs.runner", module)
     return module
 
 
@@ -383,16 +384,17 @@ SGLANG_FLAGS = [
 def test_dashboard_gets_the_sglang_options_headless_gets(fake_engine, prefix):
     """Same flags, same `session_options`, same `run_engine` call as `run --headless`."""
     from specdash.cli import build_parser
-    from specdash.runs.sglang import SGLangOptions, log_file_beside, session_options
-    from specdash.ui.app import dashboard_app
+    from specdash.cli.dashboard import dashboard_app
+    from specdash.cli.session_args import session_options, settings_from_args
+    from specdash.runs.sglang import SGLangOptions, log_file_beside
 
     args = build_parser().parse_args([*prefix, *SGLANG_FLAGS])
     expected = SGLangOptions("EAGLE3", {"mem_fraction_static": 0.3}, "sequential", True)
     headless_args = build_parser().parse_args(["run", "--headless", *SGLANG_FLAGS])
-    assert session_options(SessionSettings.from_args(headless_args), headless_args) == expected
+    assert session_options(settings_from_args(headless_args), headless_args) == expected
     source = dashboard_app(args).source
     # The dashboard owns the terminal, so SGLang's own output goes to a log file.
-    settings = SessionSettings.from_args(args)
+    settings = settings_from_args(args)
     dashboard_options = dataclasses.replace(expected, log_file=log_file_beside(settings))
     assert source.sglang_options == dashboard_options
     received = []
@@ -409,7 +411,7 @@ def test_native_engine_gets_no_sglang_options_and_keeps_sigquit(fake_engine):
     import signal
 
     from specdash.cli import build_parser
-    from specdash.ui.app import dashboard_app
+    from specdash.cli.dashboard import dashboard_app
 
     source = dashboard_app(build_parser().parse_args(["--speculative-algorithm", "EAGLE3"])).source
     assert source.sglang_options is None

@@ -155,7 +155,7 @@ async def test_long_status_notes_are_cut_not_wrapped_at_100x30() -> None:
     app = SpecdashApp(ScriptedSource.live_like(fake_session()))
     async with app.run_test(size=SIZE) as pilot:
         await pilot.pause()
-        app._recording_note = "trace closed after the session finished: /" + "x" * 120
+        app.recorder.note = "trace closed after the session finished: /" + "x" * 120
         app._shown_revision = -1  # as a closing trace leaves it
         app.refresh_numbers()
         await pilot.pause()

@@ -170,8 +170,8 @@ async def test_export_mid_session_says_what_was_dropped(tmp_path):
         app.refresh_numbers()
         await pilot.press("e")
         app.refresh_numbers()
-        assert "incomplete" in app._recording_note
-        assert "no longer in memory" in app._recording_note
+        assert "incomplete" in app.recorder.note
+        assert "no longer in memory" in app.recorder.note
     (path,) = tmp_path.glob("specdash-*.jsonl")
     header, recorded, warnings = read_trace(path)
     assert not warnings
@@ -221,7 +221,7 @@ async def test_export_after_a_complete_recording_closed_copies_it(tmp_path):
     async with app.run_test(size=SIZE) as pilot:
         await pilot.pause()
         app.refresh_numbers()
-        assert app.trace_writer is None and "complete" in app._recording_note
+        assert app.trace_writer is None and "complete" in app.recorder.note
         await pilot.press("e")
     (copy,) = tmp_path.glob("specdash-*.jsonl")
     assert copy.read_bytes() == path.read_bytes()

@@ -18,7 +18,7 @@ from specdash.cli import build_parser, main
 from specdash.errors import EXIT_CHECKPOINT, EXIT_ENVIRONMENT, EXIT_OK, EXIT_USAGE, UsageError
 from specdash.trace import jsonl
 from specdash.trace.jsonl import TraceWriter, read_trace
-from specdash.ui.app import dashboard_app, run_dashboard
+from specdash.cli.dashboard import dashboard_app, run_dashboard
 
 
 @pytest.fixture(scope="module")

@@ -5,7 +5,9 @@ pays for torch."""
 from __future__ import annotations
 
 import argparse
+import importlib
 import sys
+from collections.abc import Callable
 from typing import NoReturn
 
 from specdash.engine_patches import registry
@@ -226,44 +228,31 @@ def build_parser() -> argparse.ArgumentParser:
     return parser
 
 
+COMMANDS: dict[str | None, tuple[str, str]] = {
+    None: ("specdash.cli.dashboard", "run_dashboard"),
+    "run": ("specdash.cli.dashboard", "run_dashboard"),  # `run --headless`: see `_command`
+    "audit": ("specdash.cli.audit", "run_audit"),
+    "export": ("specdash.cli.traces", "run_export"),
+    "replay": ("specdash.cli.traces", "run_replay"),
+    "report": ("specdash.cli.traces", "run_report"),
+    "diff": ("specdash.cli.traces", "run_diff"),
+    "patches": ("specdash.engine_patches.check", "run_check"),
+}
+"""Subcommand -> (module, function taking the parsed args); imported only when run."""
+
+
+def _command(args: argparse.Namespace) -> Callable[[argparse.Namespace], int]:
+    if args.command == "run" and args.headless:
+        module, name = "specdash.cli.headless", "run_headless"
+    else:
+        module, name = COMMANDS[args.command]
+    return getattr(importlib.import_module(module), name)
+
+
 def main(argv: list[str] | None = None) -> int:
-    parser = build_parser()
-    args = parser.parse_args(argv)
+    args = build_parser().parse_args(argv)
     try:
-        if args.command == "run" and args.headless:
-            from specdash.cli.headless import run_headless
-
-            return run_headless(args)
-        if args.command is None or args.command == "run":
-            from specdash.ui.app import run_dashboard
-
-            return run_dashboard(args)
-        if args.command == "audit":
-            from specdash.cli.audit import run_audit
-
-            return run_audit(args)
-        if args.command == "export":
-            from specdash.trace.export import run_export
-
-            return run_export(args)
-        if args.command == "replay":
-            from specdash.trace.replay import run_replay
-
-            return run_replay(args)
-        if args.command == "report":
-            from specdash.trace.report import run_report
-
-            return run_report(args)
-        if args.command == "patches":
-            from specdash.engine_patches.check import run_check
-
-            return run_check(args)
-        if args.command == "diff":
-            from specdash.trace.diff import run_diff
-
-            return run_diff(args)
-        parser.print_help()
-        return 0
+        return _command(args)(args)
     except SpecdashError as e:
         print(f"specdash: error: {e}", file=sys.stderr)
         return e.exit_code

@@ -14,10 +14,11 @@ from pathlib import Path
 from typing import Any
 
 from specdash.cli.progress import AuditProgress, SessionProgress, make_progress
+from specdash.cli.session_args import settings_from_args
 from specdash.errors import EXIT_DIVERGED, EXIT_OK, UsageError
 from specdash.events import Divergence, Event
 from specdash.prompts import load_prompts
-from specdash.runs.native import SessionRunner, load_models
+from specdash.runs.native import NativeRunner, load_models
 from specdash.settings import MAX_K, SessionSettings
 
 BATCHES = (1, 8)
@@ -71,7 +72,7 @@ def audit_cells(
                     if shown is not None:
                         shown(e)
 
-                summary = SessionRunner(settings, sink, loaded=loaded).run()
+                summary = NativeRunner(loaded).run(settings, sink)
                 if progress is not None:
                     progress.end_cell()
                 cells.append(
@@ -93,7 +94,7 @@ def audit_cells(
 
 
 def run_audit(args: argparse.Namespace) -> int:
-    base = SessionSettings.from_args(args)
+    base = settings_from_args(args)
     try:
         ks = [int(k) for k in args.ks.split(",")]
     except ValueError:

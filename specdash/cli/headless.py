@@ -9,10 +9,11 @@ from collections.abc import Callable
 from contextlib import ExitStack
 
 from specdash.cli.progress import SessionProgress, make_progress
+from specdash.cli.session_args import session_options, settings_from_args
 from specdash.errors import EXIT_DIVERGED, EXIT_ENVIRONMENT, EXIT_OK
 from specdash.events import Divergence, Event, SessionStart, Summary
 from specdash.prompts import load_prompts
-from specdash.settings import SessionSettings
+from specdash.runs.runner import run_engine
 
 
 def format_summary(summary: Summary, divergences: list[Divergence]) -> str:
@@ -39,15 +40,15 @@ def format_summary(summary: Summary, divergences: list[Divergence]) -> str:
 
 
 def run_headless(args: argparse.Namespace) -> int:
-    settings = SessionSettings.from_args(args)
+    settings = settings_from_args(args)
     prompts = len(load_prompts(settings.prompts))  # a bad prompt file fails before the load
     divergences: list[Divergence] = []
+    recorder = None
     with ExitStack() as stack:
         progress = stack.enter_context(make_progress())
         sinks: list[Callable[[Event], None]] = [
             SessionProgress(progress, prompts, settings.max_new_tokens)
         ]
-        writers = []
         sampler = None
 
         def sink(event: Event) -> None:
@@ -61,42 +62,29 @@ def run_headless(args: argparse.Namespace) -> int:
         if settings.trace is not None:
             from specdash.runs.nvml_sampler import GpuSampler, device_index
             from specdash.trace.jsonl import TraceWriter
+            from specdash.trace.recorder import TraceRecorder
 
-            writers.append(
-                stack.enter_context(TraceWriter(settings.trace, overwrite=settings.overwrite_trace))
-            )
-            sinks.append(writers[-1])
+            writer = TraceWriter(settings.trace, overwrite=settings.overwrite_trace)
+            recorder = TraceRecorder(writer)
+            stack.callback(recorder.close, "the session ended")
+            sinks.append(recorder.consume)
             # a recorded session carries GPU samples (or the labelled "no GPU" state),
             # started once the header is written
             sampler = GpuSampler(sink, index=device_index(settings.device) or 0)
             stack.callback(sampler.stop)
 
-        summary = _run(settings, sink, args)
+        summary = run_engine(settings, sink, sglang_options=session_options(settings, args))
     if args.json:
         print(json.dumps(summary.model_dump(exclude={"kind", "t_ns"})))
     else:
         print(format_summary(summary, divergences))
-    for writer in writers:
-        if writer.stopped_reason:
-            # an I/O error (disk full) is an environment problem: the trace asked for is short
-            level = "error" if writer.io_error else "warning"
-            print(
-                f"specdash: {level}: recording stopped: {writer.stopped_reason}; "
-                f"{writer.path} holds the session up to then",
-                file=sys.stderr,
-            )
-            if writer.io_error:
-                return EXIT_ENVIRONMENT
+    if recorder is not None and recorder.stopped:
+        # an I/O error (disk full) is an environment problem: the trace asked for is short
+        level = "error" if recorder.failure else "warning"
+        print(f"specdash: {level}: {recorder.stopped}", file=sys.stderr)
+        if recorder.failure:
+            return EXIT_ENVIRONMENT
     if args.fail_on_divergence and divergences:
         print(f"specdash: {len(divergences)} divergence(s)", file=sys.stderr)
         return EXIT_DIVERGED
     return EXIT_OK
-
-
-def _run(
-    settings: SessionSettings, sink: Callable[[Event], None], args: argparse.Namespace
-) -> Summary:
-    from specdash.runs.native import run_engine
-    from specdash.runs.sglang import session_options
-
-    return run_engine(settings, sink, sglang_options=session_options(settings, args))

@@ -1,8 +1,9 @@
-"""A session: load weights, decode a prompt set with speculation and a shadow, emit events.
+"""The native runner: load weights, decode a prompt set with speculation and a shadow, emit events.
 
-`run_session` is the native engine's whole public surface for the CLI, the dashboard and
-benchmarks: it blocks, calls `sink(event)` from the calling thread, reads `controls` once
-per step (so a change lands between steps) and returns the `Summary` it also emitted.
+`NativeRunner.run(settings, sink, controls, stop)` is the `specdash.runs.runner.Runner`
+protocol on specdash's own engine: it blocks, calls `sink(event)` from the calling thread,
+reads `controls` once per step (so a change lands between steps) and returns the `Summary` it
+also emitted. `SessionRunner` is one session's loop; `run_session` the one-call form.
 """
 
 from __future__ import annotations
@@ -11,8 +12,8 @@ import contextlib
 import platform
 import threading
 from collections import deque
-from collections.abc import Callable
-from dataclasses import dataclass
+from collections.abc import Iterator
+from dataclasses import dataclass, field
 from importlib import metadata, resources
 from pathlib import Path
 
@@ -23,31 +24,29 @@ from specdash.engine import gemm_backends
 from specdash.engine.checkpoint import load_checkpoint
 from specdash.engine.config import preset
 from specdash.engine.drafters import Drafter, ModelDrafter, NgramDrafter
-from specdash.engine.engine import Engine, Sequence
+from specdash.engine.engine import Engine, Sequence, StepResult
 from specdash.engine.model import Model
 from specdash.engine.root_cause import find_root_cause
 from specdash.engine.tokenizer import ByteTokenizer, TextTokenizer
 from specdash.errors import CheckpointError, EnvironmentProblem, SpecdashError, UsageError
 from specdash.events import (
     ControlChange,
-    Divergence,
     Draft,
     EngineError,
-    Event,
     Prefill,
-    PromptDone,
     PromptStart,
-    SessionStart,
+    Sink,
     Summary,
     Token,
     VerifyStep,
 )
 from specdash.prompts import load_prompts
 from specdash.runs.heap import trim_heap
+from specdash.runs.runner import SessionEvents, divergences_to_report
 from specdash.settings import MAX_K, SessionSettings
-from specdash.stats import SessionStats
 
-Sink = Callable[[Event], None]
+Queued = tuple[int, str, list[int]]
+"""A prompt waiting to decode: its index, text and token ids."""
 SMALL_MODEL_PARAMS = 50_000_000
 
 
@@ -159,8 +158,19 @@ def device_name(device: torch.device) -> str:
     return f"cpu ({platform.processor() or platform.machine()}, {torch.get_num_threads()} threads)"
 
 
+@dataclass(slots=True)
+class InFlight:
+    """A sequence being decoded and what its `PromptDone` will say."""
+
+    seq: Sequence
+    decode_s: float = 0.0
+    """Draft + verify + rollback seconds (prefill and the shadow excluded)."""
+    verify_steps: list[VerifyStep] = field(default_factory=list)
+    """Its verify steps; plain decode steps (speculation off) are left out."""
+
+
 class SessionRunner:
-    """One session's loop. Separate from `run_session` so tests can reach the engine."""
+    """One session's loop. Separate from `NativeRunner` so tests can reach the engine."""
 
     def __init__(
         self,
@@ -172,8 +182,9 @@ class SessionRunner:
     ) -> None:
         self.settings = settings
         self.loaded = loaded or load_models(settings)
-        self.stats = SessionStats()
-        self._sink = sink
+        self.events = SessionEvents(settings, sink)
+        self.stats = self.events.stats
+        self.emit = self.events.emit
         self.controls = controls or Controls.from_settings(settings, self.loaded.target.gemm.name)
         self.stop = stop or threading.Event()
         self.applied = self.controls.snapshot()
@@ -181,10 +192,6 @@ class SessionRunner:
         self._next_index = 0  # prompt index for prompts typed in the dashboard
         self._group: list[Sequence] = []  # the sequences being decoded now
         self.engine = Engine(self.loaded.target, self._make_drafter, self.loaded.eos_ids)
-
-    def emit(self, event: Event) -> None:
-        self.stats.consume(event)
-        self._sink(event)
 
     def _make_drafter(self) -> Drafter:
         if self.settings.drafter == "model" and self.loaded.draft is not None:
@@ -270,11 +277,9 @@ class SessionRunner:
             )
         return ids
 
-    def _next_group(
-        self, queue: deque[tuple[int, str, list[int]]]
-    ) -> list[tuple[int, str, list[int]]]:
+    def _next_group(self, queue: deque[Queued]) -> list[Queued]:
         """Up to `batch` prompts: typed ones (dashboard) first, then the prompt set's."""
-        group: list[tuple[int, str, list[int]]] = []
+        group: list[Queued] = []
         while len(group) < self.settings.batch:
             typed = self.controls.take_user_prompt()
             if typed is not None:
@@ -296,111 +301,122 @@ class SessionRunner:
         queue = deque((i, p.text, self._encode(p.name, p.text)) for i, p in enumerate(prompts))
         self._next_index = len(prompts)
         self.engine.slot_capacity = max(len(q[2]) for q in queue) + s.max_new_tokens + MAX_K + 1
-        self.emit(
-            SessionStart(
-                config=s.model_dump(mode="json")
-                | {
-                    "loaded": self.loaded.description,
-                    "gemm_backends": {
-                        name: b.unavailable
-                        for name, b in gemm_backends.backends(self.loaded.target.device).items()
-                    },
+        device = self.loaded.target.device
+        self.events.session_start(
+            {
+                "loaded": self.loaded.description,
+                "gemm_backends": {
+                    name: b.unavailable for name, b in gemm_backends.backends(device).items()
                 },
-                versions=versions(),
-                device=device_name(self.loaded.target.device),
-                gemm_backend=self.loaded.target.gemm.name,
-            )
+            },
+            versions(),
+            device_name(device),
+            self.loaded.target.gemm.name,
         )
         with torch.inference_mode():
             while not self.stop.is_set() and (group := self._next_group(queue)):
                 self._run_group(group)
         trim_heap()  # the last group's caches: the dashboard stays open after the session
-        summary = self.stats.summary()
-        self.emit(summary)
-        return summary
+        return self.events.finish()
 
-    def _run_group(self, group: list[tuple[int, str, list[int]]]) -> None:
-        s, eng = self.settings, self.engine
-        seqs: list[Sequence] = []
-        self._group = seqs
-        decode_s: dict[int, float] = {}
-        verify_steps: dict[int, list[VerifyStep]] = {}  # plain decode steps left out
-        for index, text, ids in group:
-            self.emit(PromptStart(prompt_index=index, prompt_tokens=len(ids), text=text))
-            seq, prefill_s = eng.start(index, ids, s.max_new_tokens, MAX_K, s.shadow)
-            self.emit(Prefill(prompt_index=index, tokens=len(ids), seconds=prefill_s, run="spec"))
-            self._emit_tokens(seq, 0, "decode", 0)
-            seqs.append(seq)
-            decode_s[index] = 0.0
-            verify_steps[index] = []
+    def _run_group(self, group: list[Queued]) -> None:
+        """Decode `group` together: prefill each, step them in turn until every one is done
+        (or the dashboard asks for the next prompt, or the session stops), then finish each."""
+        flights = [self._start(index, text, ids) for index, text, ids in group]
+        self._group = [f.seq for f in flights]
         trim_heap()  # the prefills' freed activations back to the OS, or RSS keeps them
-        while not self.stop.is_set():
-            self._apply_controls()
-            if self.controls.take_next_prompt_request():
-                break
-            active = [q for q in seqs if not q.done]
-            if not active:
-                break
+        while active := self._active(flights):
             st = self.applied
             k = st.k if st.speculation else 0
-            for seq in active:
-                before = len(seq.ids)
-                r = eng.spec_step(seq, k, st.verify_mode, s.max_new_tokens)  # type: ignore[arg-type]
-                decode_s[seq.index] += r.draft_s + r.verify_s + r.rollback_s
-                if k:
-                    self.emit(
-                        Draft(
-                            prompt_index=seq.index,
-                            step=self.step_no,
-                            k=k,
-                            drafter=self.settings.drafter,
-                            tokens=r.drafts,
-                            seconds=r.draft_s,
-                        )
-                    )
-                step = VerifyStep(
+            for flight, before, result in self._step(active, k, st.verify_mode):
+                self._emit_step(flight, before, result, k, st.verify_mode)
+            self.step_no += 1
+        for flight in flights:
+            self._finish(flight)
+
+    def _start(self, index: int, text: str, ids: list[int]) -> InFlight:
+        """Prefill one prompt (the shadow shares it); its first token comes from the prefill."""
+        s = self.settings
+        self.emit(PromptStart(prompt_index=index, prompt_tokens=len(ids), text=text))
+        seq, prefill_s = self.engine.start(index, ids, s.max_new_tokens, MAX_K, s.shadow)
+        self.emit(Prefill(prompt_index=index, tokens=len(ids), seconds=prefill_s, run="spec"))
+        self._emit_tokens(seq, 0, "decode", 0)
+        return InFlight(seq)
+
+    def _active(self, flights: list[InFlight]) -> list[InFlight]:
+        """Between steps: apply the controls, then the sequences still decoding (none when the
+        session stops or the dashboard asks for the next prompt)."""
+        if self.stop.is_set():
+            return []
+        self._apply_controls()
+        if self.controls.take_next_prompt_request():
+            return []
+        return [f for f in flights if not f.seq.done]
+
+    def _step(
+        self, active: list[InFlight], k: int, mode: str
+    ) -> Iterator[tuple[InFlight, int, StepResult]]:
+        """One step of every active sequence: the one place the engine steps sequences. Each
+        is yielded with its length before the step as soon as it is stepped, so its events
+        go out before the next one steps."""
+        for flight in active:
+            before = len(flight.seq.ids)
+            result = self.engine.spec_step(flight.seq, k, mode, self.settings.max_new_tokens)  # type: ignore[arg-type]
+            yield flight, before, result
+
+    def _emit_step(self, flight: InFlight, before: int, r: StepResult, k: int, mode: str) -> None:
+        """A step's events: the drafts, the verify step, the tokens it emitted, and any
+        divergence among them."""
+        seq = flight.seq
+        flight.decode_s += r.draft_s + r.verify_s + r.rollback_s
+        if k:
+            self.emit(
+                Draft(
                     prompt_index=seq.index,
                     step=self.step_no,
                     k=k,
-                    accepted=r.accepted,
-                    draft_tokens=r.drafts,
-                    emitted_tokens=r.emitted,
-                    verify_mode=st.verify_mode,
-                    gemm_backend=eng.target.gemm.name,
-                    draft_s=r.draft_s,
-                    verify_s=r.verify_s,
-                    shadow_s=r.shadow_s,
-                    rollback_s=r.rollback_s,
-                )
-                self.emit(step)
-                if not step.plain:
-                    verify_steps[seq.index].append(step)
-                self._emit_tokens(seq, before, "draft", r.accepted)
-                if seq.diverged_at is not None and seq.diverged_at >= before:
-                    self._emit_divergence(seq, k, seq.diverged_at)
-                text_at = seq.text_diverged_at
-                if text_at is not None and text_at >= before and text_at != seq.diverged_at:
-                    self._emit_divergence(seq, k, text_at)  # the text changes later too
-            self.step_no += 1
-        for seq in seqs:
-            verified = verify_steps[seq.index]
-            self.emit(
-                PromptDone(
-                    prompt_index=seq.index,
-                    new_tokens=len(seq.ids),
-                    seconds=decode_s[seq.index],
-                    verify_steps=len(verified),
-                    accepted_drafts=sum(v.accepted for v in verified),
-                    proposed_drafts=sum(v.proposed for v in verified),
-                    exact=s.shadow and seq.diverged_at is None and seq.compared == len(seq.ids),
-                    same_text=(
-                        seq.text_diverged_at is None and seq.compared == len(seq.ids)
-                        if s.shadow
-                        else None
-                    ),
+                    drafter=self.settings.drafter,
+                    tokens=r.drafts,
+                    seconds=r.draft_s,
                 )
             )
-            eng.release(seq)
+        step = VerifyStep(
+            prompt_index=seq.index,
+            step=self.step_no,
+            k=k,
+            accepted=r.accepted,
+            draft_tokens=r.drafts,
+            emitted_tokens=r.emitted,
+            verify_mode=mode,  # type: ignore[arg-type]
+            gemm_backend=self.engine.target.gemm.name,
+            draft_s=r.draft_s,
+            verify_s=r.verify_s,
+            shadow_s=r.shadow_s,
+            rollback_s=r.rollback_s,
+        )
+        self.emit(step)
+        if not step.plain:
+            flight.verify_steps.append(step)
+        self._emit_tokens(seq, before, "draft", r.accepted)
+        for pos in divergences_to_report(seq.diverged_at, seq.text_diverged_at):
+            if pos >= before:
+                self._emit_divergence(seq, k, pos)
+
+    def _finish(self, flight: InFlight) -> None:
+        seq, verified = flight.seq, flight.verify_steps
+        self.events.prompt_done(
+            seq.index,
+            new_tokens=len(seq.ids),
+            seconds=flight.decode_s,
+            verify_steps=len(verified),
+            accepted_drafts=sum(v.accepted for v in verified),
+            proposed_drafts=sum(v.proposed for v in verified),
+            checked=self.settings.shadow,
+            bits_at=seq.diverged_at,
+            text_at=seq.text_diverged_at,
+            compared_all=seq.compared == len(seq.ids),
+        )
+        self.engine.release(seq)
 
     def _emit_tokens(self, seq: Sequence, start: int, source: str, accepted: int) -> None:
         tok = self.loaded.tokenizer
@@ -422,46 +438,39 @@ class SessionRunner:
         """Generated token j differs from the shadow's: the first bit divergence, or the first
         token-id divergence when that comes later (root cause only for the first)."""
         tok = self.loaded.tokenizer
-        what = "token" if seq.ids[j] != seq.shadow_ids[j] else "logprob"
         first = j == seq.diverged_at
         cause = find_root_cause(self.engine, seq, j) if self.settings.root_cause and first else None
         step, _ = self.engine.step_of(seq, j)
-        self.emit(
-            Divergence(
-                prompt_index=seq.index,
-                position=j,
-                step=self.step_no,
-                k=k,
-                verify_mode=seq.steps[step].mode,
-                gemm_backend=seq.steps[step].gemm.name,  # type: ignore[arg-type]
-                what=what,
-                spec_token=seq.ids[j],
-                shadow_token=seq.shadow_ids[j],
-                spec_logprob=seq.logprobs[j],
-                shadow_logprob=seq.shadow_logprobs[j],
-                spec_text=tok.decode([seq.ids[j]]),
-                shadow_text=tok.decode([seq.shadow_ids[j]]),
-                context=tok.decode(
-                    (seq.prompt + seq.ids)[max(0, len(seq.prompt) + j - 24) : len(seq.prompt) + j]
-                ),
-                root_cause=cause,
-            )
+        end = len(seq.prompt) + j  # the context: up to 24 tokens before token j
+        self.events.divergence(
+            seq.index,
+            j,
+            step=self.step_no,
+            k=k,
+            verify_mode=seq.steps[step].mode,
+            gemm_backend=seq.steps[step].gemm.name,
+            spec=(seq.ids[j], seq.logprobs[j], tok.decode([seq.ids[j]])),
+            shadow=(seq.shadow_ids[j], seq.shadow_logprobs[j], tok.decode([seq.shadow_ids[j]])),
+            context=tok.decode((seq.prompt + seq.ids)[max(0, end - 24) : end]),
+            root_cause=cause,
         )
 
 
-def run_engine(
-    settings: SessionSettings,
-    sink: Sink,
-    controls: Controls | None = None,
-    stop: threading.Event | None = None,
-    sglang_options: object | None = None,
-) -> Summary:
-    """The session on the engine `settings.engine` names (native, or SGLang in-process)."""
-    if settings.engine == "sglang":
-        from specdash.runs.sglang import run_sglang_session
+class NativeRunner:
+    """specdash's own engine as a `Runner`. `loaded`: weights shared across sessions (the
+    audit's cells, benchmarks); None loads them per session."""
 
-        return run_sglang_session(settings, sink, controls, stop, sglang_options)  # type: ignore[arg-type]
-    return run_session(settings, sink, controls, stop)
+    def __init__(self, loaded: Loaded | None = None) -> None:
+        self.loaded = loaded
+
+    def run(
+        self,
+        settings: SessionSettings,
+        sink: Sink,
+        controls: Controls | None = None,
+        stop: threading.Event | None = None,
+    ) -> Summary:
+        return SessionRunner(settings, sink, controls, stop, self.loaded).run()
 
 
 def run_session(
@@ -470,4 +479,4 @@ def run_session(
     controls: Controls | None = None,
     stop: threading.Event | None = None,
 ) -> Summary:
-    return SessionRunner(settings, sink, controls, stop).run()
+    return NativeRunner().run(settings, sink, controls, stop)

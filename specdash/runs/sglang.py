@@ -15,7 +15,6 @@ engine has shut down (`sequential`).
 
 from __future__ import annotations
 
-import argparse
 import ast
 import contextlib
 import logging
@@ -25,7 +24,7 @@ import tempfile
 import threading
 import time
 import uuid
-from collections.abc import Callable, Iterator
+from collections.abc import Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Literal
@@ -36,20 +35,16 @@ from specdash.engine_patches.registry import sglang_version
 from specdash.errors import EnvironmentProblem, UsageError
 from specdash.events import (
     ControlChange,
-    Divergence,
     EngineError,
-    Event,
-    PromptDone,
     PromptStart,
-    SessionStart,
+    Sink,
     Summary,
     Token,
     VerifyStep,
 )
-from specdash.metrics import same_fp32_bits
+from specdash.runs.runner import SessionEvents, divergences_to_report, first_divergences
 from specdash.settings import SessionSettings
 
-Sink = Callable[[Event], None]
 ALGORITHMS = ("NEXTN", "EAGLE3", "DFLASH", "STANDALONE", "NGRAM")
 PATCHES_ENV = "SPECDASH_SGLANG_PATCHES"
 """Comma-separated patch names the scheduler entry applies; unset: all of them."""
@@ -100,23 +95,6 @@ def parse_engine_arg(text: str) -> tuple[str, Any]:
         return key, ast.literal_eval(raw)
     except (ValueError, SyntaxError):
         return key, raw
-
-
-def options_from_args(args: argparse.Namespace) -> SGLangOptions:
-    return SGLangOptions(
-        speculative_algorithm=args.speculative_algorithm,
-        engine_args=dict(parse_engine_arg(a) for a in args.sglang_arg),
-        shadow_mode=args.sglang_shadow,
-        force_patches=args.force_patches,
-        unpatch=tuple(args.sglang_unpatch),
-    )
-
-
-def session_options(settings: SessionSettings, args: argparse.Namespace) -> SGLangOptions | None:
-    """What a session started from the command line passes to `run_engine` as
-    `sglang_options`: the SGLang flags for `--engine sglang`, else None. The headless run and
-    the dashboard both call this, so both run SGLang with the same options."""
-    return options_from_args(args) if settings.engine == "sglang" else None
 
 
 def log_file_beside(settings: SessionSettings) -> Path:
@@ -433,6 +411,10 @@ class _Output:
         """The logprob of output token `pos`; None where SGLang returned none."""
         return self.logprobs[pos] if pos < len(self.logprobs) else None
 
+    def text(self, pos: int) -> str:
+        """The text of output token `pos`; empty where SGLang returned none."""
+        return self.texts[pos] if pos < len(self.texts) else ""
+
 
 def _count_tokens(engine: Any, text: str) -> int:
     tokenizer = getattr(engine.tokenizer_manager, "tokenizer", None)
@@ -459,7 +441,7 @@ def _generate(engine: Any, text: str, rid: str, max_new_tokens: int) -> _Output:
 
 
 class SGLangSession:
-    """One session on SGLang engines; `run()` returns the Summary after emitting everything."""
+    """One session on SGLang engines; `run()` returns the Summary it emitted last."""
 
     def __init__(
         self,
@@ -469,18 +451,14 @@ class SGLangSession:
         stop: threading.Event | None,
         options: SGLangOptions,
     ) -> None:
-        self.settings, self.sink, self.options = settings, sink, options
+        self.settings, self.options = settings, options
         self.controls, self.stop = controls, stop or threading.Event()
         self.gemm_backend = "auto"
         self.steps: dict[int, list[int]] = {}
         self.receiver: TelemetryReceiver | None = None
-        from specdash.stats import SessionStats
-
-        self.stats = SessionStats()
-
-    def emit(self, event: Event) -> None:
-        self.stats.consume(event)
-        self.sink(event)
+        self.events = SessionEvents(settings, sink)
+        self.stats = self.events.stats
+        self.emit = self.events.emit
 
     def run(self) -> Summary:
         from specdash.prompts import load_prompts
@@ -511,13 +489,13 @@ class SGLangSession:
                         switch_gemm(shadow, self.gemm_backend)
                     for index, (prompt, out) in enumerate(zip(prompts, spec_outputs, strict=False)):
                         self._compare(index, out, self._run_shadow(shadow, index, prompt.text))
-        return self.stats.summary()
+        return self.events.finish()
 
     def _run_prompts(
         self, prompts: list[Any], spec: Any, shadow: Any, compare: bool
     ) -> list[_Output]:
         self._set_gemm_backend(spec, shadow, self.settings.gemm_backend, step=0, announce=False)
-        self.emit(self._session_start())
+        self._session_start()
         spec_outputs = []
         for index, prompt in enumerate(prompts):
             if self.stop.is_set():
@@ -535,7 +513,7 @@ class SGLangSession:
             if shadow is not None:
                 self._compare(index, out, self._run_shadow(shadow, index, prompt.text))
             elif not compare:
-                self._done(index, out, exact=False)
+                self._done(index, out, checked=False)
         return spec_outputs
 
     @contextlib.contextmanager
@@ -548,22 +526,19 @@ class SGLangSession:
         finally:
             engine.shutdown()
 
-    def _session_start(self) -> SessionStart:
+    def _session_start(self) -> None:
         import torch
 
-        return SessionStart(
-            config={
-                **self.settings.model_dump(mode="json"),
+        self.events.session_start(
+            {
                 "speculative_algorithm": self.options.speculative_algorithm,
                 "sglang_args": {k: repr(v) for k, v in self.options.engine_args.items()},
                 "shadow_mode": self.options.shadow_mode,
                 "sglang_patches": applied_patches(self.options),
             },
-            versions={"sglang": sglang_version() or "?", "torch": torch.__version__},
-            device=(
-                f"cuda {torch.cuda.get_device_name()}" if torch.cuda.is_available() else "no CUDA"
-            ),
-            gemm_backend=self.gemm_backend,
+            {"sglang": sglang_version() or "?", "torch": torch.__version__},
+            f"cuda {torch.cuda.get_device_name()}" if torch.cuda.is_available() else "no CUDA",
+            self.gemm_backend,
         )
 
     def _run_spec(self, engine: Any, index: int, text: str) -> _Output:
@@ -586,7 +561,7 @@ class SGLangSession:
                     position=pos,
                     token_id=tok,
                     logprob=lp if lp is not None else float("nan"),
-                    text=out.texts[pos] if pos < len(out.texts) else "",
+                    text=out.text(pos),
                     source=source,
                     step=step,
                 )
@@ -615,62 +590,47 @@ class SGLangSession:
     def _compare(self, index: int, spec: _Output, shadow: _Output) -> None:
         """The first position where ids or fp32 logprob bits differ, and the first where the ids
         do when that is later (the text changed too) -> a Divergence each; then PromptDone."""
-        pairs = list(zip(spec.ids, shadow.ids, strict=False))
-        bits_at = next(
-            (
-                p
-                for p, (a, b) in enumerate(pairs)
-                if a != b or not same_fp32_bits(spec.logprob(p), shadow.logprob(p))
-            ),
-            None,
-        )
-        text_at = next((p for p, (a, b) in enumerate(pairs) if a != b), None)
-        for pos in sorted({bits_at, text_at} - {None}):
+        bits_at, text_at = first_divergences(spec.ids, spec.logprobs, shadow.ids, shadow.logprobs)
+        for pos in divergences_to_report(bits_at, text_at):
             self._emit_divergence(index, spec, shadow, pos)
         same_length = len(spec.ids) == len(shadow.ids)
-        self._done(
-            index,
-            spec,
-            exact=bits_at is None and same_length,
-            same_text=text_at is None and same_length,
-        )
+        self._done(index, spec, True, bits_at, text_at, same_length)
 
     def _emit_divergence(self, index: int, spec: _Output, shadow: _Output, pos: int) -> None:
-        a, b = spec.ids[pos], shadow.ids[pos]
-        la, lb = spec.logprob(pos), shadow.logprob(pos)
         sources = list(token_sources(self.steps.get(index, []), len(spec.ids)))
-        self.emit(
-            Divergence(
-                prompt_index=index,
-                position=pos,
-                step=sources[pos][1],
-                k=self.settings.k,
-                verify_mode=self.settings.verify,
-                gemm_backend=self.gemm_backend,
-                what="token" if a != b else "logprob",
-                spec_token=a,
-                shadow_token=b,
-                spec_logprob=la if la is not None else float("nan"),
-                shadow_logprob=lb if lb is not None else float("nan"),
-                spec_text=spec.texts[pos] if pos < len(spec.texts) else "",
-                shadow_text=shadow.texts[pos] if pos < len(shadow.texts) else "",
-            )
+        self.events.divergence(
+            index,
+            pos,
+            step=sources[pos][1],
+            k=self.settings.k,
+            verify_mode=self.settings.verify,
+            gemm_backend=self.gemm_backend,
+            spec=(spec.ids[pos], spec.logprob(pos), spec.text(pos)),
+            shadow=(shadow.ids[pos], shadow.logprob(pos), shadow.text(pos)),
         )
 
-    def _done(self, index: int, out: _Output, exact: bool, same_text: bool | None = None) -> None:
+    def _done(
+        self,
+        index: int,
+        out: _Output,
+        checked: bool,
+        bits_at: int | None = None,
+        text_at: int | None = None,
+        same_length: bool = True,
+    ) -> None:
         steps = self.steps.get(index, [])
-        k = self.settings.k
-        self.emit(
-            PromptDone(
-                prompt_index=index,
-                new_tokens=len(out.ids),
-                seconds=out.seconds,
-                verify_steps=int(out.meta.get("spec_verify_ct", len(steps)) or 0),
-                accepted_drafts=int(out.meta.get("spec_num_correct_drafts", sum(steps)) or 0),
-                proposed_drafts=int(out.meta.get("spec_num_proposed_drafts", k * len(steps)) or 0),
-                exact=exact,
-                same_text=same_text,
-            )
+        k, meta = self.settings.k, out.meta
+        self.events.prompt_done(
+            index,
+            new_tokens=len(out.ids),
+            seconds=out.seconds,
+            verify_steps=int(meta.get("spec_verify_ct", len(steps)) or 0),
+            accepted_drafts=int(meta.get("spec_num_correct_drafts", sum(steps)) or 0),
+            proposed_drafts=int(meta.get("spec_num_proposed_drafts", k * len(steps)) or 0),
+            checked=checked,
+            bits_at=bits_at,
+            text_at=text_at,
+            compared_all=same_length,
         )
 
     def _apply_controls(self, spec: Any, shadow: Any, index: int) -> None:
@@ -725,6 +685,23 @@ def switch_gemm(engine: Any, name: str) -> None:
         raise EnvironmentProblem(f"GEMM backend {name!r} refused by SGLang: {e}") from None
 
 
+class SGLangRunner:
+    """A patched `sglang.Engine` as a `specdash.runs.runner.Runner` (the same events and
+    Summary as the native runner), with the SGLang options beyond `SessionSettings`."""
+
+    def __init__(self, options: SGLangOptions) -> None:
+        self.options = options
+
+    def run(
+        self,
+        settings: SessionSettings,
+        sink: Sink,
+        controls: Controls | None = None,
+        stop: threading.Event | None = None,
+    ) -> Summary:
+        return SGLangSession(settings, sink, controls, stop, self.options).run()
+
+
 def run_sglang_session(
     settings: SessionSettings,
     sink: Sink,
@@ -732,5 +709,5 @@ def run_sglang_session(
     stop: threading.Event | None = None,
     options: SGLangOptions | None = None,
 ) -> Summary:
-    """The SGLang counterpart of `specdash.runs.native.run_session` (same events, same Summary)."""
-    return SGLangSession(settings, sink, controls, stop, options or SGLangOptions()).run()
+    """`SGLangRunner(options).run(...)` in one call."""
+    return SGLangRunner(options or SGLangOptions()).run(settings, sink, controls, stop)

@@ -7,15 +7,12 @@ checked with the same bit-exact rule the shadow decode uses.
 
 from __future__ import annotations
 
-import argparse
-import sys
 from dataclasses import dataclass
 from pathlib import Path
 
-from specdash.errors import EXIT_DIVERGED, EXIT_OK, UsageError
+from specdash.errors import UsageError
 from specdash.events import Event, PromptStart, SessionStart, Token
 from specdash.metrics import same_fp32_bits
-from specdash.trace.jsonl import read_trace
 
 
 @dataclass(frozen=True, slots=True)
@@ -105,7 +102,7 @@ def format_diff(d: PromptDiff) -> str:
     )
 
 
-def _verdict(diffs: list[PromptDiff]) -> str:
+def verdict(diffs: list[PromptDiff]) -> str:
     """Which of the two differ: token ids, or only logprob bits (ids identical)."""
     ids = sum(d.ids_differ for d in diffs)
     bits_only = sum(d.index is not None and not d.ids_differ for d in diffs)
@@ -118,23 +115,7 @@ def _verdict(diffs: list[PromptDiff]) -> str:
     return "token ids and logprob bits are identical"
 
 
-def _label(path: str, header: SessionStart) -> str:
+def label(path: str, header: SessionStart) -> str:
     c = header.config
     parts = [str(c.get(key)) for key in ("engine", "verify", "gemm_backend") if c.get(key)]
     return f"{Path(path).name} ({', '.join([*parts, header.gemm_backend])})"
-
-
-def run_diff(args: argparse.Namespace) -> int:
-    header_a, events_a, warnings_a = read_trace(args.a)
-    header_b, events_b, warnings_b = read_trace(args.b)
-    for w in warnings_a + warnings_b:
-        print(f"specdash: warning: {w}", file=sys.stderr)
-    diffs = diff_prompts(events_a, events_b)
-    for d in diffs:
-        print(format_diff(d))
-    differing = sum(d.index is not None for d in diffs)
-    print(
-        f"summary: {differing} of {len(diffs)} prompts differ; A = {_label(args.a, header_a)}, "
-        f"B = {_label(args.b, header_b)}: {_verdict(diffs)}"
-    )
-    return EXIT_DIVERGED if differing else EXIT_OK

@@ -8,18 +8,13 @@ metric. Timestamps are µs since the session header.
 
 from __future__ import annotations
 
-import argparse
 import csv
 import json
 import math
-import os
-import sys
 from dataclasses import asdict, dataclass, fields
-from pathlib import Path
 from typing import IO, Any
 
 from specdash import metrics
-from specdash.errors import EXIT_OK, EnvironmentProblem
 from specdash.events import (
     ControlChange,
     Divergence,
@@ -30,7 +25,6 @@ from specdash.events import (
     TelemetrySample,
     VerifyStep,
 )
-from specdash.trace.jsonl import read_trace
 
 ENGINE_PID, GPU_PID = 1, 2
 TIDS = {"draft": 1, "verify": 2, "shadow": 3}
@@ -233,45 +227,3 @@ def perfetto_trace(header: SessionStart, events: list[Event]) -> dict[str, Any]:
             "config": json.dumps(header.config, sort_keys=True, default=str),
         },
     }
-
-
-def _open_output(path: str | None) -> IO[str]:
-    if path is None or path == "-":
-        return sys.stdout
-    try:
-        return open(path, "w", encoding="utf-8", newline="")
-    except OSError as e:
-        raise EnvironmentProblem(f"cannot write {path}: {e.strerror or e}") from None
-
-
-def default_output(trace: str, suffix: str) -> str:
-    return str(Path(trace).with_suffix(suffix))
-
-
-def run_export(args: argparse.Namespace) -> int:
-    header, events, warnings = read_trace(args.trace)
-    for w in warnings:
-        print(f"specdash: warning: {w}", file=sys.stderr)
-    suffix = ".perfetto.json" if args.format == "perfetto" else ".csv"
-    path = args.output or default_output(args.trace, suffix)
-    out = _open_output(path)
-    try:
-        if args.format == "perfetto":
-            json.dump(perfetto_trace(header, events), out, allow_nan=False)
-        else:
-            write_csv(header, events, out)
-        out.flush()
-    except BrokenPipeError:
-        if out is not sys.stdout:
-            raise EnvironmentProblem(f"cannot write {path}: broken pipe") from None
-        # `| head`: the reader took what it wanted; point stdout at /dev/null for the exit flush
-        os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
-        return EXIT_OK
-    except OSError as e:
-        raise EnvironmentProblem(f"cannot write {path}: {e.strerror or e}") from None
-    finally:
-        if out is not sys.stdout:
-            out.close()
-    if out is not sys.stdout:
-        print(f"wrote {path}", file=sys.stderr)
-    return EXIT_OK

@@ -9,17 +9,12 @@ position, because the dashboard's windows and totals can only be rebuilt from th
 
 from __future__ import annotations
 
-import argparse
 import bisect
-import sys
 import time
 from collections.abc import Callable
-from pathlib import Path
 
-from specdash.errors import EXIT_OK, UsageError
-from specdash.events import Event, PromptStart, SessionStart, VerifyStep
-from specdash.trace.jsonl import read_trace
-from specdash.ui.sources import Sink
+from specdash.errors import UsageError
+from specdash.events import Event, PromptStart, SessionStart, Sink, VerifyStep
 
 
 class TraceReplay:
@@ -147,14 +142,3 @@ class TraceReplay:
             for event in self.events[start : self.cursor]:
                 self._sink(event)
         return self.cursor - start
-
-
-def run_replay(args: argparse.Namespace) -> int:
-    header, events, warnings = read_trace(args.trace)
-    for w in warnings:
-        print(f"specdash: warning: {w}", file=sys.stderr)
-    from specdash.ui.replay_app import ReplayApp
-
-    replay = TraceReplay(header, events, speed=args.speed)
-    ReplayApp(replay, name=Path(args.trace).name, warnings=warnings).run()
-    return EXIT_OK

@@ -7,24 +7,18 @@ DRAM bandwidth, the per-step time breakdown, then the divergences and the sessio
 
 from __future__ import annotations
 
-import argparse
 import base64
 import html
-import importlib.util
 import io
-import sys
 from collections import Counter
 from collections.abc import Callable
 from dataclasses import dataclass
 from datetime import UTC, datetime
-from pathlib import Path
 from typing import TYPE_CHECKING
 
 from specdash import metrics
-from specdash.errors import EXIT_OK, EnvironmentProblem
 from specdash.events import Divergence, Event, SessionStart, Summary, TelemetrySample
-from specdash.trace.export import StepRow, default_output, step_rows
-from specdash.trace.jsonl import read_trace
+from specdash.trace.export import StepRow, step_rows
 
 if TYPE_CHECKING:
     from matplotlib.axes import Axes
@@ -270,21 +264,3 @@ def render_report(
         f"<h2 id='settings'>Session settings</h2>{_table(_settings(header))}"
         "</body></html>\n"
     )
-
-
-def run_report(args: argparse.Namespace) -> int:
-    if importlib.util.find_spec("matplotlib") is None:
-        raise EnvironmentProblem(
-            "the report's plots need matplotlib: pip install 'specdash[report]'"
-        )
-    header, events, warnings = read_trace(args.trace)
-    for w in warnings:
-        print(f"specdash: warning: {w}", file=sys.stderr)
-    out = Path(args.output or default_output(args.trace, ".html"))
-    page = render_report(header, events, warnings, title=Path(args.trace).name)
-    try:
-        out.write_text(page, encoding="utf-8")
-    except OSError as e:
-        raise EnvironmentProblem(f"cannot write {out}: {e.strerror or e}") from None
-    print(f"wrote {out}", file=sys.stderr)
-    return EXIT_OK

@@ -3,16 +3,14 @@
 Threads never touch widgets. Producers (engine, GPU sampler, replay) put events into an
 `EventBuffer`; a 10 Hz timer drains it into the `DashboardModel` and updates the numbers, a
 2 Hz timer redraws the plots, and each only when something changed. Keys write `Controls`,
-which the engine reads at its next step and answers with a `ControlChange` event.
+which the engine reads at its next step and answers with a `ControlChange` event. The same
+timer hands each event to a `TraceRecorder` (`--trace`, and `e` to export mid-session); the
+app only shows what it says. `specdash.cli.dashboard` builds the app from the command line.
 """
 
 from __future__ import annotations
 
-import argparse
 import contextlib
-import dataclasses
-import shutil
-import sys
 import time
 from collections.abc import Iterable
 from pathlib import Path
@@ -26,13 +24,13 @@ from textual.screen import Screen
 from textual.widgets import DataTable, Footer, Input, Static
 
 from specdash.controls import Controls
-from specdash.errors import EXIT_ENVIRONMENT, EXIT_OK, SpecdashError
-from specdash.events import ControlChange, EngineError, Event, SessionStart, Summary
-from specdash.settings import MAX_K, SessionSettings
+from specdash.errors import EXIT_ENVIRONMENT, EXIT_OK
+from specdash.settings import MAX_K
 from specdash.trace.event_log import EventLog
 from specdash.trace.jsonl import TraceWriter
+from specdash.trace.recorder import Notice, TraceRecorder
 from specdash.ui.dashboard_model import DashboardModel
-from specdash.ui.sources import EventBuffer, EventSource, LiveSession
+from specdash.ui.sources import EventBuffer, EventSource
 from specdash.ui.widgets.acceptance import AcceptancePanel
 from specdash.ui.widgets.divergence import DivergenceDetail, DivergencePanel
 from specdash.ui.widgets.error_panel import ErrorPanel
@@ -108,25 +106,29 @@ class SpecdashApp(App[int]):
         self.trace_dir = trace_dir or Path.cwd()
         self.buffer = EventBuffer()
         self.model = DashboardModel()
-        self.event_log = EventLog()
-        """What a trace started mid-session is built from (bounded; says what it dropped)."""
-        self.trace_writer: TraceWriter | None = None
-        self._trace_has_header = False
-        self._trace_complete = False
-        self._finished_trace: Path | None = None
-        """A closed trace that holds the whole session: a later export copies it."""
+        self.recorder = TraceRecorder(trace_writer)
+        """Traces of this session: `--trace` from the start, `e` from mid-session."""
         self._ui_hz, self._plot_hz = ui_hz, plot_hz
         self._shown_revision = -1
         self._plotted_revision = -1
-        self._recording_note = ""
-        self._recording_failure: str | None = None
-        """Why a recording stopped on an I/O error (disk full): the exit code says so."""
         self.clock = time.monotonic
         """Wall clock for "loading … N s" (tests replace it)."""
         self._phase: tuple[str | None, float] = ("loading", self.clock())
         """What the status bar counts seconds for (loading, a prefill; None: nothing), since."""
-        if trace_writer is not None:
-            self._attach_trace(trace_writer)
+
+    @property
+    def event_log(self) -> EventLog:
+        """The session's bounded memory, what an export mid-session is built from."""
+        return self.recorder.log
+
+    @event_log.setter
+    def event_log(self, log: EventLog) -> None:
+        self.recorder.log = log
+
+    @property
+    def trace_writer(self) -> TraceWriter | None:
+        """The trace recording now, if any."""
+        return self.recorder.writer
 
     # -- layout ------------------------------------------------------------------------
 
@@ -184,8 +186,8 @@ class SpecdashApp(App[int]):
         drained = self.buffer.drain()
         for event in drained:
             self.model.consume(event)
-            self.event_log.append(event)
-            self._record(event)
+            if (notice := self.recorder.consume(event)) is not None:
+                self._tell(notice)
         m, screen = self.model, self.dashboard
         phase = None if m.finished or m.errors else "loading" if not m.started else m.prefill
         if phase != self._phase[0]:
@@ -199,11 +201,11 @@ class SpecdashApp(App[int]):
             screen.query_one(StatusBar).show(
                 m,
                 paused,
-                self._recording_note,
+                self.recorder.note,
                 loading=loading_label(getattr(self.source, "settings", None)),
                 phase_s=self.clock() - self._phase[1],
             )
-            screen.query_one(ErrorPanel).show(m.errors, self._recording_note)
+            screen.query_one(ErrorPanel).show(m.errors, self.recorder.note)
             screen.query_one(ThroughputPanel).show_numbers(m)
             screen.query_one(AcceptancePanel).show_numbers(m)
             screen.query_one(GpuPanel).show_numbers(m)
@@ -314,101 +316,14 @@ class SpecdashApp(App[int]):
             event.stop()
 
     def action_export_trace(self) -> None:
-        """Record the session to a new trace: the events seen so far, then every new one.
+        """Record the session to a new trace and keep recording (`TraceRecorder.export`)."""
+        notice, announce = self.recorder.export(self.trace_dir, self.model.verify_steps)
+        if announce is not None:
+            self.buffer.put(announce)
+        self._tell(notice)
 
-        While a trace is recording, that file is the export. Once a complete recording has
-        closed (the session ended), the export is a copy of it. Otherwise the backlog comes
-        from the bounded `EventLog`, whose header says what it no longer held.
-        """
-        if self.trace_writer is not None:
-            self.notify(f"already recording to {self.trace_writer.path}")
-            return
-        path = self.trace_dir / time.strftime("specdash-%Y%m%d-%H%M%S.jsonl")
-        if self._finished_trace is not None:
-            self._copy_finished_trace(path)
-            return
-        try:
-            writer = TraceWriter(path)
-        except SpecdashError as e:  # unwritable, or already there
-            self.notify(f"cannot export trace: {e}", severity="error")
-            return
-        self._attach_trace(writer)
-        self.buffer.put(
-            ControlChange(
-                name="trace", old="off", new=str(path), applied_step=self.model.verify_steps
-            )
-        )
-        if gap := self.event_log.gap_note():
-            self.notify(f"trace: {path} (recording continues); {gap}", severity="warning")
-        else:
-            self.notify(f"trace: {path} (recording continues)")
-
-    def _copy_finished_trace(self, path: Path) -> None:
-        source = self._finished_trace
-        try:
-            with open(source, "rb") as src, open(path, "xb") as dst:  # type: ignore[arg-type]
-                shutil.copyfileobj(src, dst)
-        except FileExistsError:
-            self.notify(f"cannot export trace: {path} already exists", severity="error")
-            return
-        except OSError as e:
-            self.notify(f"cannot export trace: {e.strerror or e}", severity="error")
-            return
-        self.notify(f"trace: {path} (a copy of the complete recording {source})")
-
-    def _record(self, event: Event) -> None:
-        """Append to the trace if one is recording; it closes when the session ends."""
-        writer = self.trace_writer
-        if writer is None:
-            return
-        if self._trace_has_header:
-            writer(event)
-        elif isinstance(event, SessionStart):
-            self._write_backlog()
-        if writer.stopped_reason:
-            if writer.io_error is not None:
-                self._recording_failure = (
-                    f"recording stopped: {writer.stopped_reason}; "
-                    f"{writer.path} holds the session up to then"
-                )
-            self.notify(f"recording stopped: {writer.stopped_reason}", severity="error")
-            self._close_trace(f"recording stopped ({writer.stopped_reason})")
-        elif isinstance(event, EngineError) and event.fatal:
-            self._close_trace("an engine error")
-        elif isinstance(event, Summary):
-            self._close_trace("the session finished")
-
-    def _attach_trace(self, writer: TraceWriter) -> None:
-        """Record from now on; everything held so far is written once the header is known."""
-        self.trace_writer = writer
-        self._recording_note = f"recording {writer.path}"
-        self._trace_has_header = False
-        if self.event_log.header is not None:
-            self._write_backlog()
-
-    def _write_backlog(self) -> None:
-        writer = self.trace_writer
-        assert writer is not None
-        for event in self.event_log.export():
-            writer(event)
-        self._trace_has_header = True
-        self._trace_complete = self.event_log.complete
-        if not self._trace_complete:
-            self._recording_note += f" (incomplete: {self.event_log.gap_note()})"
-
-    def _close_trace(self, why: str) -> None:
-        writer = self.trace_writer
-        if writer is None:
-            return
-        writer.close()
-        complete = self._trace_complete and writer.stopped_reason is None
-        if complete and self._trace_has_header:
-            self._finished_trace = writer.path
-        self._recording_note = (
-            f"trace closed after {why}: {writer.path} "
-            f"({writer.lines_written} lines, {'complete' if complete else 'incomplete'}, readable)"
-        )
-        self.trace_writer = None
+    def _tell(self, notice: Notice) -> None:
+        self.notify(notice.text, severity=notice.severity)
 
     def action_help(self) -> None:
         if not isinstance(self.screen, HelpScreen):
@@ -425,17 +340,17 @@ class SpecdashApp(App[int]):
         fatal = next((e for e in self.model.errors if e.fatal), None)
         if fatal is not None:
             return fatal.exit_code if fatal.exit_code is not None else 1
-        return EXIT_ENVIRONMENT if self._recording_failure else EXIT_OK
+        return EXIT_ENVIRONMENT if self.recorder.failure else EXIT_OK
 
     @property
     def exit_message(self) -> str | None:
         """The one line `specdash` prints after the dashboard closes with a non-zero code."""
         fatal = next((e for e in self.model.errors if e.fatal), None)
-        return fatal.message if fatal is not None else self._recording_failure
+        return fatal.message if fatal is not None else self.recorder.failure
 
     def on_unmount(self) -> None:
         self.source.stop()
-        self._close_trace("quit")
+        self.recorder.close("quit")
 
     @on(DataTable.RowSelected, "#divergence-table")
     def show_divergence(self) -> None:
@@ -452,29 +367,3 @@ class SpecdashApp(App[int]):
                 yield SystemCommand(
                     f"{label} ({shown})", help_text, getattr(self, f"action_{action}")
                 )
-
-
-def dashboard_app(args: argparse.Namespace) -> SpecdashApp:
-    """The dashboard `specdash [flags]` asks for, not yet running: bad flags, bad SGLang
-    options and an unwritable `--trace` fail here, before the UI takes the terminal."""
-    from specdash.runs.sglang import log_file_beside, session_options
-
-    settings = SessionSettings.from_args(args)
-    options = session_options(settings, args)
-    if options is not None:  # the TUI owns the terminal: SGLang's processes write to a file
-        options = dataclasses.replace(options, log_file=log_file_beside(settings))
-    source = LiveSession(settings, sglang_options=options)
-    if settings.trace is None:
-        return SpecdashApp(source)
-    writer = TraceWriter(settings.trace, overwrite=settings.overwrite_trace)
-    return SpecdashApp(source, settings.trace.parent, writer)
-
-
-def run_dashboard(args: argparse.Namespace) -> int:
-    """`specdash [flags]` / `specdash run [flags]`: the dashboard over a live session; the
-    exit code (and one line on stderr) says how the session ended (`SpecdashApp.exit_code`)."""
-    app = dashboard_app(args)
-    code = app.run() or 0
-    if code and app.exit_message:
-        print(f"specdash: error: {app.exit_message}", file=sys.stderr)
-    return code

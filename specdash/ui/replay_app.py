@@ -81,7 +81,7 @@ class ReplayApp(SpecdashApp):
         """Rebuild every panel from the session's start up to the new position."""
         self.buffer.drain()  # already inside `history`
         self.model = DashboardModel(revision=self.model.revision + 1)
-        self.event_log = EventLog()
+        self.event_log = EventLog()  # not recorded again: a recording has them already
         for event in history:
             self.model.consume(event)
             self.event_log.append(event)

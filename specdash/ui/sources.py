@@ -11,9 +11,9 @@ An event source is any object with this tiny protocol (`EventSource`):
     stop() -> None
         Finish promptly and release threads; idempotent.
 
-`LiveSession` runs the engine (`run_session` or `run_sglang_session`) on a worker thread
-next to the GPU sampler. The engine never waits on the UI: its sink is `EventBuffer.put`, a
-short locked append that the dashboard drains on a timer.
+`LiveSession` runs the session's runner (`specdash.runs.runner.run_engine`: native or SGLang)
+on a worker thread next to the GPU sampler. The engine never waits on the UI: its sink is
+`EventBuffer.put`, a short locked append that the dashboard drains on a timer.
 """
 
 from __future__ import annotations
@@ -22,20 +22,17 @@ import ctypes
 import signal
 import threading
 from collections import deque
-from collections.abc import Callable
 from types import FrameType
 from typing import TYPE_CHECKING, Protocol
 
 from specdash.controls import Controls
 from specdash.errors import EXIT_ENVIRONMENT, SpecdashError
-from specdash.events import EngineError, Event
+from specdash.events import EngineError, Event, Sink
 from specdash.runs.nvml_sampler import GpuSampler, device_index
 from specdash.settings import SessionSettings
 
 if TYPE_CHECKING:
     from specdash.runs.sglang import SGLangOptions
-
-Sink = Callable[[Event], None]
 
 
 class EventSource(Protocol):
@@ -115,7 +112,7 @@ class LiveSession:
             self._sampler.start()
 
     def _run_engine(self, sink: Sink) -> None:
-        from specdash.runs.native import run_engine
+        from specdash.runs.runner import run_engine
 
         try:
             run_engine(self.settings, sink, self.controls, self._stop, self.sglang_options)

@@ -49,7 +49,7 @@ argv = ["--engine", "sglang", "--model", "/models/m", "--sglang-arg", "mem_fract
 DASHBOARD_SCRIPT = (
     STAND_IN
     + r"""
-from specdash.ui.app import dashboard_app
+from specdash.cli.dashboard import dashboard_app
 from specdash.cli import build_parser
 from specdash.ui.widgets.help_screen import HelpScreen
 

@@ -27,7 +27,7 @@ import asyncio, json, sys, time
 from pathlib import Path
 from specdash.cli import build_parser
 from specdash.runs import sglang as se
-from specdash.ui.app import dashboard_app
+from specdash.cli.dashboard import dashboard_app
 
 se.check_environment = lambda options: None
 out = Path(sys.argv[1])

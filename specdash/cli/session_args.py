@@ -1,0 +1,64 @@
+"""The session flags as the objects a session runs on: `SessionSettings` and, for `--engine
+sglang`, `SGLangOptions`. Headless, the dashboard and the audit all read their flags here, so
+they run the same session from the same command line."""
+
+from __future__ import annotations
+
+import argparse
+from pathlib import Path
+
+from pydantic import ValidationError
+
+from specdash.errors import UsageError
+from specdash.runs.sglang import SGLangOptions, parse_engine_arg
+from specdash.settings import SessionSettings
+
+
+def _path(value: str | None) -> Path | None:
+    return None if value is None else Path(value)
+
+
+def settings_from_args(args: argparse.Namespace) -> SessionSettings:
+    """Settings from the CLI's session flags; a bad value is a one-line `UsageError`."""
+    try:
+        return SessionSettings(
+            engine=args.engine,
+            model=_path(args.model),
+            draft=_path(args.draft),
+            preset=args.preset,
+            drafter=args.drafter,
+            k=args.k,
+            speculation=not args.no_spec,
+            verify=args.verify,
+            gemm_backend=args.gemm_backend,
+            batch=args.batch,
+            prompts=_path(args.prompts),
+            max_new_tokens=args.max_new_tokens,
+            device=args.device,
+            dtype=args.dtype,
+            shadow=not args.no_shadow,
+            trace=_path(args.trace),
+            overwrite_trace=args.overwrite_trace,
+        )
+    except ValidationError as e:
+        err = e.errors()[0]
+        where = ".".join(str(p) for p in err["loc"])
+        raise UsageError(f"{where}: {err['msg']}") from None
+
+
+def sglang_options_from_args(args: argparse.Namespace) -> SGLangOptions:
+    """The `--engine sglang` flag group."""
+    return SGLangOptions(
+        speculative_algorithm=args.speculative_algorithm,
+        engine_args=dict(parse_engine_arg(a) for a in args.sglang_arg),
+        shadow_mode=args.sglang_shadow,
+        force_patches=args.force_patches,
+        unpatch=tuple(args.sglang_unpatch),
+    )
+
+
+def session_options(settings: SessionSettings, args: argparse.Namespace) -> SGLangOptions | None:
+    """What a session started from the command line passes to `run_engine` as
+    `sglang_options`: the SGLang flags for `--engine sglang`, else None. The headless run and
+    the dashboard both call this, so both run SGLang with the same options."""
+    return sglang_options_from_args(args) if settings.engine == "sglang" else None
