@@ -473,10 +473,5 @@ class NativeRunner:
         return SessionRunner(settings, sink, controls, stop, self.loaded).run()
 
 
-def run_session(
-    settings: SessionSettings,
-    sink: Sink,
-    controls: Controls | None = None,
-    stop: threading.Event | None = None,
-) -> Summary:
-    return NativeRunner().run(settings, sink, controls, stop)
+run_session = NativeRunner().run
+"""A session on the native engine, weights loaded for it: the one-call form."""

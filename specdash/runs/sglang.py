@@ -700,14 +700,3 @@ class SGLangRunner:
         stop: threading.Event | None = None,
     ) -> Summary:
         return SGLangSession(settings, sink, controls, stop, self.options).run()
-
-
-def run_sglang_session(
-    settings: SessionSettings,
-    sink: Sink,
-    controls: Controls | None = None,
-    stop: threading.Event | None = None,
-    options: SGLangOptions | None = None,
-) -> Summary:
-    """`SGLangRunner(options).run(...)` in one call."""
-    return SGLangRunner(options or SGLangOptions()).run(settings, sink, controls, stop)

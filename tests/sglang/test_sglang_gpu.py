@@ -1,4 +1,4 @@
-"""Real SGLang on a GPU, through the product's own session (`run_sglang_session`): patched
+"""Real SGLang on a GPU, through the product's own runner (`SGLangRunner`): patched
 speculative output equals the shadow bit for bit (ids and fp32 logprobs), stock SGLang does not,
 and acceptance per verify step arrives live. Skipped without CUDA and an importable SGLang;
 run on the H200 by `benchmarks/sglang_gpu_run.sh` (STEPS=tests), which sets
@@ -26,7 +26,7 @@ pytestmark = [
 ]
 
 from specdash.events import Divergence, Event, PromptDone, VerifyStep  # noqa: E402
-from specdash.runs.sglang import SGLangOptions, run_sglang_session  # noqa: E402
+from specdash.runs.sglang import SGLangOptions, SGLangRunner  # noqa: E402
 from specdash.settings import SessionSettings  # noqa: E402
 
 REPO = Path(__file__).resolve().parents[2]
@@ -53,7 +53,13 @@ def session(pair, algorithm: str, *, unpatch: tuple[str, ...] = (), **engine_arg
     target, draft, prompts = pair
     events: list[Event] = []
     box = json.loads(os.environ.get("SPECDASH_SGLANG_TEST_ARGS", "{}"))
-    run_sglang_session(
+    SGLangRunner(
+        SGLangOptions(
+            speculative_algorithm=algorithm,
+            engine_args={**box, **engine_args},
+            unpatch=unpatch,
+        )
+    ).run(
         SessionSettings(
             engine="sglang",
             model=target,
@@ -63,11 +69,6 @@ def session(pair, algorithm: str, *, unpatch: tuple[str, ...] = (), **engine_arg
             max_new_tokens=MAX_NEW,
         ),
         events.append,
-        options=SGLangOptions(
-            speculative_algorithm=algorithm,
-            engine_args={**box, **engine_args},
-            unpatch=unpatch,
-        ),
     )
     return events
 

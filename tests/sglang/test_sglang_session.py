@@ -1,4 +1,4 @@
-"""`run_sglang_session` around a stand-in for `sglang.Engine` (the real one needs CUDA): the
+"""`SGLangRunner` around a stand-in for `sglang.Engine` (the real one needs CUDA): the
 event stream the dashboard sees, telemetry over the real ZMQ path, the shadow comparison on
 fp32 logprob bits, and SGLang's own refusal reason as the one-line error."""
 
@@ -66,7 +66,7 @@ settings = SessionSettings(engine="sglang", model=Path("/models/m"), k=2, prompt
 options = sglang_engine.SGLangOptions(speculative_algorithm="EAGLE3",
                                       engine_args={"mem_fraction_static": 0.3},
                                       shadow_mode=os.environ["SHADOW_MODE"])
-summary = sglang_engine.run_sglang_session(settings, events.append, None, None, options)
+summary = sglang_engine.SGLangRunner(options).run(settings, events.append)
 print("RESULT " + json.dumps({
     "events": [json.loads(e.model_dump_json()) for e in events],
     "summary": json.loads(summary.model_dump_json()),
