@@ -6,6 +6,9 @@ with known values (e.g. where a divergence was planted).
 
 from __future__ import annotations
 
+import errno
+import io
+import os
 import random
 from dataclasses import dataclass, field
 
@@ -161,3 +164,16 @@ def session(plan: Plan | None = None) -> list[Event]:
 def _next_float_down(x: float) -> float:
     """The float32 just below x: a logprob that differs only in its last bit."""
     return float(np.nextafter(np.float32(x), np.float32(-np.inf)))
+
+
+class FullDisk(io.StringIO):
+    """A stream that accepts `room` characters, then fails like a full disk."""
+
+    def __init__(self, room: int) -> None:
+        super().__init__()
+        self.room = room
+
+    def write(self, s: str) -> int:
+        if self.tell() + len(s) > self.room:
+            raise OSError(errno.ENOSPC, os.strerror(errno.ENOSPC))
+        return super().write(s)

@@ -3,13 +3,10 @@ closing at the session's end, an unwritable export directory, a full disk."""
 
 from __future__ import annotations
 
-import errno
-import io
-import os
 from pathlib import Path
 
 import pytest
-from synthetic_trace import Plan, session
+from synthetic_trace import FullDisk, Plan, session
 
 from specdash.cli import main
 from specdash.events import EngineError, Summary, TelemetrySample
@@ -150,17 +147,6 @@ def test_close_flushes_what_was_recorded(tmp_path):
     assert "30 lines" in recorder.note
     header, recorded, warnings = read_trace(path)
     assert [_stripped(header), *recorded] == events and not warnings
-
-
-class FullDisk(io.StringIO):
-    def __init__(self, room: int) -> None:
-        super().__init__()
-        self.room = room
-
-    def write(self, s: str) -> int:
-        if self.tell() + len(s) > self.room:
-            raise OSError(errno.ENOSPC, os.strerror(errno.ENOSPC))
-        return super().write(s)
 
 
 def test_full_disk_stops_recording_with_an_error_and_the_exit_code_says_so():

@@ -2,8 +2,6 @@
 
 from __future__ import annotations
 
-import errno
-import io
 import json
 import os
 import re
@@ -14,7 +12,7 @@ import sys
 import time
 
 import pytest
-from synthetic_trace import Plan, header, session
+from synthetic_trace import FullDisk, Plan, header, session
 
 from specdash.errors import EnvironmentProblem, UsageError
 from specdash.events import SCHEMA, PromptStart, SessionStart
@@ -183,19 +181,6 @@ def test_unwritable_path_is_an_environment_problem(tmp_path):
         (tmp_path / "ro").mkdir(mode=0o500)
         with pytest.raises(EnvironmentProblem, match="Permission denied"):
             TraceWriter(tmp_path / "ro" / "t.jsonl")
-
-
-class FullDisk(io.StringIO):
-    """A stream that accepts `room` characters, then fails like a full disk."""
-
-    def __init__(self, room: int) -> None:
-        super().__init__()
-        self.room = room
-
-    def write(self, s: str) -> int:
-        if self.tell() + len(s) > self.room:
-            raise OSError(errno.ENOSPC, os.strerror(errno.ENOSPC))
-        return super().write(s)
 
 
 def test_full_disk_stops_recording_and_the_session_goes_on():
