@@ -3,12 +3,16 @@ closing at the session's end, an unwritable export directory, a full disk."""
 
 from __future__ import annotations
 
+import errno
+import io
+import os
 from pathlib import Path
 
 import pytest
 from synthetic_trace import FullDisk, Plan, session
 
 from specdash.cli import main
+from specdash.errors import EXIT_ENVIRONMENT
 from specdash.events import EngineError, Summary, TelemetrySample
 from specdash.trace.event_log import EventLog
 from specdash.trace.jsonl import TraceWriter, read_trace
@@ -36,7 +40,7 @@ def test_recording_from_the_header_holds_the_session_and_closes_at_the_summary(t
     assert recorder.writer is None  # the summary closed it
     assert recorder.note.startswith(f"trace closed after the session finished: {path}")
     assert "complete" in recorder.note and recorder.finished_trace == path
-    assert recorder.stopped is None and recorder.failure is None
+    assert recorder.stopped is None and recorder.failure is None and recorder.exit_code == 0
     header, recorded, warnings = read_trace(path)
     assert _stripped(header) == events[0] and not warnings
     assert recorded[0] == early and recorded[1:] == events[1:]  # held until the header came
@@ -165,6 +169,27 @@ def test_full_disk_stops_recording_with_an_error_and_the_exit_code_says_so():
         == ("recording stopped: No space left on device; t.jsonl holds the session up to then")
     )
     assert "incomplete" in recorder.note and recorder.finished_trace is None
+    assert recorder.exit_code == EXIT_ENVIRONMENT == 4  # the README's code for it
+
+
+def test_a_failed_last_flush_on_close_is_an_io_stop_too():
+    """Closing flushes; a disk that fails then cut the trace short as surely as a write."""
+
+    class FailsOnClose(io.StringIO):
+        def close(self) -> None:
+            raise OSError(errno.EIO, os.strerror(errno.EIO))
+
+    writer = TraceWriter(FailsOnClose())
+    writer.path = Path("t.jsonl")
+    recorder = TraceRecorder(writer)
+    for event in _events()[:5]:
+        recorder.consume(event)
+    recorder.close("quit")
+    assert (
+        recorder.failure
+        == "recording stopped: Input/output error; t.jsonl holds the session up to then"
+    )
+    assert recorder.exit_code == EXIT_ENVIRONMENT
 
 
 @pytest.fixture(scope="module")

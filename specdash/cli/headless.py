@@ -10,7 +10,7 @@ from contextlib import ExitStack
 
 from specdash.cli.progress import SessionProgress, make_progress
 from specdash.cli.session_args import session_options, settings_from_args
-from specdash.errors import EXIT_DIVERGED, EXIT_ENVIRONMENT, EXIT_OK
+from specdash.errors import EXIT_DIVERGED, EXIT_OK
 from specdash.events import Divergence, Event, SessionStart, Summary
 from specdash.prompts import load_prompts
 from specdash.runs.runner import run_engine
@@ -82,8 +82,8 @@ def run_headless(args: argparse.Namespace) -> int:
         # an I/O error (disk full) is an environment problem: the trace asked for is short
         level = "error" if recorder.failure else "warning"
         print(f"specdash: {level}: {recorder.stopped}", file=sys.stderr)
-        if recorder.failure:
-            return EXIT_ENVIRONMENT
+        if recorder.exit_code:
+            return recorder.exit_code
     if args.fail_on_divergence and divergences:
         print(f"specdash: {len(divergences)} divergence(s)", file=sys.stderr)
         return EXIT_DIVERGED

@@ -10,7 +10,7 @@ the session. What happened is kept for the caller to show:
 
     note     one line on the recording (the status bar's text)
     stopped  "recording stopped: <why>; <path> holds the session up to then", else None
-    failure  the same line when an I/O error stopped it (disk full): exit code 4 (README)
+    failure  the same line when an I/O error stopped it (disk full): `exit_code` 4 (README)
 
 Methods that have something to tell a person return a `Notice`; the caller decides how to
 show it (a dashboard notification, a line on stderr).
@@ -25,7 +25,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Literal
 
-from specdash.errors import SpecdashError
+from specdash.errors import EXIT_ENVIRONMENT, EXIT_OK, SpecdashError
 from specdash.events import ControlChange, EngineError, Event, SessionStart, Summary
 from specdash.trace.event_log import EventLog
 from specdash.trace.jsonl import TraceWriter
@@ -62,6 +62,12 @@ class TraceRecorder:
         self._complete = False
         if writer is not None:
             self.attach(writer)
+
+    @property
+    def exit_code(self) -> int:
+        """What the recording adds to the exit code: 4 (environment) when an I/O error cut a
+        trace short, else 0."""
+        return EXIT_ENVIRONMENT if self.failure else EXIT_OK
 
     # -- the stream --------------------------------------------------------------------
 

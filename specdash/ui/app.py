@@ -24,7 +24,6 @@ from textual.screen import Screen
 from textual.widgets import DataTable, Footer, Input, Static
 
 from specdash.controls import Controls
-from specdash.errors import EXIT_ENVIRONMENT, EXIT_OK
 from specdash.settings import MAX_K
 from specdash.trace.event_log import EventLog
 from specdash.trace.jsonl import TraceWriter
@@ -340,7 +339,7 @@ class SpecdashApp(App[int]):
         fatal = next((e for e in self.model.errors if e.fatal), None)
         if fatal is not None:
             return fatal.exit_code if fatal.exit_code is not None else 1
-        return EXIT_ENVIRONMENT if self.recorder.failure else EXIT_OK
+        return self.recorder.exit_code
 
     @property
     def exit_message(self) -> str | None:
