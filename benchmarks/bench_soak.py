@@ -147,7 +147,7 @@ def main() -> None:
         tracemalloc.start(1)
 
     from specdash.cli import build_parser
-    from specdash.ui.app import dashboard_app
+    from specdash.cli.dashboard import dashboard_app
 
     flags = args.run_flags or ["--max-new-tokens", "2000"]
     app = dashboard_app(build_parser().parse_args(["run", *flags]))
