@@ -7,7 +7,8 @@ last bits. Here verify expands the batch to bs*n decode rows, row (b, i) attendi
 prefix and candidate i's path (the candidates' KV is written first), and runs the same decode
 kernel with the same per-length split (deterministic mode's fixed split tile for Triton,
 `decode_num_splits` for FA3): the row sees exactly what a plain decode of that token sees.
-0.5.23's rows take chains only (topk=1: candidates 0..i); 0.5.17's follow the verify tree.
+Triton rows follow the verify tree mask in both releases (NGRAM drafts are trees); 0.5.23's
+FA3 rows take chains only (candidates 0..i).
 
 Replaces `HybridLinearAttnBackend.forward_extend`; other modes and the linear-attention layers
 go to the original. Per release:
@@ -16,8 +17,9 @@ go to the original. Per release:
   ancestors from the verify tree mask (NGRAM drafts are trees), with static shapes, so the
   verify forward can be captured in a CUDA graph. No FA3 (0.5.17 lacks
   `get_paged_mha_kv_cache`).
-- 0.5.23, Triton: the table is built from the verify metadata with a host sync (eager only);
-  FA3 rows are graph-capturable.
+- 0.5.23, Triton: the table is built from the verify metadata's prefix slots and the
+  candidates' ancestors from the same tree mask, with a host sync (eager only); FA3 rows are
+  graph-capturable, chains only (`seq_lens[b] + i + 1` keys).
 """
 
 from __future__ import annotations
@@ -40,15 +42,16 @@ def row_lengths(seq_lens: Any, n: int) -> Any:
 
 
 def row_kv_indices(
-    prefix_indptr: Any, prefix_indices: Any, candidate_locs: Any, seq_lens: Any, n: int
+    prefix_indptr: Any, prefix_indices: Any, candidate_locs: Any, seq_lens: Any, ancestors: Any
 ) -> tuple[Any, Any]:
     """CSR (indptr, indices) of the bs*n decode rows: row (b, i) reads request b's prefix
-    slots (the verify metadata's own, already in the kernel's id space) and then the KV
-    slots of candidates 0..i, in position order, exactly the slots a plain decode of that
-    position reads."""
+    slots (the verify metadata's own, already in the kernel's id space) and then the KV slots
+    of candidate i's ancestors and itself (`ancestors[b, i]`, see `verify_ancestors`) in tree
+    order, exactly the slots a plain decode of that path reads."""
     import torch
 
-    lens = row_lengths(seq_lens, n)
+    bs, n, _ = ancestors.shape
+    lens = (seq_lens[:, None] + ancestors.sum(-1)).reshape(-1)
     rows = lens.shape[0]
     device = prefix_indices.device
     indptr = torch.zeros(rows + 1, dtype=torch.int32, device=device)
@@ -61,9 +64,14 @@ def row_kv_indices(
     prefix_at = (prefix_indptr[:-1].repeat_interleave(n)[:, None] + pos).clamp(
         max=max(prefix_indices.numel() - 1, 0)
     )
-    cand_at = (req[:, None] * n + pos - prefix_len).clamp(0, candidate_locs.numel() - 1)
+    # row (b, i)'s r-th path candidate: the ancestors sort first, in candidate order
+    steps = torch.arange(n, device=device)
+    order = torch.where(ancestors, steps, n + steps).reshape(rows, n).argsort(-1)
+    path_at = order.gather(1, (pos - prefix_len).clamp(0, n - 1).expand(rows, width))
     slots = torch.where(
-        in_prefix, prefix_indices[prefix_at], candidate_locs.to(prefix_indices.dtype)[cand_at]
+        in_prefix,
+        prefix_indices[prefix_at],
+        candidate_locs.to(prefix_indices.dtype)[req[:, None] * n + path_at],
     )
     return indptr, slots[pos < lens[:, None]]
 
@@ -197,7 +205,8 @@ def triton_rows_0_5_17(
 
 def triton_rows(backend: Any, q: Any, layer: Any, forward_batch: Any, sinks: Any = None) -> Any:
     """TritonAttnBackend (0.5.23): `decode_attention_fwd` over bs*n rows with a fixed split
-    tile, the row table built from the verify metadata (a host sync: eager only)."""
+    tile, the row table built from the verify metadata's prefix and each candidate's
+    ancestors from its tree mask (a host sync: eager only)."""
     import torch
 
     _require_fixed_split(backend)
@@ -206,10 +215,14 @@ def triton_rows(backend: Any, q: Any, layer: Any, forward_batch: Any, sinks: Any
     meta = backend.forward_metadata
     seq_lens = forward_batch.seq_lens[:bs]
     kv_indptr, kv_indices = row_kv_indices(
-        meta.kv_indptr[: bs + 1], meta.kv_indices, forward_batch.out_cache_loc, seq_lens, n
+        meta.kv_indptr[: bs + 1],
+        meta.kv_indices,
+        forward_batch.out_cache_loc,
+        seq_lens,
+        verify_ancestors(backend, seq_lens, n),
     )
     tile = backend.split_tile_size
-    splits = ((row_lengths(seq_lens, n) + tile - 1) // tile).to(torch.int32)
+    splits = ((kv_indptr[1:] - kv_indptr[:-1] + tile - 1) // tile).to(torch.int32)
     return _decode_rows(backend, q, layer, kv_indptr, kv_indices, splits, sinks=sinks)
 
 

@@ -7,10 +7,12 @@ the n tokens at once through `GDNKernelDispatcher.target_verify`. Patched, the p
 outputs and the fp32 state after the last token are equal (torch.equal); unpatched (packed
 decode, bf16-rounded beta) they are not, which is why the patch exists.
 
-Verify rows: the bs*n verify rows equal, bit for bit, a plain decode batch in which each row is
-its own sequence of length seq_len + i + 1, with the split counts SGLang's own
+Verify rows: on a draft with a tree (request 1: two children of candidate 0), the bs*n verify
+rows equal, bit for bit, a plain decode batch in which each row is its own sequence reading the
+prefix and its candidate's path, with the split counts SGLang's own
 `TritonAttnBackend.get_num_kv_splits` picks in deterministic mode (0.5.23: the table from the
-verify metadata; 0.5.17: the graph-capturable table from `req_to_token`).
+verify metadata; 0.5.17: the graph-capturable table from `req_to_token`; both take each
+candidate's ancestors from the verify tree mask). The chain table gets the branch wrong.
 
 GDN on a draft tree (NGRAM's drafts are trees): the verify conv and recurrent kernels with
 SGLang's tree links against decode along each root-to-candidate path, and the chain mode (links
@@ -149,10 +151,9 @@ layer = SimpleNamespace(tp_q_head_num=H, qk_head_dim=D, v_head_dim=D, scaling=D*
 bs, n = 2, 3
 seq_lens, pools = torch.tensor([5, 9]), torch.tensor([1, 0])
 q = torch.randn(bs * n, H * D)
-# The draft: request 0 a chain; on 0.5.17 request 1 a tree (candidates 1 and 2 both children of
-# 0, as NGRAM's trie gives with two anchors); 0.5.23's rows take chains only.
-TREE = sglang.__version__ == "0.5.17"
-parents = [[-1, 0, 1], [-1, 0, 0] if TREE else [-1, 0, 1]]
+# The draft: request 0 a chain, request 1 a tree (candidates 1 and 2 both children of 0, as
+# NGRAM's trie gives with two anchors).
+parents = [[-1, 0, 1], [-1, 0, 0]]
 
 
 
@@ -186,9 +187,14 @@ backend.forward_metadata = SimpleNamespace(
 out_cache_loc = torch.cat(
     [req_to_token[pools[b], seq_lens[b] : seq_lens[b] + n] for b in range(bs)]
 ).to(torch.int64)
-verify = rows_kernel(backend, q, layer,
-                     SimpleNamespace(batch_size=bs, seq_lens=seq_lens, req_pool_indices=pools,
-                                     out_cache_loc=out_cache_loc))
+batch = SimpleNamespace(batch_size=bs, seq_lens=seq_lens, req_pool_indices=pools,
+                        out_cache_loc=out_cache_loc)
+verify = rows_kernel(backend, q, layer, batch)
+# The chain table (what a batch without a tree mask gets: candidate i reads 0..i) on this tree
+tree_meta = backend.forward_metadata
+backend.forward_metadata = SimpleNamespace(**{**vars(tree_meta), "custom_mask": None})
+chain = rows_kernel(backend, q, layer, batch)
+backend.forward_metadata = tree_meta
 
 # Plain decode: every row its own request reading the prefix and its path, the way
 # TritonAttnBackend.forward_decode runs a decode of that token.
@@ -215,9 +221,9 @@ softmax = torch.stack([
     for r, idx in enumerate(indices)
 ])
 print("ROWS " + json.dumps({
-    "tree": TREE,
     "lengths": lengths,
     "equal": torch.equal(verify, decode),
+    "chain_rows_equal": [torch.equal(chain[r], decode[r]) for r in range(bs * n)],
     "splits": splits.tolist(),
     "max_diff_vs_softmax": (verify - softmax).abs().max().item(),
 }))
@@ -463,12 +469,15 @@ def test_patched_gdn_decode_equals_verify_bitwise(interpreted) -> None:
 
 
 def test_verify_rows_equal_sglang_decode_bitwise(interpreted) -> None:
+    """Both releases, a tree draft: each verify row equals SGLang's decode of its path. The
+    chain table (candidate i reads candidates 0..i, what 0.5.23's rows read before) gets the
+    tree's branch wrong, so this test fails on it."""
     r = interpreted["ROWS"]
-    assert r["tree"] == (interpreted["version"] == "0.5.17")
-    # 0.5.17's request 1 is a tree: candidate 2 reads the prefix, 0 and 2 (not 1)
-    assert r["lengths"] == ([6, 7, 8, 10, 11, 11] if r["tree"] else [6, 7, 8, 10, 11, 12])
+    # request 1 is a tree: its candidate 2 reads the prefix, 0 and 2 (not 1)
+    assert r["lengths"] == [6, 7, 8, 10, 11, 11]
     assert r["equal"]
-    assert r["splits"] == [2, 2, 2, 3, 3, 3]  # ceil(len / 4) for lengths 6,7,8,10,11,12
+    assert r["chain_rows_equal"] == [True] * 5 + [False]
+    assert r["splits"] == [2, 2, 2, 3, 3, 3]  # ceil(len / 4) for lengths 6,7,8,10,11,11
     assert r["max_diff_vs_softmax"] < 1e-5  # and it is attention over the right tokens
 
 
