@@ -1,7 +1,7 @@
 """engine_patches/diffs/<release>/*.diff against the real sglang 0.5.17 and 0.5.23 files: each
 applies cleanly with `patch -p1`, and the patched-on-disk modules behave like that release's
-runtime patches (same launch configs, same packed-decode flag, same verify routing, same GEMM
-routing)."""
+runtime patches (same launch configs, same packed-decode flag, same conv update kernel source,
+same verify routing, same GEMM routing)."""
 
 from __future__ import annotations
 
@@ -56,7 +56,7 @@ def test_each_exactness_patch_has_a_diff_on_its_replaced_targets(row: str) -> No
 
 
 EQUIVALENCE_SCRIPT = """
-import importlib.util, json, os
+import importlib.util, inspect, json, os
 from types import SimpleNamespace
 import sglang
 import torch
@@ -81,7 +81,18 @@ if NEW:  # 0.5.17 has no GDN launch config to pin
     launch_disk = load("sglang/kernels/ops/attention/linear/fused_sigmoid_gating_recurrent.py")
 hybrid_disk = load("sglang/srt/layers/attention/hybrid_linear_attn_backend.py")
 ops_disk = load("sglang/srt/batch_invariant_ops/batch_invariant_ops.py")
+conv_disk = load("sglang/kernels/ops/mamba/causal_conv1d_triton.py")
+from sglang.kernels.ops.mamba import causal_conv1d_triton as conv_rt
+
+def kernel_source(kernel):
+    return inspect.getsource(kernel.fn)
+
+conv_stock = kernel_source(conv_rt._causal_conv1d_update_kernel)
 registry.apply_all()
+# the conv update kernel: the diff's text is the runtime patch's, character for character
+conv_patched = kernel_source(conv_rt._causal_conv1d_update_kernel)
+out["conv_kernel"] = [kernel_source(conv_disk._causal_conv1d_update_kernel) == conv_patched,
+                      conv_patched != conv_stock, "acc += tap0 * w_col3" in conv_patched]
 from sglang.srt.layers.attention.linear.kernels.gdn_triton import TritonGDNKernel
 from sglang.srt.layers.attention.hybrid_linear_attn_backend import HybridLinearAttnBackend
 from sglang.srt.batch_invariant_ops import batch_invariant_ops as ops_rt
@@ -130,6 +141,7 @@ def test_patched_files_behave_like_the_runtime_patches(run_each_sglang, patched_
     proc = run_each_sglang(EQUIVALENCE_SCRIPT, env={"PATCHED_TREE": str(patched_tree)})
     r = json.loads(next(x for x in proc.stdout.splitlines() if x.startswith("RESULT "))[7:])
     assert r["packed"] == [False, False]
+    assert r["conv_kernel"] == [True, True, True]
     assert all(disk == runtime for disk, runtime in r["launch_pairs"]), r["launch_pairs"]
     if run_each_sglang.version == "0.5.23":
         assert [32, 1] in [disk for disk, _ in r["launch_pairs"]]

@@ -17,7 +17,10 @@ candidate's ancestors from the verify tree mask). The chain table gets the branc
 GDN on a draft tree (NGRAM's drafts are trees): the verify conv and recurrent kernels with
 SGLang's tree links against decode along each root-to-candidate path, and the chain mode (links
 None, what SGLang runs when topk == 1) on the same tree. The recurrent step is exact with the
-parents; the conv's tree branch sums its taps in the reverse order, which is not.
+parents; SGLang's conv tree branch sums its taps in the reverse of decode's order, which is
+not; with the GDN patch's conv kernel (taps in decode's order) conv rows, windows, outputs and
+fp32 states all are. The patched conv kernel also compiles for sm_90 (TRITON_INTERPRET=0), with
+decode's and chain verify's code unchanged.
 """
 
 from __future__ import annotations
@@ -324,6 +327,16 @@ next_token, next_sibling = _derive_tree_links(tree_mask, 1, T)
 gdn.PATCH.apply()
 d = dispatcher()
 assert not d.supports_packed_decode
+# The conv half of the patch, taken off and put back alone to run SGLang's own conv kernel
+# with the rest of the GDN patch on (decode's recurrence unpacked either way).
+CONV_FIX = next(r for r in gdn.PATCH.variant().rebindings
+                if r.name == "_causal_conv1d_update_kernel")
+if NEW:  # 0.5.23 decode's conv on CUDA: the fused projection unpack + conv update
+    from sglang.kernels.ops.attention import triton_gdn_fused_proj as fused_proj
+
+    fused_proj.can_use_fused_qkvzba_causal_conv1d_update_contiguous = (
+        lambda *a, **kw: (True, "eligible")  # it refuses CPU tensors only
+    )
 
 
 def split(mixed, n):
@@ -342,14 +355,30 @@ def recurrent_decode(qkv, g, i):
     return o.reshape(HV, V), state[1]
 
 
-def decode(g, i):
-    # conv (decode-mode causal_conv1d_update) + recurrent step, token by token along root..i
+def conv_step(g, t, conv):
+    # decode's conv of token t (GDNAttnBackend.forward_decode, a 2-D x: one token)
+    return causal_conv1d_update(g["x"][t][None].clone(), conv, g["w"], None, "silu",
+                                conv_state_indices=ONE)[0]
+
+
+def fused_conv_step(g, t, conv):
+    # 0.5.23 decode's conv on CUDA: fused_qkvzba_causal_conv1d_update_contiguous, fed the
+    # projection [qkv | z] and [b | a] of token t
+    qkvz = torch.cat([g["x"][t], torch.zeros(HV * V, dtype=g["x"].dtype)])[None]
+    ba = torch.zeros(1, 2 * HV, dtype=g["x"].dtype)
+    mixed = fused_proj.fused_qkvzba_causal_conv1d_update_contiguous(
+        qkvz, ba, conv, g["w"], None, ONE, qkv_dim=DIM, v_dim=HV * V, num_v_heads=HV,
+        head_v_dim=V, activation="silu")[0]
+    return mixed[0]
+
+
+def decode(g, i, step=conv_step):
+    # conv + recurrent step, token by token along root..i; the conv window after i
     conv = g["conv0"].clone()
     mixed = torch.zeros(T, DIM, dtype=g["x"].dtype)
     for t in path(i):
-        mixed[t] = causal_conv1d_update(g["x"][t][None].clone(), conv, g["w"], None, "silu",
-                                        conv_state_indices=ONE)[0]
-    return (mixed[i], *recurrent_decode(split(mixed, T), g, i))
+        mixed[t] = step(g, t, conv)
+    return (mixed[i], *recurrent_decode(split(mixed, T), g, i), conv[1].clone())
 
 
 def verify(g, tree):
@@ -373,7 +402,7 @@ def verify(g, tree):
                         query_start_loc=torch.tensor([0, T], dtype=torch.int32),
                         intermediate_states_buffer=steps, intermediate_state_indices=ZERO,
                         cache_steps=T, retrieve_parent_token=parent)
-    return mixed, qkv, o.reshape(T, HV, V), steps[0], parent
+    return mixed, qkv, o.reshape(T, HV, V), steps[0], window[0], parent
 
 
 def inputs(dtype, seed):
@@ -388,14 +417,20 @@ def inputs(dtype, seed):
 def compare(g):
     ref = [decode(g, i) for i in range(T)]
     out = {}
+    if NEW:  # decode's two conv kernels agree bit for bit: outputs and windows
+        fused = [decode(g, i, fused_conv_step) for i in range(T)]
+        out["fused_decode_equal"] = [torch.equal(f[0], r[0]) and torch.equal(f[3], r[3])
+                                     for f, r in zip(fused, ref)]
     for mode in ("tree", "chain"):
-        mixed, qkv, o, states, parent = verify(g, mode == "tree")
+        mixed, qkv, o, states, windows, parent = verify(g, mode == "tree")
         out[mode] = {
             "parent": None if parent is None else parent[0].tolist(),
             "conv_equal": [torch.equal(mixed[i], ref[i][0]) for i in range(T)],
             "conv_ulps": [int((mixed[i] != ref[i][0]).sum()) for i in range(T)],
             "conv_max_diff": max((mixed[i].float() - ref[i][0].float()).abs().max().item()
                                  for i in range(T)),
+            # the conv window after candidate i (what commit restores) = decode's conv state
+            "window_equal": [torch.equal(windows[i], ref[i][3]) for i in range(T)],
             "out_equal": [torch.equal(o[i], ref[i][1]) for i in range(T)],
             # the fp32 state after candidate i (verify's intermediate state of row i)
             "state_equal": [torch.equal(states[i], ref[i][2]) for i in range(T)],
@@ -406,6 +441,14 @@ def compare(g):
             ],
         }
     return out
+
+
+def stock_and_patched(g):
+    # SGLang's conv kernel (the rest of the GDN patch on), then the patched one
+    CONV_FIX.remove()
+    stock = compare(g)
+    CONV_FIX.apply()
+    return {"stock": stock, "patched": compare(g), "channels": DIM}
 
 
 def order_sensitive(n):
@@ -426,14 +469,96 @@ def order_sensitive(n):
 
 
 result = {"links": [next_token[0].tolist(), next_sibling[0].tolist()],
-          "bf16": compare(inputs(bf16, 0)), "fp32": compare(inputs(torch.float32, 0))}
+          "bf16": stock_and_patched(inputs(bf16, 0)),
+          "fp32": stock_and_patched(inputs(torch.float32, 0))}
 g = inputs(bf16, 0)
 c, x0, w = order_sensitive(8)
 n = len(x0)
 g["conv0"][1, -n:], g["x"][0, -n:], g["w"][-n:] = c, x0, w  # v channels of the root row
-result["bf16_order_sensitive"] = dict(compare(g), channels=n)
+result["bf16_order_sensitive"] = dict(stock_and_patched(g), sensitive=n)
 gdn.PATCH.remove()
 print("TREE " + json.dumps(result))
+"""
+
+
+SM90_SCRIPT = r"""
+import hashlib
+import json
+
+import torch
+import triton
+from triton.backends.compiler import GPUTarget
+from triton.compiler import ASTSource
+from triton.runtime.jit import JITFunction
+
+TYPES = {torch.bfloat16: "*bf16", torch.float32: "*fp32", torch.int32: "*i32",
+         torch.int64: "*i64"}
+compiled = {}
+
+
+def offline_run(self, *args, grid, warmup, **kwargs):
+    # compile for sm_90 instead of launching (as tests/compile_kernels_sm90.py); a None
+    # argument is a constexpr None, as Triton specialises it
+    options = {k: kwargs.pop(k) for k in ("num_warps", "num_stages", "launch_pdl") if k in kwargs}
+    bound = dict(zip(self.arg_names[: len(args)], args, strict=True)) | kwargs
+    signature, constexprs = {}, {}
+    for p in self.params:
+        value = bound.get(p.name, p.default)
+        if p.is_constexpr or value is None:
+            signature[p.name], constexprs[p.name] = "constexpr", value
+        elif isinstance(value, torch.Tensor):
+            signature[p.name] = TYPES[value.dtype]
+        else:
+            signature[p.name] = "i32"
+    try:
+        kernel = triton.compile(ASTSource(self, signature, constexprs),
+                                target=GPUTarget("cuda", 90, 32), options=options)
+        assert kernel.asm["cubin"]
+        # the code, without line info and debug sections (they name the source file and line)
+        code = "\n".join(ln for ln in kernel.asm["ptx"].split(".section")[0].splitlines()
+                         if not ln.lstrip().startswith((".loc", ".file")))
+        compiled[self.fn.__name__] = hashlib.sha256(code.encode()).hexdigest()
+    except Exception as e:
+        compiled[self.fn.__name__] = f"FAILED {type(e).__name__}: {str(e)[-500:]}"
+
+
+JITFunction.run = offline_run
+from sglang.kernels.ops.mamba import causal_conv1d_triton as conv
+from specdash.engine_patches import gdn_verify_as_decode as gdn
+
+T, DIM, W = 4, 64, 4
+
+
+def launch():
+    out = {}
+    for dtype in (torch.bfloat16, torch.float32):
+        x, w = torch.randn(1, DIM, T).to(dtype), torch.randn(DIM, W).to(dtype)
+        state = torch.randn(2, DIM, W - 1).to(dtype)
+        one, zero = torch.tensor([1], dtype=torch.int32), torch.tensor([0], dtype=torch.int32)
+        nxt = torch.tensor([[1, 3, -1, -1]], dtype=torch.int64)
+        sib = torch.tensor([[-1, 2, -1, -1]], dtype=torch.int64)
+        for mode in ("tree", "chain", "decode"):
+            compiled.clear()
+            if mode == "decode":
+                conv.causal_conv1d_update(x[:, :, 0], state, w, None, "silu",
+                                          conv_state_indices=one)
+            else:
+                tree = mode == "tree"
+                conv.causal_conv1d_update(
+                    x, state, w, None, "silu", conv_state_indices=one,
+                    intermediate_conv_window=torch.zeros(1, T, DIM, W - 1, dtype=dtype),
+                    intermediate_state_indices=zero,
+                    retrieve_next_token=nxt if tree else None,
+                    retrieve_next_sibling=sib if tree else None,
+                    retrieve_parent_token=torch.empty_like(nxt) if tree else None)
+            out[f"{mode} {dtype}"] = compiled.pop("_causal_conv1d_update_kernel", "not run")
+    return out
+
+
+result = {"stock": launch()}
+gdn.PATCH.apply()
+result["patched"] = launch()
+print("SM90 " + json.dumps(result))
 """
 
 
@@ -481,11 +606,15 @@ def test_verify_rows_equal_sglang_decode_bitwise(interpreted) -> None:
     assert r["max_diff_vs_softmax"] < 1e-5  # and it is attention over the right tokens
 
 
-def test_gdn_tree_verify_equals_decode_along_each_path_except_conv_order(interpreted) -> None:
+TREE_CASES = ("bf16", "fp32", "bf16_order_sensitive")
+
+
+def test_gdn_tree_verify_with_sglang_conv_differs_from_decode_in_conv_order(interpreted) -> None:
     """NGRAM drafts are trees. GDN verify walks each row's parent only when it is given the
     tree links (retrieve_next_token/sibling; the conv kernel fills retrieve_parent_token for
     the recurrent kernel), which HybridLinearAttnBackend passes only when topk > 1; with the
-    links None it treats the packed rows as one chain. Tree: parents [-1, 0, 0, 1].
+    links None it treats the packed rows as one chain. Tree: parents [-1, 0, 0, 1]. Here the
+    GDN patch is on except its conv kernel: SGLang's own `_causal_conv1d_update_kernel`.
 
     Recurrent kernel with the parents: each candidate's output equals the patched decode along
     root..candidate, bit for bit. Chain mode on the same tree: candidate 2 (the branch) and 3
@@ -494,28 +623,70 @@ def test_gdn_tree_verify_equals_decode_along_each_path_except_conv_order(interpr
     accumulator can differ from decode's: with fp32 inputs in about a third of the channels,
     with bf16 inputs (the model's) rarely, since four bf16 products mostly sum exactly in fp32,
     but on order-sensitive channels by one bf16 ulp, which then moves the fp32 GDN state of
-    every candidate below (and, when it crosses a bf16 rounding, the output). So tree verify
-    is not bit-exact to decode in general; only the conv's summation order stands in the way.
+    every candidate below (and, when it crosses a bf16 rounding, the output). The windows it
+    saves (copies, no arithmetic) are decode's.
     """
     r = interpreted["TREE"]
     assert r["links"] == [[1, 3, -1, -1], [-1, 2, -1, -1]]  # SGLang's links for this tree
-    for case in ("bf16", "fp32", "bf16_order_sensitive"):
-        tree, chain = r[case]["tree"], r[case]["chain"]
+    for case in TREE_CASES:
+        tree, chain = r[case]["stock"]["tree"], r[case]["stock"]["chain"]
         assert tree["parent"] == [0, 0, 0, 1], case
-        assert tree["recurrent_equal"] == [True] * 4, case
+        assert tree["recurrent_equal"] == tree["window_equal"] == [True] * 4, case
         # chain mode: exact along the chain prefix 0, 1; wrong for the branch and after it
         assert chain["conv_equal"] == chain["out_equal"] == [True, True, False, False], case
         assert chain["recurrent_equal"] == [True, True, False, False], case
-        assert chain["state_equal"] == [True, True, False, False], case
-    bf = r["bf16"]["tree"]  # random bf16 inputs: no channel here is order-sensitive
+        assert chain["state_equal"] == chain["window_equal"] == [True, True, False, False], case
+    bf = r["bf16"]["stock"]["tree"]  # random bf16 inputs: no channel here is order-sensitive
     assert bf["conv_equal"] == bf["out_equal"] == bf["state_equal"] == [True] * 4
-    fp32 = r["fp32"]["tree"]
+    fp32 = r["fp32"]["stock"]["tree"]
     assert not any(fp32["conv_equal"]) and 0 < fp32["conv_max_diff"] < 1e-6
+    assert all(0 < n < r["fp32"]["channels"] for n in fp32["conv_ulps"]), fp32["conv_ulps"]
     assert not any(fp32["state_equal"])
-    sensitive = r["bf16_order_sensitive"]["tree"]
-    assert r["bf16_order_sensitive"]["channels"] > 0
+    sensitive = r["bf16_order_sensitive"]["stock"]["tree"]
+    assert r["bf16_order_sensitive"]["sensitive"] > 0
     assert sensitive["conv_equal"] == [False, True, True, True]  # the root row's window
-    assert sensitive["conv_ulps"][0] == r["bf16_order_sensitive"]["channels"]
+    assert sensitive["conv_ulps"][0] == r["bf16_order_sensitive"]["sensitive"]
     # v channels of the root: every candidate's fp32 state moves (all descend from the root);
     # here the bf16 outputs still round alike
     assert sensitive["state_equal"] == [False] * 4, sensitive
+
+
+def test_patched_gdn_tree_verify_equals_decode_along_each_path(interpreted) -> None:
+    """The whole GDN patch on the same tree: the conv kernel's tree branch adds its taps in
+    decode's order, so verify's conv rows and saved windows, and then the recurrent outputs
+    and fp32 states of every candidate, equal the patched decode along root..candidate bit
+    for bit (fp32, bf16, and the bf16 channels where the order shows). On 0.5.23 decode's conv
+    on CUDA is `fused_qkvzba_causal_conv1d_update_contiguous`: equal to the update kernel's
+    decode, so to tree verify as well. Chain mode (links None) stays wrong on a tree: the
+    patch needs SGLang's tree links, which it passes at topk > 1 (NGRAM's default breadth)."""
+    r = interpreted["TREE"]
+    for case in TREE_CASES:
+        tree, chain = r[case]["patched"]["tree"], r[case]["patched"]["chain"]
+        assert tree["parent"] == [0, 0, 0, 1], case
+        for key in ("conv_equal", "window_equal", "out_equal", "state_equal", "recurrent_equal"):
+            assert tree[key] == [True] * 4, (case, key, tree)
+        assert tree["conv_ulps"] == [0] * 4 and tree["conv_max_diff"] == 0.0, case
+        assert chain["conv_equal"] == chain["state_equal"] == [True, True, False, False], case
+        if interpreted["version"] == "0.5.23":
+            for stage in ("stock", "patched"):
+                assert r[case][stage]["fused_decode_equal"] == [True] * 4, (case, stage)
+        else:
+            assert "fused_decode_equal" not in r[case]["patched"]
+
+
+def test_patched_conv_kernel_compiles_for_sm90_and_leaves_decode_code_alone(
+    run_each_sglang,
+) -> None:
+    """The interpreter runs the patched conv kernel as Python; Triton's GPU compiler is another
+    matter. With TRITON_INTERPRET=0, SGLang's `causal_conv1d_update` launches are compiled
+    offline for sm_90 (cubin via ptxas), stock and patched, on a tree (the links), a chain
+    (verify without links) and one decode token, bf16 and fp32. All compile; the patched
+    kernel's PTX (line info and debug sections aside) is SGLang's own for decode
+    and chain verify, and differs only on the tree. 0.5.17's decode runs this very kernel."""
+    proc = run_each_sglang(SM90_SCRIPT, env={"TRITON_INTERPRET": "0"})
+    line = next(x for x in proc.stdout.splitlines() if x.startswith("SM90 "))
+    r = json.loads(line[5:])
+    for stage in ("stock", "patched"):
+        assert len(r[stage]) == 6 and all(len(h) == 64 for h in r[stage].values()), r[stage]
+    for key, code in r["patched"].items():
+        assert (code == r["stock"][key]) == (not key.startswith("tree")), key

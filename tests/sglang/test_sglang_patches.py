@@ -92,8 +92,9 @@ def test_targets_resolve_and_patches_restore_sglang_exactly(run_each_sglang) -> 
         ), unresolved
     else:
         assert unresolved == []
-    # every rebinding of the four patches: 0.5.17 has no launch-config pin
-    assert f"IDENTITY-OK {12 if version == '0.5.23' else 11}" in out
+    # every rebinding of the four patches (GDN's conv kernel included): 0.5.17 has no
+    # launch-config pin
+    assert f"IDENTITY-OK {13 if version == '0.5.23' else 12}" in out
 
 
 RENAMED = (
