@@ -8,7 +8,7 @@ prefix and candidate i's path (the candidates' KV is written first), and runs th
 kernel with the same per-length split (deterministic mode's fixed split tile for Triton,
 `decode_num_splits` for FA3): the row sees exactly what a plain decode of that token sees.
 Triton rows follow the verify tree mask in both releases (NGRAM drafts are trees); 0.5.23's
-FA3 rows take chains only (candidates 0..i).
+FA3 rows take chains only (candidates 0..i) and refuse an engine that verifies trees.
 
 Replaces `HybridLinearAttnBackend.forward_extend`; other modes and the linear-attention layers
 go to the original. Per release:
@@ -19,7 +19,7 @@ go to the original. Per release:
   `get_paged_mha_kv_cache`).
 - 0.5.23, Triton: the table is built from the verify metadata's prefix slots and the
   candidates' ancestors from the same tree mask, with a host sync (eager only); FA3 rows are
-  graph-capturable, chains only (`seq_lens[b] + i + 1` keys).
+  graph-capturable, chains only (`seq_lens[b] + i + 1` keys; topk > 1 is refused).
 """
 
 from __future__ import annotations
@@ -280,8 +280,15 @@ def _logit_cap(layer: Any) -> float:
 def fa3_rows(backend: Any, q: Any, layer: Any, forward_batch: Any, sinks: Any = None) -> Any:
     """FlashAttentionBackend: `flash_attn_with_kvcache` with max_seqlen_q=1 per row.
 
+    Rows follow chains only (candidate i reads candidates 0..i), so an engine that verifies
+    trees (topk > 1: NGRAM at its default breadth) is refused rather than given wrong rows.
     Never run in CI: flashattention_backend imports sgl_kernel at module level, which does not
     load without CUDA (`patches check` still hashes its targets, from the source files)."""
+    if getattr(backend, "topk", 0) > 1:
+        raise RuntimeError(
+            "verify_attention_as_decode_rows: FA3 rows follow chains only and this engine "
+            f"verifies draft trees (topk {backend.topk}); use attention_backend=triton"
+        )
     import torch
     from sglang.srt.layers.attention.flashattention_backend import flash_attn_with_kvcache
 

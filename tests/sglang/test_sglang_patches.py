@@ -194,3 +194,15 @@ def test_subprocess_exit_code_is_checked(run_sglang) -> None:
     with pytest.raises(AssertionError, match="exit 3"):
         run_sglang("import sys; sys.exit(3)")
     assert isinstance(run_sglang("pass"), subprocess.CompletedProcess)
+
+
+def test_fa3_verify_rows_refuse_a_tree_draft() -> None:
+    """0.5.23's FA3 rows read candidates 0..i: on an engine verifying trees (topk > 1, as NGRAM
+    at its default breadth) they would be the wrong rows, so they refuse (before touching FA3,
+    which needs CUDA) and name the backend that follows trees."""
+    from types import SimpleNamespace
+
+    from specdash.engine_patches.verify_attention_as_decode_rows import fa3_rows
+
+    with pytest.raises(RuntimeError, match="chains only.*topk 10.*attention_backend=triton"):
+        fa3_rows(SimpleNamespace(topk=10), None, None, None)
