@@ -46,10 +46,10 @@ _active = "auto"
 def specdash_backends() -> dict[str, str | None]:
     """specdash.kernels GEMM backends as `specdash-<name>` -> None or why unavailable."""
     try:
-        from specdash.engine import gemm_backends as registry
+        from specdash.engine import gemm_backends
     except ImportError as e:
         return {f"{SPECDASH_PREFIX}*": f"specdash.engine.gemm_backends does not import: {e}"}
-    return {f"{SPECDASH_PREFIX}{n}": r for n, r in registry.available_backends().items()}
+    return {f"{SPECDASH_PREFIX}{n}": r for n, r in gemm_backends.available_backends().items()}
 
 
 def backends() -> dict[str, str | None]:
@@ -64,7 +64,9 @@ def set_backend(name: str) -> None:
     backend raises (specdash.errors.EnvironmentProblem, with the reason).
     """
     global _active
-    if name == "deepgemm" and not getattr(registry_ops(), "ENABLE_JIT_DEEPGEMM", False):
+    if name == "deepgemm" and not getattr(
+        sglang_batch_invariant_ops(), "ENABLE_JIT_DEEPGEMM", False
+    ):
         from specdash.errors import EnvironmentProblem
 
         raise EnvironmentProblem(
@@ -72,16 +74,16 @@ def set_backend(name: str) -> None:
             "(deep_gemm not installed or not supported on this GPU)"
         )
     if name not in SGLANG_BACKENDS:
-        from specdash.engine import gemm_backends as registry
+        from specdash.engine import gemm_backends
 
         if not name.startswith(SPECDASH_PREFIX):
             name = SPECDASH_PREFIX + name
 
-        registry.get_backend(name.removeprefix(SPECDASH_PREFIX))
+        gemm_backends.get_backend(name.removeprefix(SPECDASH_PREFIX))
     _active = name
 
 
-def registry_ops() -> Any:
+def sglang_batch_invariant_ops() -> Any:
     """SGLang's batch_invariant_ops module (imported on first use: it needs CUDA kernels)."""
     from specdash.engine_patches.registry import resolve
 
@@ -120,9 +122,9 @@ def _gemm(
         return lambda x, w: deepgemm(a=x, b=w.transpose(0, 1), **sglang)
     if name == "specdash-cublas":
         return cublas_unrouted
-    from specdash.engine import gemm_backends as registry
+    from specdash.engine import gemm_backends
 
-    return registry.get_backend(name.removeprefix(SPECDASH_PREFIX))
+    return gemm_backends.get_backend(name.removeprefix(SPECDASH_PREFIX))
 
 
 def cublas_unrouted(x: Any, w: Any) -> Any:
