@@ -31,7 +31,7 @@ from typing import Any, Literal
 
 from specdash.controls import Controls
 from specdash.engine_patches import telemetry
-from specdash.engine_patches.registry import sglang_version
+from specdash.engine_patches.registry import patch_row, sglang_version
 from specdash.errors import EnvironmentProblem, UsageError
 from specdash.events import (
     ControlChange,
@@ -143,12 +143,21 @@ def engine_kwargs(
         user = {k: v for k, v in user.items() if not k.startswith("speculative_")}
     merged = {**kw, **user}
     graph_choice = any("cuda_graph" in key for key in user)
-    eager_rows = sglang_version() == "0.5.23" and "attention" not in options.unpatch
+    eager_rows = _patch_row() == "0.5.23" and "attention" not in options.unpatch
     if speculative and merged["attention_backend"] == "triton" and eager_rows and not graph_choice:
         # 0.5.23's Triton decode-row verify sizes its row index table from the batch (a host
         # sync), so it cannot be captured: decode/verify graphs off unless asked for.
         merged["disable_decode_cuda_graph"] = True
     return merged
+
+
+def _patch_row() -> str | None:
+    """The release row the scheduler applies (the installed one, or the one --force-patches
+    chose); None where none applies: the engine is refused before it starts."""
+    try:
+        return patch_row()
+    except RuntimeError:
+        return None
 
 
 def applied_patches(options: SGLangOptions) -> list[str]:

@@ -158,9 +158,10 @@ def test_sglang_args_parse_as_python_literals() -> None:
 
 
 def test_engine_kwargs_per_algorithm(tmp_path, monkeypatch) -> None:
+    from specdash.engine_patches import registry
     from specdash.settings import SessionSettings
 
-    monkeypatch.setattr(sglang_engine, "sglang_version", lambda: "0.5.23")
+    monkeypatch.setattr(registry, "sglang_version", lambda: "0.5.23")
 
     settings = SessionSettings(engine="sglang", model=tmp_path, k=3)
 
@@ -178,7 +179,12 @@ def test_engine_kwargs_per_algorithm(tmp_path, monkeypatch) -> None:
     assert ngram["speculative_num_draft_tokens"] == 4
     assert "speculative_ngram_max_bfs_breadth" not in ngram
     assert nextn["disable_decode_cuda_graph"]  # 0.5.23's Triton verify rows are eager-only
-    monkeypatch.setattr(sglang_engine, "sglang_version", lambda: "0.5.17")
+    monkeypatch.setattr(registry, "sglang_version", lambda: "0.5.99")  # --force-patches
+    monkeypatch.setenv(registry.ROW_ENV, "0.5.23")
+    assert kwargs("NEXTN")["disable_decode_cuda_graph"]  # the row applied, not the release
+    monkeypatch.setenv(registry.ROW_ENV, "0.5.17")
+    assert "disable_decode_cuda_graph" not in kwargs("NEXTN")
+    monkeypatch.setattr(registry, "sglang_version", lambda: "0.5.17")
     assert "disable_decode_cuda_graph" not in kwargs("NEXTN")  # 0.5.17's rows are graphed
     fa3 = kwargs("EAGLE3", attention_backend="fa3")
     assert fa3["attention_backend"] == "fa3" and "disable_decode_cuda_graph" not in fa3
