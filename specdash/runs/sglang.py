@@ -307,7 +307,9 @@ def check_environment(options: SGLangOptions) -> None:
 def start_engine(kwargs: dict[str, Any]) -> Any:
     """A PatchedEngine, with SGLang's own refusal (unknown argument, a speculative algorithm
     the model does not support, ...) as a one-line error."""
-    error_file = os.environ.setdefault(ERROR_FILE_ENV, new_error_file())
+    if ERROR_FILE_ENV not in os.environ:  # a session sets (and removes) it; setdefault's
+        os.environ[ERROR_FILE_ENV] = new_error_file()  # eager default leaked a file per start
+    error_file = os.environ[ERROR_FILE_ENV]
     _start_resource_tracker()
     try:
         return patched_engine_class()(**kwargs)
