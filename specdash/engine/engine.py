@@ -91,6 +91,8 @@ class Engine:
         slices by host-side lengths, which a graph would freeze)."""
         self.slot_capacity = 0
         """Graphed states are allocated at least this large, so later prompts reuse them."""
+        self.reserved = False
+        """`reserve` was called: states are pooled slots on every device."""
         self._slots: list[SeqState] = []
         """Every graphed state ever allocated; its index names it in `_graphs`."""
         self._free_slots: list[SeqState] = []
@@ -99,6 +101,29 @@ class Engine:
         captures) another graph at the next step, never mid-step."""
         self.fault: Callable[[int], Observer | None] | None = None
         """Verify-step index -> observer for the speculative run (fault-injection tests)."""
+
+    def reserve(
+        self, max_prompt_tokens: int, max_new_tokens: int, k_max: int, sequences: int, shadow: bool
+    ) -> None:
+        """Allocate the session's state slots once, each sized for its longest prompt
+        (`start`'s capacity rule), for `sequences` in flight (and their shadows), and reuse
+        them for every prompt: memory reaches its level here and stays there, whatever the
+        prompt lengths (issue 12's RSS peak followed each prompt's KV). Call before the first
+        `start`; a longer prompt later still gets a (larger) slot of its own."""
+        m = self.target
+        self.reserved = True
+        self.slot_capacity = max(self.slot_capacity, max_prompt_tokens + max_new_tokens + k_max + 1)
+        want = sequences * (2 if shadow else 1)
+        while len(self._free_slots) < want:
+            slot = SeqState.empty(m.cfg, self.slot_capacity, m.dtype, m.device)
+            slot.in_place = True
+            self._slots.append(slot)
+            self._free_slots.append(slot)
+
+    @property
+    def pooled(self) -> bool:
+        """States are reusable slots (CUDA graphs, or after `reserve`), handed back by `release`."""
+        return self.cuda_graphs or self.reserved
 
     def _tensor(self, tokens: list[int]) -> Tensor:
         return torch.tensor(tokens, device=self.target.device)
@@ -130,7 +155,7 @@ class Engine:
 
     def _new_state(self, capacity: int) -> SeqState:
         m = self.target
-        if not self.cuda_graphs:
+        if not self.pooled:
             return SeqState.empty(m.cfg, capacity, m.dtype, m.device)
         for slot in self._free_slots:
             if slot.capacity >= capacity:
@@ -143,8 +168,8 @@ class Engine:
         return slot
 
     def release(self, seq: Sequence) -> None:
-        """The sequence is finished: its graphed states (and their graphs) serve the next one."""
-        if self.cuda_graphs:
+        """The sequence is finished: its slots (and their graphs) serve the next one."""
+        if self.pooled:
             self._free_slots += [s for s in (seq.state, seq.shadow) if s is not None]
 
     def _graph(self, state: SeqState, rows: int, mode: Mode) -> graphs.CapturedForward | None:
@@ -162,75 +187,125 @@ class Engine:
             graph = self._graphs[key] = graphs.CapturedForward(self.target, state, rows, mode)
         return graph
 
-    def spec_step(self, seq: Sequence, k: int, mode: Mode, max_new_tokens: int) -> StepResult:
-        room = max_new_tokens - len(seq.ids)
-        t0 = time.perf_counter()
-        drafts = seq.drafter.propose(seq.context, min(k, room - 1)) if k > 0 and room > 1 else []
+    def spec_step(
+        self, seqs: Sequence | list[Sequence], k: int, mode: Mode, max_new_tokens: int
+    ) -> StepResult | list[StepResult]:
+        """One verify step of every sequence in `seqs`, in one forward (a list of one: the
+        graphed single-sequence path; a bare `Sequence` returns its bare `StepResult`).
+        Drafting, acceptance and commit stay per sequence; the shadows then catch up, batched
+        too. Per-sequence times: its own draft time, and an equal share of the batch's verify,
+        commit and shadow time (so they sum to the batch's)."""
+        if isinstance(seqs, Sequence):
+            return self.spec_step([seqs], k, mode, max_new_tokens)[0]
+        drafts, draft_s = [], []
+        for seq in seqs:
+            room = max_new_tokens - len(seq.ids)
+            d0 = time.perf_counter()
+            n = min(k, room - 1)
+            drafts.append(seq.drafter.propose(seq.context, n) if k > 0 and room > 1 else [])
+            draft_s.append(time.perf_counter() - d0)
         t1 = time.perf_counter()
-        rows = [seq.context[-1], *drafts]
-        tokens = self._tensor(rows)
-        observer = self.fault(len(seq.steps)) if self.fault else None
-        graph = None if observer else self._graph(seq.state, len(rows), mode)
-        if graph is not None:
-            lp = graph.replay(tokens, seq.state)
-        else:  # an observed forward is eager: the observer sees (and may change) every sub-op
-            lp = self.target.forward(tokens, seq.state, mode, observer)
-        ids, lps = ops.greedy(lp)
-        ids_l, lps_l = ids.tolist(), lps.tolist()
-        accepted = 0
-        while accepted < len(drafts) and drafts[accepted] == ids_l[accepted]:
-            accepted += 1
+        rows = [[seq.context[-1], *d] for seq, d in zip(seqs, drafts, strict=True)]
+        lps, graph = self._verify(seqs, rows, mode)
+        results = []
+        accepted_all = []
+        for d, lp in zip(drafts, lps, strict=True):
+            ids, lp_ = ops.greedy(lp)
+            ids_l, lps_l = ids.tolist(), lp_.tolist()
+            accepted = 0
+            while accepted < len(d) and d[accepted] == ids_l[accepted]:
+                accepted += 1
+            accepted_all.append((accepted, ids_l, lps_l))
         t2 = time.perf_counter()
-        if graph is not None:
-            graph.commit(seq.state, accepted + 1)
-        else:
-            seq.state.commit(accepted + 1)
-        emitted, emitted_lp = ids_l[: accepted + 1], lps_l[: accepted + 1]
-        for j, tok in enumerate(emitted):  # stop at end of sequence
-            if tok in self.eos_ids:
-                emitted, emitted_lp = emitted[: j + 1], emitted_lp[: j + 1]
-                seq.done = True
-                break
-        seq.steps.append(StepRecord(rows, mode, self.target.gemm, accepted))
-        seq.context.extend(emitted)
-        seq.ids.extend(emitted)
-        seq.logprobs.extend(emitted_lp)
-        seq.drafter.accept(seq.context, accepted)
-        t3 = time.perf_counter()
-        shadow_s = self.shadow_catch_up(seq)
-        seq.done = seq.done or len(seq.ids) >= max_new_tokens
-        return StepResult(
-            drafts, emitted, emitted_lp, accepted, t1 - t0, t2 - t1, shadow_s, t3 - t2
-        )
-
-    def shadow_catch_up(self, seq: Sequence) -> float:
-        """Decode the shadow up to the speculative run's length, comparing as it goes. The
-        shadow runs to the end after a divergence too (its own greedy path), so a later change
-        of the text is seen, and its time is always real."""
-        if seq.shadow is None:
-            return 0.0
-        t0 = time.perf_counter()
-        while len(seq.shadow_ids) < len(seq.ids):
-            token = self._tensor(seq.shadow_ids[-1:])
-            graph = self._graph(seq.shadow, 1, "exact")
+        for seq, d, r, (accepted, ids_l, lps_l) in zip(
+            seqs, drafts, rows, accepted_all, strict=True
+        ):
             if graph is not None:
-                lp = graph.replay(token, seq.shadow)
-                graph.commit(seq.shadow, 1)
+                graph.commit(seq.state, accepted + 1)
             else:
-                lp = self.target.forward(token, seq.shadow, "exact")
-                seq.shadow.commit(1)
-            tok, tok_lp = ops.greedy(lp)
-            seq.shadow_ids.append(int(tok[0]))
-            seq.shadow_logprobs.append(float(tok_lp[0]))
-            j = len(seq.shadow_ids) - 1
-            same_id = seq.shadow_ids[j] == seq.ids[j]
-            if seq.text_diverged_at is None and not same_id:
-                seq.text_diverged_at = j
-            if seq.diverged_at is None and not (
-                same_id and same_fp32_bits(seq.shadow_logprobs[j], seq.logprobs[j])
-            ):
-                seq.diverged_at = j
+                seq.state.commit(accepted + 1)
+            emitted, emitted_lp = ids_l[: accepted + 1], lps_l[: accepted + 1]
+            for j, tok in enumerate(emitted):  # stop at end of sequence
+                if tok in self.eos_ids:
+                    emitted, emitted_lp = emitted[: j + 1], emitted_lp[: j + 1]
+                    seq.done = True
+                    break
+            seq.steps.append(StepRecord(r, mode, self.target.gemm, accepted))
+            seq.context.extend(emitted)
+            seq.ids.extend(emitted)
+            seq.logprobs.extend(emitted_lp)
+            seq.drafter.accept(seq.context, accepted)
+            results.append((d, emitted, emitted_lp, accepted))
+        t3 = time.perf_counter()
+        shadow_s = self.shadow_catch_up(seqs)
+        for seq in seqs:
+            seq.done = seq.done or len(seq.ids) >= max_new_tokens
+        n = len(seqs)
+        return [
+            StepResult(d, e, lp, a, ds, (t2 - t1) / n, shadow_s / n, (t3 - t2) / n)
+            for (d, e, lp, a), ds in zip(results, draft_s, strict=True)
+        ]
+
+    def _verify(
+        self, seqs: list[Sequence], rows: list[list[int]], mode: Mode
+    ) -> tuple[list[Tensor], graphs.CapturedForward | None]:
+        """Every sequence's rows through the target: one sequence replays its graph (or runs
+        eagerly, observed for fault tests); several run eagerly in one batched forward."""
+        if len(seqs) == 1:
+            seq = seqs[0]
+            tokens = self._tensor(rows[0])
+            observer = self.fault(len(seq.steps)) if self.fault else None
+            graph = None if observer else self._graph(seq.state, len(rows[0]), mode)
+            if graph is not None:
+                return [graph.replay(tokens, seq.state)], graph
+            # an observed forward is eager: the observer sees (and may change) every sub-op
+            return [self.target.forward(tokens, seq.state, mode, observer)], None
+        lens = [len(r) for r in rows]
+        tokens = self._tensor([t for r in rows for t in r])
+        lp = self.target.forward_batch(tokens, [s.state for s in seqs], lens, mode)
+        return list(lp.split(lens)), None
+
+    def shadow_catch_up(self, seqs: Sequence | list[Sequence]) -> float:
+        """Decode the shadows up to their speculative runs' lengths, one batched decode row per
+        lagging sequence per forward, comparing as they go. A shadow runs to the end after a
+        divergence too (its own greedy path), so a later change of the text is seen, and its
+        time is always real."""
+        seqs = [seqs] if isinstance(seqs, Sequence) else seqs
+        t0 = time.perf_counter()
+        while lag := [s for s in seqs if s.shadow is not None and len(s.shadow_ids) < len(s.ids)]:
+            token = self._tensor([s.shadow_ids[-1] for s in lag])
+            if len(lag) == 1:
+                shadow = lag[0].shadow
+                assert shadow is not None
+                graph = self._graph(shadow, 1, "exact")
+                if graph is not None:
+                    lp = graph.replay(token, shadow)
+                    graph.commit(shadow, 1)
+                else:
+                    lp = self.target.forward(token, shadow, "exact")
+                    shadow.commit(1)
+            else:
+                states = [s.shadow for s in lag]
+                lp = self.target.forward_batch(token, states, [1] * len(lag), "exact")  # type: ignore[arg-type]
+                for st in states:
+                    st.commit(1)  # type: ignore[union-attr]
+            toks, tok_lps = ops.greedy(lp)
+            for seq, tok, tok_lp in zip(lag, toks.tolist(), tok_lps.tolist(), strict=True):
+                self._compare(seq, tok, tok_lp)
         return time.perf_counter() - t0
+
+    @staticmethod
+    def _compare(seq: Sequence, tok: int, tok_lp: float) -> None:
+        seq.shadow_ids.append(tok)
+        seq.shadow_logprobs.append(tok_lp)
+        j = len(seq.shadow_ids) - 1
+        same_id = seq.shadow_ids[j] == seq.ids[j]
+        if seq.text_diverged_at is None and not same_id:
+            seq.text_diverged_at = j
+        if seq.diverged_at is None and not (
+            same_id and same_fp32_bits(seq.shadow_logprobs[j], seq.logprobs[j])
+        ):
+            seq.diverged_at = j
 
     def step_of(self, seq: Sequence, position: int) -> tuple[int, int]:
         """(verify step index, row within it) that emitted generated token `position`."""

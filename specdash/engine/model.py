@@ -264,15 +264,31 @@ class Model:
                 f"{state.capacity} or the model's {self.cfg.max_position_embeddings} positions"
             )
 
+    def forward_batch(
+        self, tokens: Tensor, states: list[SeqState], lens: list[int], mode: Mode
+    ) -> Tensor:
+        """Decode or verify several sequences in one forward: `tokens` [sum(lens)] holds
+        `lens[b]` rows of sequence b, at its own positions states[b].length.. . GEMMs, norms and
+        elementwise ops take all rows at once (batch-invariant GEMMs and per-row reductions make
+        every row's bits independent of its neighbours); attention and GDN run per sequence on
+        its own state. Returns [sum(lens), V]; GDN steps stay pending per state."""
+        assert mode != "prefill", "prefill runs per sequence"
+        for state, n in zip(states, lens, strict=True):
+            self.check_fits(state, n)
+        return self._forward_pass(tokens, states, mode, None, False, lens)
+
     def _forward_pass(
         self,
         tokens: Tensor,
-        state: SeqState,
+        state: SeqState | list[SeqState],
         mode: Mode,
         observe: Observer | None = None,
         all_logits: bool = False,
+        lens: list[int] | None = None,
     ) -> Tensor:
         t_len, rows = tokens.shape[0], self.rows[mode]
+        states = state if isinstance(state, list) else [state]
+        segs = list(zip(states, lens or [t_len], strict=True))
         obs = observe or _identity
         x = obs(-1, "embed", self.embed[tokens])
         head = len(self.layers)
@@ -280,9 +296,9 @@ class Model:
         h = obs(0, "input_norm", rows.norm(x, self.layers[0].input_norm))
         for i, lw in enumerate(self.layers):
             if isinstance(lw.mixer, AttentionWeights):
-                a = self._attention(i, lw.mixer, h, state, mode, obs)
+                a = self._attention(i, lw.mixer, h, segs, mode, obs)
             else:
-                a = self._gdn(i, lw.mixer, h, state, mode, obs)
+                a = self._gdn(i, lw.mixer, h, segs, mode, obs)
             at = ((i, "mixer_residual"), (i, "post_norm"))
             x, h = self._residual_norm(x, a, lw.post_norm, rows, obs, *at)
             gu = obs(i, "gate_up_proj", self._linear(h, lw.gate_up, mode))
@@ -290,7 +306,7 @@ class Model:
             at = ((i, "output"), (i + 1, "input_norm") if i + 1 < head else (head, "final_norm"))
             x, h = self._residual_norm(x, m, norms[i], rows, obs, *at)
         if mode == "prefill":
-            state.advance(t_len)
+            states[0].advance(t_len)
             if not all_logits:
                 h = h[-1:]
         logits = obs(head, "lm_head", self._linear(h, self.lm_head, mode))
@@ -322,26 +338,56 @@ class Model:
         return self.gemm(x, w, mode == "exact")
 
     def _attention(
-        self, i: int, w: AttentionWeights, h: Tensor, state: SeqState, mode: Mode, obs: Observer
+        self,
+        i: int,
+        w: AttentionWeights,
+        h: Tensor,
+        segs: list[tuple[SeqState, int]],
+        mode: Mode,
+        obs: Observer,
     ) -> Tensor:
         rows = self.rows[mode]
         qkv = obs(i, "qkv_proj", self._linear(h, w.qkv, mode))
-        o = obs(i, "attention", rows.attention(qkv, w, state.kv[i], state))
+        parts = qkv.split([n for _, n in segs])  # each sequence attends over its own cache
+        o = torch.cat(
+            [rows.attention(p, w, st.kv[i], st) for p, (st, _) in zip(parts, segs, strict=True)]
+        )
+        o = obs(i, "attention", o)
         return obs(i, "o_proj", self._linear(rows.output_gate(o, qkv), w.o, mode))
 
     def _gdn(
-        self, i: int, w: GdnWeights, h: Tensor, state: SeqState, mode: Mode, obs: Observer
+        self,
+        i: int,
+        w: GdnWeights,
+        h: Tensor,
+        segs: list[tuple[SeqState, int]],
+        mode: Mode,
+        obs: Observer,
     ) -> Tensor:
         cfg, t_len, rows = self.cfg, h.shape[0], self.rows[mode]
         nk, nv = cfg.linear_num_key_heads, cfg.linear_num_value_heads
         dk, dv = cfg.linear_key_head_dim, cfg.linear_value_head_dim
         proj = obs(i, "in_proj", self._linear(h, w.proj, mode))
         qkv, z, b, a = proj.split([cfg.gdn_conv_dim, cfg.gdn_value_dim, nv, nv], dim=-1)
-        mixed, conv_seq = rows.conv(state.gdn[i].conv, qkv, w.conv)
-        mixed = obs(i, "conv", mixed)
+        lens = [n for _, n in segs]
+        mixed, conv_seqs = [], []  # conv and recurrence per sequence, on its own state
+        for st, part in zip((s for s, _ in segs), qkv.split(lens), strict=True):
+            m, cs = rows.conv(st.gdn[i].conv, part, w.conv)
+            mixed.append(m)
+            conv_seqs.append(cs)
+        mixed = obs(i, "conv", torch.cat(mixed) if len(segs) > 1 else mixed[0])
         q, k, v = mixed.split([cfg.gdn_key_dim, cfg.gdn_key_dim, cfg.gdn_value_dim], dim=-1)
         q, k, v = q.view(t_len, nk, dk), k.view(t_len, nk, dk), v.view(t_len, nv, dv)
-        o = rows.gdn(i, q, k, v, a, b, w, state, conv_seq)
+        outs = [
+            rows.gdn(i, *parts, w, st, cs)
+            for (st, _), cs, parts in zip(
+                segs,
+                conv_seqs,
+                zip(*(t.split(lens) for t in (q, k, v, a, b)), strict=True),
+                strict=True,
+            )
+        ]
+        o = torch.cat(outs) if len(segs) > 1 else outs[0]
         o = rows.gated_norm(obs(i, "recurrent", o), z.view(t_len, nv, dv), w.norm)
         o = obs(i, "gated_norm", o.reshape(t_len, nv * dv))
         return obs(i, "out_proj", self._linear(o, w.out, mode))
