@@ -174,3 +174,29 @@ def test_27b_shape_spec_equals_shadow_on_24_prompts(model_27b: Model, drafter: s
         engine.release(seq)
     if drafter == "replay":  # the k+1 verify rows were really compared
         assert accepted == 24 * (n - 1 - 2)  # 15 tokens: 9 drafts + 1, then 4 + 1
+
+
+@pytest.mark.parametrize("k", [0, 3])
+def test_27b_shape_batched_equals_one_at_a_time(model_27b: Model, k: int) -> None:
+    """Issue 15, item 1 on the real shapes: 32 prompts decoded with B = 1, 8 and 32 sequences per
+    forward (B > 1: one eager batched forward, GEMM M = all rows; B = 1: the graphed path) give
+    every sequence the same ids and fp32 logprob bits, plain (k = 0) and speculative (n-gram
+    drafts on half-repetitive prompts), and the batched shadow finds no divergence."""
+    from test_batch_exact import assert_same, decode
+
+    from specdash.engine.drafters import NgramDrafter
+
+    vocab = model_27b.cfg.vocab_size
+    gen = torch.Generator().manual_seed(12)
+    prompts = []
+    for i in range(32):
+        p = torch.randint(0, vocab, (16 + 9 * i,), generator=gen).tolist()
+        prompts.append(p[: len(p) // 4] * 4 if i % 2 else p)
+    runs = {}
+    for batch in (1, 8, 32):
+        engine = Engine(model_27b, NgramDrafter, [])
+        runs[batch] = decode(engine, prompts, batch, k)
+        assert all(s.diverged_at is None for s in runs[batch].values()), batch
+        assert_same(runs[1], runs[batch])
+    if k:
+        assert any(len(st.rows) > 1 for s in runs[32].values() for st in s.steps)

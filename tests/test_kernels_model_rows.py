@@ -105,3 +105,19 @@ def test_speculation_on_the_row_path_equals_plain_greedy(model: Model) -> None:
     ids, lps = plain_greedy(model, prompt, 16)
     assert seq.ids == ids.tolist() and seq.diverged_at is None
     assert torch.equal(torch.tensor(seq.logprobs, dtype=torch.float32), lps)
+
+
+def test_batched_forward_equals_each_sequence_alone(model: Model) -> None:
+    """Issue 15's batching through the row kernels: three sequences at different positions,
+    1, 3 and 2 rows, in one forward (GEMMs and row kernels over all 6 rows, attention and GDN
+    per sequence) give each sequence's rows the bits of its own forward."""
+    gen = torch.Generator().manual_seed(11)
+    lens, singles, states, rows = [1, 3, 2], [], [], []
+    for j, n in enumerate(lens):
+        prompt = torch.randint(0, CFG.vocab_size, (5 + 4 * j,), generator=gen)
+        tokens = torch.randint(0, CFG.vocab_size, (n,), generator=gen)
+        singles.append(model.forward(tokens, _prefilled(model, prompt), "exact"))
+        states.append(_prefilled(model, prompt))
+        rows.append(tokens)
+    batched = model.forward_batch(torch.cat(rows), states, lens, "exact")
+    assert torch.equal(torch.cat(singles), batched)

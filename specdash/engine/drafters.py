@@ -3,7 +3,8 @@ accepted prefix after every step, so a drafter never has to guess what was kept.
 
 from __future__ import annotations
 
-from typing import Protocol
+import weakref
+from typing import Any, Protocol
 
 import torch
 
@@ -107,12 +108,12 @@ class ModelDrafter:
     name = "model"
 
     def __init__(self, model: Model) -> None:
-        from specdash.engine import cpu_draft
-
         self.model = model
         self.state: SeqState | None = None
-        self.c_step = cpu_draft.DraftStep(model) if cpu_draft.supported(model) else None
-        """The compiled single-token step (`cpu_draft`) on the CPU; None: torch's `fast`."""
+        self.c_step, self._free = _shared(model)
+        """The compiled single-token step (`cpu_draft`) on the CPU, built once per draft model
+        (it holds transposed weight copies); None: torch's `fast`. `_free`: released states of
+        this model, reused by the next sequence (memory stays flat over mixed prompt lengths)."""
         self._snapshots: list[tuple[int, dict[int, tuple[Tensor, Tensor]]]] = []
 
     def _snapshot(self) -> tuple[int, dict[int, tuple[Tensor, Tensor]]]:
@@ -130,8 +131,21 @@ class ModelDrafter:
 
     def start(self, prompt: list[int], capacity: int) -> None:
         m = self.model
-        self.state = SeqState.empty(m.cfg, capacity, m.dtype, m.device)
+        fits = [j for j, s in enumerate(self._free) if s.capacity >= capacity]
+        if fits:  # (by index: dataclass == would compare the tensors)
+            self.state = self._free.pop(fits[0])
+            self.state.reset()
+        else:
+            if self._free:  # none fits: drop one, so the pool stays as large as the batch
+                self._free.pop(0)
+            self.state = SeqState.empty(m.cfg, capacity, m.dtype, m.device)
         m.forward(self._tensor(prompt), self.state, "prefill")
+
+    def release(self) -> None:
+        """The sequence is finished: its state (KV buffers) serves the next `start`."""
+        if self.state is not None:
+            self._free.append(self.state)
+            self.state, self._snapshots = None, []
 
     def propose(self, context: list[int], k: int) -> list[int]:
         state = self.state
@@ -164,3 +178,18 @@ class ModelDrafter:
         if accepted < len(self._snapshots):
             self._restore(self._snapshots[accepted])
         self._snapshots = []
+
+
+_SHARED: weakref.WeakKeyDictionary[Model, tuple[object, list[SeqState]]] = (
+    weakref.WeakKeyDictionary()
+)
+
+
+def _shared(model: Model) -> tuple[Any, list[SeqState]]:
+    """Per draft model: its compiled step (or None) and the pool of released states."""
+    if model not in _SHARED:
+        from specdash.engine import cpu_draft
+
+        step = cpu_draft.DraftStep(model) if cpu_draft.supported(model) else None
+        _SHARED[model] = (step, [])
+    return _SHARED[model]

@@ -150,16 +150,16 @@ class Engine:
         if shadow:
             seq.shadow_ids, seq.shadow_logprobs = [first], [first_lp]
         seq.done = first in self.eos_ids or max_new_tokens <= 1
-        drafter.start(prompt, capacity)
+        drafter.start(prompt, max(capacity, self.slot_capacity) if self.reserved else capacity)
         return seq, time.perf_counter() - t0
 
     def _new_state(self, capacity: int) -> SeqState:
         m = self.target
         if not self.pooled:
             return SeqState.empty(m.cfg, capacity, m.dtype, m.device)
-        for slot in self._free_slots:
+        for j, slot in enumerate(self._free_slots):
             if slot.capacity >= capacity:
-                self._free_slots.remove(slot)
+                del self._free_slots[j]  # by index: list.remove would compare tensors with ==
                 slot.reset()
                 return slot
         slot = SeqState.empty(m.cfg, max(capacity, self.slot_capacity), m.dtype, m.device)
@@ -171,6 +171,9 @@ class Engine:
         """The sequence is finished: its slots (and their graphs) serve the next one."""
         if self.pooled:
             self._free_slots += [s for s in (seq.state, seq.shadow) if s is not None]
+        release = getattr(seq.drafter, "release", None)
+        if release is not None:  # a model drafter's state serves the next sequence
+            release()
 
     def _graph(self, state: SeqState, rows: int, mode: Mode) -> graphs.CapturedForward | None:
         """The captured forward of `rows` rows on `state` (captured on first use), after the

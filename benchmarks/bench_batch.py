@@ -1,0 +1,130 @@
+"""Aggregate decode throughput with real batching (issue 15, item 1): B sequences decoded and
+verified in one forward, B = 1, 8, 32, plain (k = 0) and exact speculative.
+
+Each cell starts B prompts of `--context` tokens (the shipped prompt set, cycled and cut or
+repeated to that length), then times the decode steps only (prefill excluded, shadow off)
+until every sequence has `--max-new-tokens`. Aggregate tok/s = generated tokens of all B
+sequences / step seconds. One warm-up round, then `--repeats` rounds; the median is printed.
+Exactness across B is what tests/test_batch_exact.py proves; here the engine's shadow is off.
+
+    python benchmarks/bench_batch.py [--device cpu|cuda] [--preset qwen3.5-27b-shape]
+        [--model DIR --draft DIR] [--drafter model|ngram] [-k 4] [--batches 1 8 32]
+        [--context 256] [--max-new-tokens 32] [--repeats 3] [--json FILE]
+"""
+
+from __future__ import annotations
+
+import argparse
+import datetime
+import json
+import platform
+import statistics
+import sys
+import time
+from pathlib import Path
+
+import torch
+
+from specdash.engine.drafters import Drafter, ModelDrafter, NgramDrafter
+from specdash.engine.engine import Engine
+from specdash.prompts import load_prompts
+from specdash.runs.native import Loaded, load_models
+from specdash.settings import SessionSettings
+
+
+def prompt_ids(loaded: Loaded, n: int, context: int) -> list[list[int]]:
+    texts = [p.text for p in load_prompts(None)]
+    out = []
+    for i in range(n):
+        ids = loaded.tokenizer.encode(texts[i % len(texts)]) or [0]
+        ids = (ids * (context // len(ids) + 1))[i // len(texts) :][:context]
+        out.append(ids)
+    return out
+
+
+def cell(loaded: Loaded, drafter: str, prompts: list[list[int]], k: int, new: int) -> float:
+    """Aggregate tok/s of one batch: every prompt in flight, one batched step at a time."""
+
+    def make() -> Drafter:
+        if drafter == "model" and loaded.draft is not None:
+            return ModelDrafter(loaded.draft)
+        return NgramDrafter()
+
+    engine = Engine(loaded.target, make, [])  # no EOS: every sequence runs `new` tokens
+    engine.reserve(max(map(len, prompts)), new, max(k, 1), len(prompts), shadow=False)
+    with torch.inference_mode():
+        seqs = [engine.start(i, p, new, max(k, 1), shadow=False)[0] for i, p in enumerate(prompts)]
+        sync()
+        t0 = time.perf_counter()
+        while live := [s for s in seqs if not s.done]:
+            engine.spec_step(live, k, "exact", new)
+        sync()
+        seconds = time.perf_counter() - t0
+    tokens = sum(len(s.ids) - 1 for s in seqs)  # the prefill's token is not a decode token
+    for s in seqs:
+        engine.release(s)
+    return tokens / seconds
+
+
+def sync() -> None:
+    if torch.cuda.is_available() and torch.cuda.is_initialized():
+        torch.cuda.synchronize()
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--device", default="cpu")
+    ap.add_argument("--preset")
+    ap.add_argument("--model", type=Path)
+    ap.add_argument("--draft", type=Path)
+    ap.add_argument("--drafter", choices=["model", "ngram"], default="model")
+    ap.add_argument("-k", type=int, default=4)
+    ap.add_argument("--batches", type=int, nargs="+", default=[1, 8, 32])
+    ap.add_argument("--context", type=int, default=256)
+    ap.add_argument("--max-new-tokens", type=int, default=32)
+    ap.add_argument("--repeats", type=int, default=3)
+    ap.add_argument("--json", type=Path)
+    a = ap.parse_args()
+    settings = SessionSettings(
+        model=a.model, draft=a.draft, preset=a.preset, drafter=a.drafter, device=a.device
+    )
+    loaded = load_models(settings)
+    drafter = a.drafter if loaded.draft is not None else "ngram"
+    device = torch.cuda.get_device_name() if a.device.startswith("cuda") else platform.processor()
+    device = device or platform.machine()
+    print(f"date: {datetime.datetime.now(datetime.UTC):%Y-%m-%d %H:%M} UTC")
+    print(
+        f"device: {a.device} ({device}, {torch.get_num_threads()} threads),",
+        f"torch {torch.__version__}",
+    )
+    print(f"command: python {' '.join(sys.argv)}")
+    print(
+        f"model: {loaded.description}, drafter {drafter},",
+        f"context {a.context}, new {a.max_new_tokens}",
+    )
+    configs = {"plain": 0, f"exact spec k={a.k}": a.k}
+    results: dict[str, dict[int, float]] = {}
+    for name, k in configs.items():
+        results[name] = {}
+        for b in a.batches:
+            prompts = prompt_ids(loaded, b, a.context)
+            cell(loaded, drafter, prompts, k, a.max_new_tokens)  # warm-up
+            runs = [cell(loaded, drafter, prompts, k, a.max_new_tokens) for _ in range(a.repeats)]
+            results[name][b] = statistics.median(runs)
+    head = (
+        " | ".join(f"B={b} tok/s" for b in a.batches)
+        + " | "
+        + " | ".join(f"B={b}/B=1" for b in a.batches[1:])
+    )
+    print(f"| config | {head} |")
+    print("|---" * (1 + 2 * len(a.batches) - 1) + "|")
+    for name, r in results.items():
+        base = r[a.batches[0]]
+        cells = [f"{r[b]:.1f}" for b in a.batches] + [f"{r[b] / base:.2f}x" for b in a.batches[1:]]
+        print(f"| {name} | " + " | ".join(cells) + " |")
+    if a.json:
+        a.json.write_text(json.dumps({"argv": sys.argv, "results": results}, indent=1))
+
+
+if __name__ == "__main__":
+    main()
