@@ -1,15 +1,16 @@
 """Aggregate decode throughput with real batching (issue 15, item 1): B sequences decoded and
 verified in one forward, B = 1, 8, 32, plain (k = 0) and exact speculative.
 
-Each cell starts B prompts of `--context` tokens (the shipped prompt set, cycled and cut or
-repeated to that length), then times the decode steps only (prefill excluded, shadow off)
-until every sequence has `--max-new-tokens`. Aggregate tok/s = generated tokens of all B
-sequences / step seconds. One warm-up round, then `--repeats` rounds; the median is printed.
+Every cell decodes the same prompts (`--prompts`, default the largest B; the shipped prompt
+set, cycled and cut or repeated to `--context` tokens), `--max-new-tokens` each, with up to B
+sequences in flight (continuous batching), and times the decode steps only (prefill excluded,
+shadow off). Aggregate tok/s = generated tokens of all prompts / step seconds. One warm-up
+round, then `--repeats` rounds; the median is printed.
 Exactness across B is what tests/test_batch_exact.py proves; here the engine's shadow is off.
 
     python benchmarks/bench_batch.py [--device cpu|cuda] [--preset qwen3.5-27b-shape]
         [--model DIR --draft DIR] [--drafter model|ngram] [-k 4] [--batches 1 8 32]
-        [--context 256] [--max-new-tokens 32] [--repeats 3] [--json FILE]
+        [--context 256] [--max-new-tokens 32] [--repeats 3] [--prompts N] [--json FILE]
 """
 
 from __future__ import annotations
@@ -42,8 +43,12 @@ def prompt_ids(loaded: Loaded, n: int, context: int) -> list[list[int]]:
     return out
 
 
-def cell(loaded: Loaded, drafter: str, prompts: list[list[int]], k: int, new: int) -> float:
-    """Aggregate tok/s of one batch: every prompt in flight, one batched step at a time."""
+def cell(
+    loaded: Loaded, drafter: str, prompts: list[list[int]], batch: int, k: int, new: int
+) -> float:
+    """Aggregate tok/s over the prompt set with up to `batch` sequences in flight (continuous
+    batching: a finished sequence's slot takes the next prompt), one batched step at a time;
+    only the steps are timed (prefill is not)."""
 
     def make() -> Drafter:
         if drafter == "model" and loaded.draft is not None:
@@ -51,18 +56,23 @@ def cell(loaded: Loaded, drafter: str, prompts: list[list[int]], k: int, new: in
         return NgramDrafter()
 
     engine = Engine(loaded.target, make, [])  # no EOS: every sequence runs `new` tokens
-    engine.reserve(max(map(len, prompts)), new, max(k, 1), len(prompts), shadow=False)
+    k_max = max(k, 1)
+    engine.reserve(max(map(len, prompts)), new, k_max, batch, shadow=False)
+    queue, flight, tokens, seconds = list(enumerate(prompts)), [], 0, 0.0
     with torch.inference_mode():
-        seqs = [engine.start(i, p, new, max(k, 1), shadow=False)[0] for i, p in enumerate(prompts)]
-        sync()
-        t0 = time.perf_counter()
-        while live := [s for s in seqs if not s.done]:
-            engine.spec_step(live, k, "exact", new)
-        sync()
-        seconds = time.perf_counter() - t0
-    tokens = sum(len(s.ids) - 1 for s in seqs)  # the prefill's token is not a decode token
-    for s in seqs:
-        engine.release(s)
+        while queue or flight:
+            while queue and len(flight) < batch:
+                i, p = queue.pop(0)
+                flight.append(engine.start(i, p, new, k_max, shadow=False)[0])
+            sync()
+            t0 = time.perf_counter()
+            engine.spec_step(flight, k, "exact", new)
+            sync()
+            seconds += time.perf_counter() - t0
+            for s in [s for s in flight if s.done]:
+                flight.remove(s)
+                engine.release(s)
+                tokens += len(s.ids) - 1  # the prefill's token is not a decode token
     return tokens / seconds
 
 
@@ -83,6 +93,7 @@ def main() -> None:
     ap.add_argument("--context", type=int, default=256)
     ap.add_argument("--max-new-tokens", type=int, default=32)
     ap.add_argument("--repeats", type=int, default=3)
+    ap.add_argument("--prompts", type=int, help="prompts per cell (default: the largest B)")
     ap.add_argument("--json", type=Path)
     a = ap.parse_args()
     settings = SessionSettings(
@@ -102,14 +113,16 @@ def main() -> None:
         f"model: {loaded.description}, drafter {drafter},",
         f"context {a.context}, new {a.max_new_tokens}",
     )
+    prompts = prompt_ids(loaded, a.prompts or max(a.batches), a.context)
     configs = {"plain": 0, f"exact spec k={a.k}": a.k}
     results: dict[str, dict[int, float]] = {}
     for name, k in configs.items():
         results[name] = {}
         for b in a.batches:
-            prompts = prompt_ids(loaded, b, a.context)
-            cell(loaded, drafter, prompts, k, a.max_new_tokens)  # warm-up
-            runs = [cell(loaded, drafter, prompts, k, a.max_new_tokens) for _ in range(a.repeats)]
+            cell(loaded, drafter, prompts, b, k, a.max_new_tokens)  # warm-up
+            runs = [
+                cell(loaded, drafter, prompts, b, k, a.max_new_tokens) for _ in range(a.repeats)
+            ]
             results[name][b] = statistics.median(runs)
     head = (
         " | ".join(f"B={b} tok/s" for b in a.batches)
