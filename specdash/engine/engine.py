@@ -15,6 +15,15 @@ mini-sglang's `Engine` do): states are reusable slots, and a decode or verify fo
 replays a graph captured once per (slot, rows, GEMM backend, mode) (`graphs.CapturedForward`),
 then commits through a graph too; prefill, observed forwards and rows that read host-side
 lengths run eagerly. `spec_step` and `shadow_catch_up` show both paths.
+
+Batching (continuous, as nano-vllm's scheduler): `spec_step` takes a list of sequences and
+verifies all their rows in one forward (`Model.forward_batch`: GEMM M = every row of every
+sequence, attention and GDN per sequence on its own slot); acceptance and commit stay per
+sequence. Batch-invariant GEMMs and per-row reductions make each row's bits independent of
+its neighbours, so a sequence's output is the same at any batch size
+(tests/test_batch_exact.py). A batch of one takes the graphed path; larger batches run
+eagerly. `reserve` sizes the slots once per session, so memory stays flat over mixed prompt
+lengths.
 """
 
 from __future__ import annotations
@@ -22,6 +31,7 @@ from __future__ import annotations
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
+from typing import overload
 
 import torch
 
@@ -190,6 +200,12 @@ class Engine:
             graph = self._graphs[key] = graphs.CapturedForward(self.target, state, rows, mode)
         return graph
 
+    @overload
+    def spec_step(self, seqs: Sequence, k: int, mode: Mode, max_new_tokens: int) -> StepResult: ...
+    @overload
+    def spec_step(
+        self, seqs: list[Sequence], k: int, mode: Mode, max_new_tokens: int
+    ) -> list[StepResult]: ...
     def spec_step(
         self, seqs: Sequence | list[Sequence], k: int, mode: Mode, max_new_tokens: int
     ) -> StepResult | list[StepResult]:
