@@ -204,3 +204,36 @@ def test_a_draft_that_cannot_load_keeps_speculation_off(pair, tmp_path) -> None:
     assert not [e for e in events if isinstance(e, ControlChange) and e.name == "speculation"]
     assert all(e.k == 0 for e in events if e.kind == "verify_step")
     assert controls.snapshot().speculation is False
+
+
+def test_batch_steps_sequences_in_one_forward_with_the_same_bits(pair, monkeypatch) -> None:
+    """--batch N: one batched forward a step for the N prompts in flight, and every prompt's
+    tokens (ids and logprob bits) as at --batch 1."""
+    from specdash.engine.model import Model
+    from specdash.events import Token
+
+    rows_per_forward: list[int] = []
+    forward_pass = Model._forward_pass
+
+    def counting(self, tokens, state, mode, *args):  # noqa: ANN001, ANN202
+        if mode == "exact":  # the target's verify and shadow rows (drafts run `fast`)
+            rows_per_forward.append(len(state) if isinstance(state, list) else 1)
+        return forward_pass(self, tokens, state, mode, *args)
+
+    monkeypatch.setattr(Model, "_forward_pass", counting)
+
+    def tokens(batch: int) -> dict[int, list[tuple[int, str]]]:
+        events: list[Event] = []
+        summary = SessionRunner(_settings(pair, k=3, batch=batch), events.append).run()
+        assert summary.exact_prompts == summary.prompts == 8
+        out: dict[int, list[tuple[int, str]]] = {}
+        for e in events:
+            if isinstance(e, Token):
+                out.setdefault(e.prompt_index, []).append((e.token_id, e.logprob.hex()))
+        return out
+
+    one = tokens(1)
+    assert max(rows_per_forward) == 1
+    rows_per_forward.clear()
+    assert tokens(4) == one
+    assert max(rows_per_forward) == 4

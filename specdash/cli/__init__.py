@@ -99,8 +99,8 @@ def _add_session_flags(p: argparse.ArgumentParser) -> None:
         type=int,
         default=1,
         metavar="N",
-        help="N prompts in flight, each stepped in turn (one after another, not batched "
-        "compute): the audit's batch axis",
+        help="N prompts decoded together, one forward a step (exact mode: the same bits at "
+        "any N); the audit's batch axis",
     )
     p.add_argument(
         "--prompts",

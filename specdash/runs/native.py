@@ -300,7 +300,10 @@ class SessionRunner:
         prompts = load_prompts(s.prompts)
         queue = deque((i, p.text, self._encode(p.name, p.text)) for i, p in enumerate(prompts))
         self._next_index = len(prompts)
-        self.engine.slot_capacity = max(len(q[2]) for q in queue) + s.max_new_tokens + MAX_K + 1
+        # state slots sized for the longest prompt, allocated once: RSS stays at its level
+        self.engine.reserve(
+            max(len(q[2]) for q in queue), s.max_new_tokens, MAX_K, s.batch, s.shadow
+        )
         device = self.loaded.target.device
         self.events.session_start(
             {
@@ -356,13 +359,13 @@ class SessionRunner:
     def _step(
         self, active: list[InFlight], k: int, mode: str
     ) -> Iterator[tuple[InFlight, int, StepResult]]:
-        """One step of every active sequence: the one place the engine steps sequences. Each
-        is yielded with its length before the step as soon as it is stepped, so its events
-        go out before the next one steps."""
-        for flight in active:
-            before = len(flight.seq.ids)
-            result = self.engine.spec_step(flight.seq, k, mode, self.settings.max_new_tokens)  # type: ignore[arg-type]
-            yield flight, before, result
+        """One step of every active sequence, in one batched forward (GEMMs over all their
+        rows; attention and GDN per sequence on its own state): the one place the engine steps
+        sequences. Each is yielded with its length before the step."""
+        befores = [len(f.seq.ids) for f in active]
+        seqs = [f.seq for f in active]
+        results = self.engine.spec_step(seqs, k, mode, self.settings.max_new_tokens)  # type: ignore[arg-type]
+        yield from zip(active, befores, results, strict=True)
 
     def _emit_step(self, flight: InFlight, before: int, r: StepResult, k: int, mode: str) -> None:
         """A step's events: the drafts, the verify step, the tokens it emitted, and any
