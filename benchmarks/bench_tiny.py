@@ -11,6 +11,9 @@ One run reports, per prompt length (short / 2k / long) and overall:
     ms per generated token.
 
     python benchmarks/bench_tiny.py [--model DIR --draft DIR --prompts FILE] [-k 4]
+    python benchmarks/bench_tiny.py --compare-draft DIR --configs no-spec,"exact spec"
+        # a second draft side by side: its acceptance (shadow on) and an "exact spec,
+        # compare draft" speed row interleaved in the same rounds
 """
 
 from __future__ import annotations
@@ -74,7 +77,17 @@ def main() -> int:
     p.add_argument("--speed-new-tokens", type=int, default=128)
     p.add_argument("--repeats", type=int, default=3)
     p.add_argument("--json", type=Path, help="also write the results here")
+    p.add_argument("--compare-draft", type=Path, help="a second draft, measured side by side")
+    p.add_argument("--configs", help="comma-separated subset of the speed configs (default: all)")
+    p.add_argument("--drafters", default="model,ngram", help="acceptance rows (model, ngram)")
     args = p.parse_args()
+    configs = {
+        name: (update, "main")
+        for name, update in SPEED_CONFIGS.items()
+        if not args.configs or name in args.configs.split(",")
+    }
+    if args.compare_draft:
+        configs["exact spec, compare draft"] = ({"verify": "exact"}, "compare")
 
     prompts_path = args.prompts or default_prompts_path()
     rows = [json.loads(line) for line in prompts_path.read_text().splitlines() if line.strip()]
@@ -89,12 +102,18 @@ def main() -> int:
         root_cause=False,
     )
     loaded = load_models(base)
+    models = {"main": loaded}
+    if args.compare_draft:
+        models["compare"] = load_models(base.model_copy(update={"draft": args.compare_draft}))
     t0 = time.monotonic()
 
     quality = {}
-    for drafter in ("model", "ngram"):
-        summary, steps, _ = run(base, {"drafter": drafter, "verify": "exact"}, loaded)
-        quality[drafter] = {
+    rows_q = [(d, d, "main") for d in args.drafters.split(",")]
+    if args.compare_draft:
+        rows_q.append(("model (compare draft)", "model", "compare"))
+    for label, drafter, which in rows_q:
+        summary, steps, _ = run(base, {"drafter": drafter, "verify": "exact"}, models[which])
+        quality[label] = {
             "mean_accepted_length": accepted_by_length(steps, lengths),
             "exact": f"{summary.exact_prompts}/{summary.prompts}",
             "divergences": summary.divergences,
@@ -105,8 +124,8 @@ def main() -> int:
     accepted: dict[str, float] = {}
     phases: dict[str, dict[str, list[float]]] = defaultdict(lambda: defaultdict(list))
     for rnd in range(args.repeats + 1):
-        for name, update in SPEED_CONFIGS.items():
-            summary, steps, prefill_s = run(speed_base, update, loaded)
+        for name, (update, which) in configs.items():
+            summary, steps, prefill_s = run(speed_base, update, models[which])
             if rnd == 0:
                 continue  # warm-up
             tps[name].append(summary.tokens_per_s)
@@ -125,6 +144,8 @@ def main() -> int:
         f"thread(s), torch {torch.__version__}, {time.monotonic() - t0:.0f} s"
     )
     print(f"# {loaded.description}, k={args.k}, greedy, {len(rows)} prompts")
+    if args.compare_draft:
+        print(f"# compare draft: {models['compare'].description}")
     print(f"\n## Acceptance ({args.max_new_tokens} new tokens, exact verify, shadow on)\n")
     buckets = ["short", "2k", "long", "all"]
     print("| drafter | " + " | ".join(f"mean accepted ({b})" for b in buckets) + " | exact |")
@@ -143,7 +164,7 @@ def main() -> int:
     )
     print("|---|---|---|---|---|---|---|---|---|")
     speed = {}
-    for name in SPEED_CONFIGS:
+    for name in configs:
         t = statistics.median(tps[name])
         ph = {key: statistics.median(v) for key, v in phases[name].items()}
         speed[name] = {
