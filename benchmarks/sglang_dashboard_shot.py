@@ -19,9 +19,9 @@ import time
 from pathlib import Path
 
 from specdash.cli import build_parser
+from specdash.cli.dashboard import dashboard_app
 from specdash.trace.export import perfetto_trace
 from specdash.trace.jsonl import read_trace
-from specdash.cli.dashboard import dashboard_app
 
 
 async def drive(args: argparse.Namespace) -> dict:

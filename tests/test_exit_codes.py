@@ -15,10 +15,10 @@ import pytest
 from tiny_models import write_pair
 
 from specdash.cli import build_parser, main
+from specdash.cli.dashboard import dashboard_app, run_dashboard
 from specdash.errors import EXIT_CHECKPOINT, EXIT_ENVIRONMENT, EXIT_OK, EXIT_USAGE, UsageError
 from specdash.trace import jsonl
 from specdash.trace.jsonl import TraceWriter, read_trace
-from specdash.cli.dashboard import dashboard_app, run_dashboard
 
 
 @pytest.fixture(scope="module")
