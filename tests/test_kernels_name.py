@@ -42,9 +42,7 @@ importlib.metadata.Distribution.from_name = classmethod(_no_kernels_distribution
 
 
 def _run(code: str) -> subprocess.CompletedProcess[str]:
-    return subprocess.run(
-        [sys.executable, "-c", code], cwd=REPO, capture_output=True, text=True
-    )
+    return subprocess.run([sys.executable, "-c", code], cwd=REPO, capture_output=True, text=True)
 
 
 def test_top_level_kernels_is_never_this_checkout() -> None:
