@@ -110,7 +110,7 @@ async def soak(app, args) -> dict:
                     f"{row['t_s']:>7.0f} s  RSS {row['rss_mb']:>7.1f} MB  events "
                     f"{row['events']:>8}  tokens {row['tokens']:>7}  prompts "
                     f"{row['prompts_done']:>3}  log {row['event_log']:>6}  gc "
-                    f"{row['gc_objects']:>8}{traced}",
+                    f"{row['gc_objects']:>8}  errors {row['errors']}{traced}",
                     flush=True,
                 )
                 if args.tracemalloc and "warmup" not in snaps and t >= args.warmup:
@@ -127,6 +127,8 @@ async def soak(app, args) -> dict:
     result = {
         "samples": samples,
         "session_finished_at_s": finished_at,
+        # an engine thread that stops mid-session (seen twice on 2026-12-04) says why here
+        "engine_errors": [(e.fatal, e.message) for e in app.model.errors],
         "growth_after_warmup": growth(samples, args.warmup),
     }
     if "warmup" in snaps and "end" in snaps:
@@ -175,6 +177,8 @@ def main() -> None:
         )
     for row in result.get("tracemalloc_growth_warmup_to_end", []):
         print(f"{row['size_diff_kb']:>10.1f} kB {row['count']:>+8}  {row['where']}")
+    for fatal, message in result["engine_errors"]:
+        print(f"engine error ({'fatal' if fatal else 'not fatal'}): {message}")
     print(f"wrote {args.out}")
 
 
