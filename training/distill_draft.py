@@ -23,12 +23,12 @@ from specdash.engine.checkpoint import load_checkpoint, save_checkpoint
 from training.corpus import collect_corpus
 from training.train_tiny import (
     Schedule,
+    distillation_data,
     evaluate,
-    greedy_continuation,
+    heldout_sequences,
     log_probs,
     optimizer,
     token_stream,
-    windows,
 )
 
 
@@ -57,20 +57,21 @@ def main(argv: list[str] | None = None) -> None:
     heldout_stream = token_stream(tok, [f.text for f in corpus.heldout])
 
     gen = torch.Generator().manual_seed(args.seed + 3)
-    seq = args.seq_len
-    plen = max(1, seq - args.continuation_len)
-    data = [
-        greedy_continuation(tcfg, target, w[:plen], args.continuation_len)
-        for w in windows(train_stream, args.continuations, plen, gen)
-    ]
-    data += windows(train_stream, args.windows, seq, gen)
+    data = distillation_data(
+        tcfg,
+        target,
+        train_stream,
+        args.continuations,
+        args.continuation_len,
+        args.windows,
+        args.seq_len,
+        gen,
+    )
     with torch.no_grad():
         teacher = [log_probs(tcfg, target, s[:-1]) for s in data]
     print(f"[{time.monotonic() - t0:6.1f}s] {len(data)} sequences, teacher done", flush=True)
 
-    eval_len = min(1024, heldout_stream.shape[0] - 1)
-    stride = max(1, (heldout_stream.shape[0] - eval_len - 1) // 8)
-    eval_seqs = [heldout_stream[i * stride : i * stride + eval_len + 1] for i in range(8)]
+    eval_seqs = heldout_sequences(heldout_stream, 1024)
 
     params = {n: t.requires_grad_() for n, t in draft.items()}
     opt = optimizer(params, args.lr)

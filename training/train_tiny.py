@@ -106,6 +106,33 @@ def windows(stream: torch.Tensor, n: int, length: int, gen: torch.Generator) -> 
     return [stream[s : s + length + 1] for s in starts.tolist()]
 
 
+def distillation_data(
+    cfg: ModelConfig,
+    target: Tensors,
+    stream: torch.Tensor,
+    continuations: int,
+    continuation_len: int,
+    n_windows: int,
+    seq_len: int,
+    gen: torch.Generator,
+) -> list[torch.Tensor]:
+    """What the draft learns from: the target's greedy continuations of corpus prefixes (the
+    text speculation verifies), then plain corpus windows."""
+    prompt_len = max(1, seq_len - continuation_len)
+    data = [
+        greedy_continuation(cfg, target, w[:prompt_len], continuation_len)
+        for w in windows(stream, continuations, prompt_len, gen)
+    ]
+    return data + windows(stream, n_windows, seq_len, gen)
+
+
+def heldout_sequences(stream: torch.Tensor, length: int, n: int = 8) -> list[torch.Tensor]:
+    """`n` evenly spaced held-out sequences of `length` + 1 tokens."""
+    length = min(length, stream.shape[0] - 1)
+    stride = max(1, (stream.shape[0] - length - 1) // n)
+    return [stream[i * stride : i * stride + length + 1] for i in range(n)]
+
+
 def train_target(
     cfg: ModelConfig, stream: torch.Tensor, sched: Schedule, batch: int, seq: int, seed: int
 ) -> tuple[Tensors, list[float]]:
@@ -293,21 +320,23 @@ def main(argv: list[str] | None = None) -> None:
 
     gen = torch.Generator().manual_seed(args.seed + 3)
     seq = args.seq_len
-    prompt_len = max(1, seq - args.continuation_len)
-    draft_data = [
-        greedy_continuation(target_cfg, target, w[:prompt_len], args.continuation_len)
-        for w in windows(train_stream, args.continuations, prompt_len, gen)
-    ]
-    print(f"[{time.monotonic() - _T0:7.1f}s] {len(draft_data)} greedy continuations", flush=True)
-    draft_data += windows(train_stream, 2 * args.continuations, seq, gen)
+    draft_data = distillation_data(
+        target_cfg,
+        target,
+        train_stream,
+        args.continuations,
+        args.continuation_len,
+        2 * args.continuations,
+        seq,
+        gen,
+    )
+    print(f"[{time.monotonic() - _T0:7.1f}s] {len(draft_data)} distillation sequences", flush=True)
     draft_sched = Schedule(args.draft_steps, args.lr, warmup=max(1, args.draft_steps // 20))
     draft, draft_losses = distill_draft(
         target_cfg, target, draft_cfg, draft_data, draft_sched, args.batch, args.seed
     )
 
-    eval_len = min(seq, heldout_stream.shape[0] - 1)
-    stride = max(1, (heldout_stream.shape[0] - eval_len - 1) // 8)
-    eval_seqs = [heldout_stream[i * stride : i * stride + eval_len + 1] for i in range(8)]
+    eval_seqs = heldout_sequences(heldout_stream, seq)
     metrics = evaluate(target_cfg, target, draft_cfg, draft, eval_seqs)
     print(json.dumps(metrics), flush=True)
 
