@@ -57,6 +57,8 @@ async def drive(args: argparse.Namespace) -> dict:
         seen["errors"] = [e.message[:300] for e in app.model.errors]
         app.save_screenshot(str(args.out / "dashboard_sglang.svg"))
         await pilot.press("q")
+    if seen["errors"]:  # the engine never started: nothing was recorded to replay
+        return seen
     header, events, problems = read_trace(trace)
     seen["trace_events"] = len(events)
     seen["trace_problems"] = problems

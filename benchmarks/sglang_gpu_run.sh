@@ -4,7 +4,7 @@
 # (benchmarks/sglang_checkpoint.py), then runs, in order, what STEPS names (default below):
 #   cli       specdash run --headless --engine sglang (NGRAM k=3, --json --trace)
 #   bench     benchmarks/bench_sglang.py --phases $PHASES
-#   tests     pytest -m sglang_gpu
+#   tests     pytest -m sglang_gpu ($TEST_ARGS added, e.g. -k STANDALONE)
 #   dashboard benchmarks/sglang_dashboard_shot.py (Textual headless, SVG)
 # Results under $OUT; SGLang's own log lines go to $OUT/*.log, not to stdout.
 # Triton's cache travels between calls: read from .carry/triton-cache.tgz when carried, written
@@ -53,11 +53,12 @@ for step in ${STEPS:-cli bench}; do
         $BOX ${BENCH_ARGS:-} 2>&1 | tee "$OUT/bench.log" | grep --line-buffered -E '^\[|engine |Error|error' | cut -c1-700 ;;
     tests)
       SPECDASH_SGLANG_TEST_ARGS='{"grammar_backend": "none", "sampling_backend": "pytorch"}' \
-      timeout $(( l - 10 )) python3 -m pytest -q -p no:cacheprovider -m sglang_gpu tests/sglang \
+      timeout $(( l - 10 )) python3 -m pytest -q -rA --tb=short -p no:cacheprovider -m sglang_gpu \
+        ${TEST_ARGS:-} tests/sglang \
         > "$OUT/gpu_tests.txt" 2>&1; tail -15 "$OUT/gpu_tests.txt" ;;
     dashboard)
       timeout $(( l - 10 )) python3 benchmarks/sglang_dashboard_shot.py --target $CK/target \
-        --out "$OUT" > "$OUT/dashboard.log" 2>&1; echo "exit $?"; tail -8 "$OUT/dashboard.log" ;;
+        --out "$OUT" $BOX > "$OUT/dashboard.log" 2>&1; echo "exit $?"; tail -8 "$OUT/dashboard.log" ;;
   esac
 done
 tar -czf "$OUT/triton-cache.tgz" -C $TRITON_CACHE_DIR . && du -h "$OUT/triton-cache.tgz"
