@@ -291,6 +291,42 @@ def test_live_session_reports_an_engine_exception(fake_engine):
     assert isinstance(event, EngineError) and event.message == "RuntimeError: weights on fire"
 
 
+def test_live_session_reports_a_system_exit(fake_engine):
+    """threading drops a SystemExit without a word: the session must still say why it ended."""
+
+    def run_session(settings, sink, controls, stop, sglang_options):
+        raise SystemExit(3)
+
+    fake_engine.run_engine = run_session
+    buffer = EventBuffer()
+    session = LiveSession(SessionSettings(), telemetry=False)
+    session.start(buffer.put)
+    session.stop()
+    (event,) = buffer.drain()
+    assert isinstance(event, EngineError) and event.message == "SystemExit: 3"
+
+
+async def test_dashboard_says_when_the_engine_thread_ends_unfinished(fake_engine, tmp_path):
+    """A session whose engine thread is gone with neither a summary nor an error (seen in a
+    soak) is reported, not shown as a dashboard that silently stops moving."""
+    ended = threading.Event()
+
+    def run_session(settings, sink, controls, stop, sglang_options):
+        for event in fake_session()[:5]:
+            sink(event)
+        ended.set()
+
+    fake_engine.run_engine = run_session
+    app = SpecdashApp(LiveSession(SessionSettings(), telemetry=False), trace_dir=tmp_path)
+    async with app.run_test(size=SIZE) as pilot:
+        assert ended.wait(5)
+        app.source._engine.join(5)
+        await settle(pilot)
+        (error,) = app.model.errors
+        assert error.message == "the engine thread ended without finishing the session"
+        assert "engine thread ended" in str(app.query_one("ErrorPanel").render())
+
+
 def test_live_session_stop_ends_the_engine(fake_engine):
     running = threading.Event()
 

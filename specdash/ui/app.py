@@ -24,6 +24,7 @@ from textual.screen import Screen
 from textual.widgets import DataTable, Footer, Input, Static
 
 from specdash.controls import Controls
+from specdash.events import EngineError
 from specdash.settings import MAX_K
 from specdash.trace.event_log import EventLog
 from specdash.trace.jsonl import TraceWriter
@@ -182,7 +183,11 @@ class SpecdashApp(App[int]):
 
     def refresh_numbers(self) -> None:
         """Drain the buffer into the model and redraw every number that changed (UI_HZ)."""
+        ended = not getattr(self.source, "running", True)  # before the drain: no event after
         drained = self.buffer.drain()
+        if ended and not self.model.finished and not self.model.errors:
+            gone = "the engine thread ended without finishing the session"
+            drained.append(EngineError(message=gone))
         for event in drained:
             self.model.consume(event)
             if (notice := self.recorder.consume(event)) is not None:

@@ -116,7 +116,8 @@ class LiveSession:
 
         try:
             run_engine(self.settings, sink, self.controls, self._stop, self.sglang_options)
-        except Exception as e:  # the dashboard is this thread's only reporter
+        except BaseException as e:  # the dashboard is this thread's only reporter, and a
+            # SystemExit would otherwise end the thread without a word (threading ignores it)
             # a scheduler failure is relayed from the main thread without its message
             e = self._scheduler_failure or e
             known = isinstance(e, SpecdashError) and e is not self._scheduler_failure
