@@ -18,10 +18,10 @@ from __future__ import annotations
 
 import argparse
 import asyncio
-import gc
 import json
 import os
 import platform
+import sys
 import time
 import tracemalloc
 from pathlib import Path
@@ -79,7 +79,10 @@ def probe(app) -> dict:
         "stream": len(m.stream),
         "divergences": len(m.divergences),
         "errors": len(m.errors),
-        "gc_objects": len(gc.get_objects()),
+        # not len(gc.get_objects()): that hands out tuples the engine thread is still
+        # building (`tuple(generator)`), whose next resize then raises SystemError there
+        # (CPython gh-107137, fixed in 3.13): that stopped soak sessions on 2026-12-04
+        "allocated_blocks": sys.getallocatedblocks(),
     }
 
 
@@ -109,8 +112,8 @@ async def soak(app, args) -> dict:
                 print(
                     f"{row['t_s']:>7.0f} s  RSS {row['rss_mb']:>7.1f} MB  events "
                     f"{row['events']:>8}  tokens {row['tokens']:>7}  prompts "
-                    f"{row['prompts_done']:>3}  log {row['event_log']:>6}  gc "
-                    f"{row['gc_objects']:>8}  errors {row['errors']}{traced}",
+                    f"{row['prompts_done']:>3}  log {row['event_log']:>6}  blocks "
+                    f"{row['allocated_blocks']:>8}  errors {row['errors']}{traced}",
                     flush=True,
                 )
                 if args.tracemalloc and "warmup" not in snaps and t >= args.warmup:

@@ -306,6 +306,18 @@ def test_live_session_reports_a_system_exit(fake_engine):
     assert isinstance(event, EngineError) and event.message == "SystemExit: 3"
 
 
+async def test_an_engine_error_is_not_doubled_by_the_thread_ending(fake_engine, tmp_path):
+    def run_session(settings, sink, controls, stop, sglang_options):
+        raise RuntimeError("weights on fire")
+
+    fake_engine.run_engine = run_session
+    app = SpecdashApp(LiveSession(SessionSettings(), telemetry=False), trace_dir=tmp_path)
+    async with app.run_test(size=SIZE) as pilot:
+        app.source._engine.join(5)
+        await settle(pilot)
+        assert [e.message for e in app.model.errors] == ["RuntimeError: weights on fire"]
+
+
 async def test_dashboard_says_when_the_engine_thread_ends_unfinished(fake_engine, tmp_path):
     """A session whose engine thread is gone with neither a summary nor an error (seen in a
     soak) is reported, not shown as a dashboard that silently stops moving."""

@@ -24,7 +24,7 @@ from textual.screen import Screen
 from textual.widgets import DataTable, Footer, Input, Static
 
 from specdash.controls import Controls
-from specdash.events import EngineError
+from specdash.events import EngineError, Event
 from specdash.settings import MAX_K
 from specdash.trace.event_log import EventLog
 from specdash.trace.jsonl import TraceWriter
@@ -184,14 +184,10 @@ class SpecdashApp(App[int]):
     def refresh_numbers(self) -> None:
         """Drain the buffer into the model and redraw every number that changed (UI_HZ)."""
         ended = not getattr(self.source, "running", True)  # before the drain: no event after
-        drained = self.buffer.drain()
+        self._consume(self.buffer.drain())
         if ended and not self.model.finished and not self.model.errors:
             gone = "the engine thread ended without finishing the session"
-            drained.append(EngineError(message=gone))
-        for event in drained:
-            self.model.consume(event)
-            if (notice := self.recorder.consume(event)) is not None:
-                self._tell(notice)
+            self._consume([EngineError(message=gone)])
         m, screen = self.model, self.dashboard
         phase = None if m.finished or m.errors else "loading" if not m.started else m.prefill
         if phase != self._phase[0]:
@@ -215,6 +211,12 @@ class SpecdashApp(App[int]):
             screen.query_one(GpuPanel).show_numbers(m)
             screen.query_one(DivergencePanel).show(m)
             screen.query_one(TokenStream).show(m)
+
+    def _consume(self, events: list[Event]) -> None:
+        for event in events:
+            self.model.consume(event)
+            if (notice := self.recorder.consume(event)) is not None:
+                self._tell(notice)
 
     def refresh_plots(self) -> None:
         """Redraw the plots if anything changed (PLOT_HZ); skipped while they are hidden."""
