@@ -278,9 +278,17 @@ def fake_engine(monkeypatch):
     return module
 
 
-def test_live_session_reports_an_engine_exception(fake_engine):
+@pytest.mark.parametrize(
+    ("error", "message"),
+    [
+        (RuntimeError("weights on fire"), "RuntimeError: weights on fire"),
+        # threading drops a SystemExit without a word: the session must still say why it ended
+        (SystemExit(3), "SystemExit: 3"),
+    ],
+)
+def test_live_session_reports_an_engine_exception(fake_engine, error, message):
     def run_session(settings, sink, controls, stop, sglang_options):
-        raise RuntimeError("weights on fire")
+        raise error
 
     fake_engine.run_engine = run_session
     buffer = EventBuffer()
@@ -288,22 +296,7 @@ def test_live_session_reports_an_engine_exception(fake_engine):
     session.start(buffer.put)
     session.stop()
     (event,) = buffer.drain()
-    assert isinstance(event, EngineError) and event.message == "RuntimeError: weights on fire"
-
-
-def test_live_session_reports_a_system_exit(fake_engine):
-    """threading drops a SystemExit without a word: the session must still say why it ended."""
-
-    def run_session(settings, sink, controls, stop, sglang_options):
-        raise SystemExit(3)
-
-    fake_engine.run_engine = run_session
-    buffer = EventBuffer()
-    session = LiveSession(SessionSettings(), telemetry=False)
-    session.start(buffer.put)
-    session.stop()
-    (event,) = buffer.drain()
-    assert isinstance(event, EngineError) and event.message == "SystemExit: 3"
+    assert isinstance(event, EngineError) and event.message == message
 
 
 async def test_an_engine_error_is_not_doubled_by_the_thread_ending(fake_engine, tmp_path):
