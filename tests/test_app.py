@@ -228,6 +228,19 @@ async def test_non_fatal_engine_error_keeps_recording(tmp_path):
         assert "session continues" in str(app.query_one("#error").render())
 
 
+async def test_a_timer_tick_while_quitting_draws_nothing(tmp_path):
+    """Under load a UI tick can land after the screens are gone (an IndexError seen once in
+    this file): it records what arrived and draws nothing."""
+    app = make_app(tmp_path)
+    async with app.run_test(size=SIZE) as pilot:
+        await settle(pilot)
+    revision = app.model.revision
+    app.buffer.put(EngineError(message="late", fatal=False))
+    app.refresh_numbers()
+    app.refresh_plots()
+    assert app.model.revision > revision
+
+
 async def test_replay_source_is_read_only(tmp_path):
     app = make_app(tmp_path, read_only=True)
     async with app.run_test(size=SIZE) as pilot:

@@ -188,6 +188,8 @@ class SpecdashApp(App[int]):
         if ended and not self.model.finished and not self.model.errors:
             gone = "the engine thread ended without finishing the session"
             self._consume([EngineError(message=gone)])
+        if not self.screen_stack:
+            return  # a tick while the app quits: the screens are gone, the events are recorded
         m, screen = self.model, self.dashboard
         phase = None if m.finished or m.errors else "loading" if not m.started else m.prefill
         if phase != self._phase[0]:
@@ -220,6 +222,8 @@ class SpecdashApp(App[int]):
 
     def refresh_plots(self) -> None:
         """Redraw the plots if anything changed (PLOT_HZ); skipped while they are hidden."""
+        if not self.screen_stack:
+            return
         m, screen = self.model, self.dashboard
         with self.batch_update(), TEARDOWN:
             if m.revision == self._plotted_revision or not screen.query_one("#main").display:
