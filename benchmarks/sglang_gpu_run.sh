@@ -51,11 +51,15 @@ for step in ${STEPS:-cli bench}; do
       timeout $(( l - 15 )) python3 benchmarks/bench_sglang.py --target $CK/target --draft $CK/draft \
         --json "$OUT/bench.json" --phases "${PHASES:-anchor,matrix}" --budget-s $(( l - 30 )) \
         $BOX ${BENCH_ARGS:-} 2>&1 | tee "$OUT/bench.log" | grep --line-buffered -E '^\[|engine |Error|error' | cut -c1-700 ;;
-    tests)
-      SPECDASH_SGLANG_TEST_ARGS='{"grammar_backend": "none", "sampling_backend": "pytorch"}' \
-      timeout $(( l - 10 )) python3 -m pytest -q -rA --tb=short -p no:cacheprovider -m sglang_gpu \
-        ${TEST_ARGS:-} tests/sglang \
-        > "$OUT/gpu_tests.txt" 2>&1; tail -15 "$OUT/gpu_tests.txt" ;;
+    tests)  # one pytest per test: a call that runs out of time keeps the finished reports
+      export SPECDASH_SGLANG_TEST_ARGS='{"grammar_backend": "none", "sampling_backend": "pytorch"}'
+      PYTEST="python3 -m pytest -q -rA --tb=short -p no:cacheprovider -m sglang_gpu"
+      for t in $($PYTEST --collect-only ${TEST_ARGS:-} tests/sglang | grep '::'); do
+        l=$(left); [ "$l" -lt 90 ] && { echo "== SKIP $t (${l}s left)" | tee -a "$OUT/gpu_tests.txt"; continue; }
+        echo "== $t" >> "$OUT/gpu_tests.txt"
+        timeout $(( l - 10 )) $PYTEST "$t" >> "$OUT/gpu_tests.txt" 2>&1
+        echo "$t: exit $?"
+      done; grep -E "^(PASSED|FAILED|ERROR)|^E " "$OUT/gpu_tests.txt" | tail -20 ;;
     dashboard)
       timeout $(( l - 10 )) python3 benchmarks/sglang_dashboard_shot.py --target $CK/target \
         --out "$OUT" $BOX > "$OUT/dashboard.log" 2>&1; echo "exit $?"; tail -8 "$OUT/dashboard.log" ;;
