@@ -17,17 +17,15 @@ import time
 from pathlib import Path
 
 import torch
-import torch.nn.functional as F
 
 from specdash.engine.checkpoint import load_checkpoint, save_checkpoint
 from training.corpus import collect_corpus
 from training.train_tiny import (
     Schedule,
+    distill_draft,
     distillation_data,
     evaluate,
     heldout_sequences,
-    log_probs,
-    optimizer,
     token_stream,
 )
 
@@ -67,33 +65,12 @@ def main(argv: list[str] | None = None) -> None:
         args.seq_len,
         gen,
     )
-    with torch.no_grad():
-        teacher = [log_probs(tcfg, target, s[:-1]) for s in data]
-    print(f"[{time.monotonic() - t0:6.1f}s] {len(data)} sequences, teacher done", flush=True)
-
+    print(f"[{time.monotonic() - t0:6.1f}s] {len(data)} sequences", flush=True)
     eval_seqs = heldout_sequences(heldout_stream, 1024)
-
-    params = {n: t.requires_grad_() for n, t in draft.items()}
-    opt = optimizer(params, args.lr)
     sched = Schedule(args.steps, args.lr, warmup=max(1, args.steps // 20))
-    t_train = time.monotonic()
-    losses: list[float] = []
-    for step in range(args.steps):
-        if args.minutes and time.monotonic() - t_train > 60 * args.minutes:
-            break
-        for g in opt.param_groups:
-            g["lr"] = sched.lr_at(step)
-        opt.zero_grad(set_to_none=True)
-        i = int(torch.randint(0, len(data), (1,), generator=gen))
-        student = log_probs(dcfg, params, data[i][:-1])
-        loss = F.kl_div(student, teacher[i], log_target=True, reduction="batchmean")
-        loss.backward()
-        torch.nn.utils.clip_grad_norm_(list(params.values()), 1.0)
-        opt.step()
-        losses.append(loss.item())
-        if step % 20 == 0:
-            print(f"[{time.monotonic() - t0:6.1f}s] step {step} kl {loss.item():.4f}", flush=True)
-    draft = {n: t.detach() for n, t in params.items()}
+    draft, losses = distill_draft(
+        tcfg, target, dcfg, data, sched, 1, args.seed, init=draft, gen=gen, minutes=args.minutes
+    )
     metrics = evaluate(tcfg, target, dcfg, draft, eval_seqs)
     save_checkpoint(args.out, dcfg, draft, tok)
     record = {

@@ -195,17 +195,24 @@ def distill_draft(
     sched: Schedule,
     batch: int,
     seed: int,
+    init: Tensors | None = None,
+    gen: torch.Generator | None = None,
+    minutes: float | None = None,
 ) -> tuple[Tensors, list[float]]:
-    """Minimise KL(target || draft) per position over `data` sequences, `batch` per step."""
-    draft = {
-        n: t.requires_grad_() for n, t in draft_from_target(target_cfg, draft_cfg, target).items()
-    }
+    """Minimise KL(target || draft) per position over `data` sequences, `batch` per step,
+    from `init` (default: layers copied from the target), drawing sequences with `gen`
+    (default: seeded from `seed`), for `sched.steps` or `minutes` of training if sooner."""
+    start = draft_from_target(target_cfg, draft_cfg, target) if init is None else init
+    draft = {n: t.requires_grad_() for n, t in start.items()}
     with torch.no_grad():
         teacher = [log_probs(target_cfg, target, s[:-1]) for s in data]
     opt = optimizer(draft, sched.lr)
-    gen = torch.Generator().manual_seed(seed + 2)
+    gen = gen or torch.Generator().manual_seed(seed + 2)
     losses = []
+    t_train = time.monotonic()
     for step in range(sched.steps):
+        if minutes and time.monotonic() - t_train > 60 * minutes:
+            break
         for g in opt.param_groups:
             g["lr"] = sched.lr_at(step)
         opt.zero_grad(set_to_none=True)
