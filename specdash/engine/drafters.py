@@ -9,7 +9,7 @@ from typing import Any, Protocol
 import torch
 
 from specdash.engine.model import Model
-from specdash.engine.state import SeqState
+from specdash.engine.state import SeqState, take_fitting
 
 Tensor = torch.Tensor
 
@@ -131,11 +131,8 @@ class ModelDrafter:
 
     def start(self, prompt: list[int], capacity: int) -> None:
         m = self.model
-        fits = [j for j, s in enumerate(self._free) if s.capacity >= capacity]
-        if fits:  # (by index: dataclass == would compare the tensors)
-            self.state = self._free.pop(fits[0])
-            self.state.reset()
-        else:
+        self.state = take_fitting(self._free, capacity)
+        if self.state is None:
             if self._free:  # none fits: drop one, so the pool stays as large as the batch
                 self._free.pop(0)
             self.state = SeqState.empty(m.cfg, capacity, m.dtype, m.device)

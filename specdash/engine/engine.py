@@ -39,7 +39,7 @@ from specdash.engine import graphs, ops
 from specdash.engine.drafters import Drafter
 from specdash.engine.gemm_backends import GemmBackend
 from specdash.engine.model import Mode, Model, Observer
-from specdash.engine.state import SeqState
+from specdash.engine.state import SeqState, take_fitting
 from specdash.metrics import same_fp32_bits
 
 Tensor = torch.Tensor
@@ -167,11 +167,8 @@ class Engine:
         m = self.target
         if not self.pooled:
             return SeqState.empty(m.cfg, capacity, m.dtype, m.device)
-        for j, slot in enumerate(self._free_slots):
-            if slot.capacity >= capacity:
-                del self._free_slots[j]  # by index: list.remove would compare tensors with ==
-                slot.reset()
-                return slot
+        if (slot := take_fitting(self._free_slots, capacity)) is not None:
+            return slot
         slot = SeqState.empty(m.cfg, max(capacity, self.slot_capacity), m.dtype, m.device)
         slot.in_place = True
         self._slots.append(slot)

@@ -141,3 +141,14 @@ class SeqState:
         """The host side of `commit`, after the device side ran eagerly or as a graph."""
         self.length += rows
         self.pending = {}
+
+
+def take_fitting(pool: list[SeqState], capacity: int) -> SeqState | None:
+    """The first state in `pool` with room for `capacity` tokens, removed and reset (its
+    buffers, and any graph captured on them, serve again); None if none fits."""
+    for j, state in enumerate(pool):
+        if state.capacity >= capacity:
+            del pool[j]  # by index: list.remove would compare the tensors with ==
+            state.reset()
+            return state
+    return None
