@@ -49,6 +49,7 @@ def _split_kernel(
     k_ptr,
     v_ptr,
     seq_lens_ptr,
+    slot_ptr,
     m_ptr,
     l_ptr,
     acc_ptr,
@@ -65,27 +66,28 @@ def _split_kernel(
     stride_vt,
     HQ: tl.constexpr,
     GROUP: tl.constexpr,
-    SLOTS: tl.constexpr,
+    TILE_ROWS: tl.constexpr,
     TILE_M: tl.constexpr,
     D: tl.constexpr,
     SPLIT: tl.constexpr,
     BLOCK_T: tl.constexpr,
     IEEE: tl.constexpr,
+    HAS_CACHE_SLOTS: tl.constexpr,
     PDL: tl.constexpr,
 ):
     start_after_predecessor(PDL)
-    # tile row i = (slot, query head of the GQA group): up to SLOTS consecutive rows of one
+    # tile row i = (row, query head of the GQA group): up to TILE_ROWS consecutive rows of one
     # sequence share each K/V block; every tile row keeps its own length, mask and softmax state
     pack = tl.program_id(0)
     kv_head = tl.program_id(1)
     split = tl.program_id(2)
-    packs_per_seq = tl.cdiv(rows_per_seq, SLOTS)
+    packs_per_seq = tl.cdiv(rows_per_seq, TILE_ROWS)
     seq = pack // packs_per_seq
     offs_i = tl.arange(0, TILE_M)
     offs_d = tl.arange(0, D)
-    slot = offs_i // GROUP
-    step = (pack % packs_per_seq) * SLOTS + slot
-    valid = (slot < SLOTS) & (step < rows_per_seq)
+    tile_row = offs_i // GROUP
+    step = (pack % packs_per_seq) * TILE_ROWS + tile_row
+    valid = (tile_row < TILE_ROWS) & (step < rows_per_seq)
     row = seq * rows_per_seq + step
     heads = kv_head * GROUP + offs_i % GROUP
     q = tl.load(
@@ -95,8 +97,12 @@ def _split_kernel(
     )
     start = split * SPLIT
     end = tl.minimum(start + SPLIT, tl.load(seq_lens_ptr + row, mask=valid, other=0))
-    k_base = k_ptr + seq.to(tl.int64) * stride_kb + kv_head * stride_kh
-    v_base = v_ptr + seq.to(tl.int64) * stride_vb + kv_head * stride_vh
+    if HAS_CACHE_SLOTS:  # sequence `seq` keeps its K/V in cache slot slots[seq] of a pool
+        cache = tl.load(slot_ptr + seq).to(tl.int64)
+    else:
+        cache = seq.to(tl.int64)
+    k_base = k_ptr + cache * stride_kb + kv_head * stride_kh
+    v_base = v_ptr + cache * stride_vb + kv_head * stride_vh
     m_i = tl.full((TILE_M,), float("-inf"), dtype=tl.float32)
     l_i = tl.zeros((TILE_M,), dtype=tl.float32)
     acc = tl.zeros((TILE_M, D), dtype=tl.float32)
@@ -175,11 +181,13 @@ def _attention_rows(
     rows_per_seq: int,
     scale: float,
     split_size: int,
+    slots: torch.Tensor | None = None,
 ) -> torch.Tensor:
     """Rows q[B*T,Hq,D] (T = rows_per_seq per sequence, sequence-major), row r over cache batch
-    r // T, first seq_lens[r] tokens."""
+    r // T (cache slot slots[r // T] with `slots`), first seq_lens[r] tokens."""
     rows, hq, d = q.shape
-    bsz, hkv, lmax, dk = k_cache.shape
+    _, hkv, lmax, dk = k_cache.shape
+    bsz = k_cache.shape[0] if slots is None else slots.shape[0]
     if dk != d or v_cache.shape != k_cache.shape or rows != bsz * rows_per_seq:
         raise ValueError(f"q {tuple(q.shape)}, k {tuple(k_cache.shape)}, v {tuple(v_cache.shape)}")
     if hq % hkv:
@@ -193,7 +201,7 @@ def _attention_rows(
         raise ValueError("q, k_cache and v_cache need a contiguous last dimension")
     group = hq // hkv
     tile_m = max(cfg.tile_m, triton.next_power_of_2(group))
-    slots = tile_m // group
+    tile_rows = tile_m // group
     max_splits = triton.cdiv(lmax, split_size)
     dev = q.device
     m = torch.empty((rows, hq, max_splits), device=dev, dtype=torch.float32)
@@ -201,11 +209,12 @@ def _attention_rows(
     acc = torch.empty((rows, hq, max_splits, d), device=dev, dtype=torch.float32)
     seq_lens = seq_lens.to(device=dev, dtype=torch.int32)
     pdl_on = pdl.use_pdl(dev)
-    _split_kernel[(bsz * triton.cdiv(rows_per_seq, slots), hkv, max_splits)](
+    _split_kernel[(bsz * triton.cdiv(rows_per_seq, tile_rows), hkv, max_splits)](
         q,
         k_cache,
         v_cache,
         seq_lens,
+        seq_lens if slots is None else slots,
         m,
         lse_sum,
         acc,
@@ -222,12 +231,13 @@ def _attention_rows(
         v_cache.stride(2),
         HQ=hq,
         GROUP=group,
-        SLOTS=slots,
+        TILE_ROWS=tile_rows,
         TILE_M=tile_m,
         D=d,
         SPLIT=split_size,
         BLOCK_T=cfg.block_t,
         IEEE=q.dtype == torch.float32,
+        HAS_CACHE_SLOTS=slots is not None,
         PDL=pdl_on,
         num_warps=cfg.num_warps,
         num_stages=cfg.num_stages,
@@ -274,15 +284,20 @@ def verify_as_decode_rows(
     seq_lens_before: torch.Tensor,
     scale: float,
     split_size: int = 256,
+    slots: torch.Tensor | None = None,
 ) -> torch.Tensor:
     """Verify attention q[B,T,Hq,D] as B*T decode rows of lengths L+1, ..., L+T.
 
-    The K/V of the T tokens must already be in the cache at positions L..L+T-1. Up to
+    Sequence b's cache is k/v_cache[b], or with `slots` ([B] int) k/v_cache[slots[b]] of a pool
+    of slots, so a batch of sequences anywhere in the pool is one launch; the arithmetic is the
+    same either way. The K/V of the T tokens must already be in the cache at positions
+    L..L+T-1. Up to
     AttentionConfig.tile_m // GQA-group consecutive rows share each K/V block load; a block past
     a row's own end leaves that row's state exactly unchanged (alpha = 1, p = 0).
     """
     b, t, hq, d = q.shape
     steps = torch.arange(1, t + 1, device=q.device, dtype=torch.int32)
     lens = (seq_lens_before.to(device=q.device, dtype=torch.int32)[:, None] + steps).reshape(-1)
-    out = _attention_rows(q.reshape(b * t, hq, d), k_cache, v_cache, lens, t, scale, split_size)
+    q = q.reshape(b * t, hq, d)
+    out = _attention_rows(q, k_cache, v_cache, lens, t, scale, split_size, slots)
     return out.reshape(b, t, hq, d)

@@ -98,59 +98,75 @@ def sigmoid_gate_rows(x: torch.Tensor, gate: torch.Tensor) -> torch.Tensor:
     return _gated(x, gate, silu=False)
 
 
-@triton.jit
+@triton.jit(do_not_specialize=["rows_per_seq"])
 def _conv_kernel(
     win_ptr,
     x_ptr,
     w_ptr,
     out_ptr,
     seq_ptr,
+    slot_ptr,
     C,
+    rows_per_seq,
     stride_x,
     W: tl.constexpr,
     BLOCK: tl.constexpr,
+    HAS_WINDOW_SLOTS: tl.constexpr,
     PDL: tl.constexpr,
 ):
     start_after_predecessor(PDL)
-    t = tl.program_id(0)
+    row = tl.program_id(0)
+    b = row // rows_per_seq  # the sequence, and its row t
+    t = row % rows_per_seq
     offs = tl.program_id(1) * BLOCK + tl.arange(0, BLOCK)
     mask = offs < C
+    if HAS_WINDOW_SLOTS:  # sequence b's window is slot slots[b] of a pool
+        win = win_ptr + tl.load(slot_ptr + b).to(tl.int64) * (W - 1) * C
+    else:
+        win = win_ptr + b.to(tl.int64) * (W - 1) * C
+    x_seq = x_ptr + (b * rows_per_seq) * stride_x
+    seq_out = seq_ptr + b.to(tl.int64) * (W - 1 + rows_per_seq) * C
     acc = tl.zeros((BLOCK,), dtype=tl.float32)
     for j in tl.static_range(W):  # taps in ascending order, the same for every row
         i = t + j  # index into seq = [window (W-1 rows) ; x]
         if i < W - 1:
-            val = tl.load(win_ptr + i * C + offs, mask=mask, other=0.0)
+            val = tl.load(win + i * C + offs, mask=mask, other=0.0)
         else:
-            val = tl.load(x_ptr + (i - (W - 1)) * stride_x + offs, mask=mask, other=0.0)
+            val = tl.load(x_seq + (i - (W - 1)) * stride_x + offs, mask=mask, other=0.0)
         tap = tl.load(w_ptr + offs * W + j, mask=mask, other=0.0)
         acc += val.to(tl.float32) * tap.to(tl.float32)
-    tl.store(out_ptr + t * C + offs, _silu(acc).to(out_ptr.dtype.element_ty), mask=mask)
-    x_t = tl.load(x_ptr + t * stride_x + offs, mask=mask, other=0.0)
-    tl.store(seq_ptr + (t + W - 1) * C + offs, x_t, mask=mask)
+    tl.store(out_ptr + row * C + offs, _silu(acc).to(out_ptr.dtype.element_ty), mask=mask)
+    x_t = tl.load(x_seq + t * stride_x + offs, mask=mask, other=0.0)
+    tl.store(seq_out + (t + W - 1) * C + offs, x_t, mask=mask)
     if t == 0:
         for r in tl.static_range(W - 1):
-            tl.store(seq_ptr + r * C + offs, tl.load(win_ptr + r * C + offs, mask=mask), mask=mask)
+            tl.store(seq_out + r * C + offs, tl.load(win + r * C + offs, mask=mask), mask=mask)
 
 
 def causal_conv_silu_rows(
-    window: torch.Tensor, x: torch.Tensor, weight: torch.Tensor
+    window: torch.Tensor, x: torch.Tensor, weight: torch.Tensor, slots: torch.Tensor | None = None
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """Depthwise causal conv + SiLU over the new rows, taps in a fixed order, fp32 accumulation.
 
     window [W-1, C] (the inputs before x), x [T, C] (rows may be strided), weight [C, W].
     Returns (out [T, C], seq [W-1+T, C] = window then x, what the state keeps on commit).
+    With `slots` ([B] int), x holds B sequences of T/B rows, sequence b's window is slot
+    slots[b] of a pool window [S, W-1, C], and seq is [B, W-1+T/B, C]; the arithmetic is the same.
     """
     t, c = x.shape
     w = weight.shape[1]
-    if window.shape != (w - 1, c) or weight.shape[0] != c or x.stride(-1) != 1:
+    seqs = 1 if slots is None else slots.shape[0]
+    win_shape = (w - 1, c) if slots is None else (window.shape[0], w - 1, c)
+    if window.shape != win_shape or weight.shape[0] != c or x.stride(-1) != 1 or t % seqs:
         shapes = f"window {tuple(window.shape)}, x {tuple(x.shape)}, w {tuple(weight.shape)}"
         raise ValueError(f"conv shapes disagree: {shapes}")
     window, weight = window.contiguous(), weight.contiguous()
     out = torch.empty((t, c), device=x.device, dtype=x.dtype)
-    seq = torch.empty((w - 1 + t, c), device=x.device, dtype=x.dtype)
+    seq = torch.empty((seqs, w - 1 + t // seqs, c), device=x.device, dtype=x.dtype)
     pdl_on = pdl.use_pdl(x.device)
     _conv_kernel[(t, triton.cdiv(c, _BLOCK))](
-        window, x, weight, out, seq, c, x.stride(0), W=w, BLOCK=_BLOCK, PDL=pdl_on, num_warps=4,
-        launch_pdl=pdl_on,
+        window, x, weight, out, seq, window if slots is None else slots, c, t // seqs,
+        x.stride(0), W=w, BLOCK=_BLOCK, HAS_WINDOW_SLOTS=slots is not None, PDL=pdl_on,
+        num_warps=4, launch_pdl=pdl_on,
     )  # fmt: skip
-    return out, seq
+    return out, seq if slots is not None else seq[0]

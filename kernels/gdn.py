@@ -35,6 +35,7 @@ def _gdn_steps_kernel(
     a_log_ptr,
     dt_bias_ptr,
     h0_ptr,
+    slot_ptr,
     o_ptr,
     hs_ptr,
     T,
@@ -56,6 +57,7 @@ def _gdn_steps_kernel(
     DK: tl.constexpr,
     DV: tl.constexpr,
     BV: tl.constexpr,
+    HAS_STATE_SLOTS: tl.constexpr,
     PDL: tl.constexpr,
 ):
     start_after_predecessor(PDL)
@@ -67,7 +69,11 @@ def _gdn_steps_kernel(
     offs_k = tl.arange(0, DK)
     offs_v = pid_v * BV + tl.arange(0, BV)
     tile = offs_k[:, None] * DV + offs_v[None, :]
-    h = tl.load(h0_ptr + pid_bh.to(tl.int64) * DK * DV + tile)
+    if HAS_STATE_SLOTS:  # sequence b's state is slot slots[b] of a pool
+        h0_at = tl.load(slot_ptr + b).to(tl.int64) * HV + hv
+    else:
+        h0_at = pid_bh.to(tl.int64)
+    h = tl.load(h0_ptr + h0_at * DK * DV + tile)
     neg_a = -tl.exp(tl.load(a_log_ptr + hv).to(tl.float32))
     dt_bias = tl.load(dt_bias_ptr + hv).to(tl.float32)
     hs_step = HV * DK * DV
@@ -102,17 +108,23 @@ def gdn_verify_steps(
     A_log: torch.Tensor,
     dt_bias: torch.Tensor,
     state: torch.Tensor,
+    slots: torch.Tensor | None = None,
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """T recurrent steps, token by token: q,k [B,T,H,Dk], v [B,T,HV,Dv], a,b [B,T,HV], state fp32
     [B,HV,Dk,Dv] -> (o [B,T,HV,Dv] in v.dtype, per-step states [B,T,HV,Dk,Dv] fp32).
 
     states[:, j] is the state after token j, the one to keep when j+1 tokens are accepted.
+    With `slots` ([B] int), `state` is a pool [S,HV,Dk,Dv] and sequence b starts from
+    state[slots[b]] (read only: the caller commits); the arithmetic is the same.
     """
     bsz, t, h, dk = q.shape
     hv, dv = v.shape[2], v.shape[3]
     if k.shape != q.shape or v.shape[:2] != (bsz, t) or a.shape != (bsz, t, hv):
         raise ValueError(f"q {q.shape} k {k.shape} v {v.shape} a {a.shape}: shapes disagree")
-    if b.shape != a.shape or state.shape != (bsz, hv, dk, dv) or state.dtype != torch.float32:
+    n_states = bsz if slots is None else state.shape[0]
+    if slots is not None and slots.shape != (bsz,):
+        raise ValueError(f"slots {tuple(slots.shape)}: need one per sequence ({bsz})")
+    if b.shape != a.shape or state.shape != (n_states, hv, dk, dv) or state.dtype != torch.float32:
         raise ValueError(f"b {b.shape}, state {state.shape} {state.dtype}: need fp32 [B,HV,Dk,Dv]")
     if hv % h or dv % BLOCK_V or dk & (dk - 1):
         raise ValueError(f"need HV={hv} a multiple of H={h}, Dv={dv} of {BLOCK_V}, Dk={dk} a pow2")
@@ -132,6 +144,7 @@ def gdn_verify_steps(
         A_log.contiguous(),
         dt_bias.contiguous(),
         state,
+        state if slots is None else slots,
         o,
         states,
         t,
@@ -153,6 +166,7 @@ def gdn_verify_steps(
         DK=dk,
         DV=dv,
         BV=BLOCK_V,
+        HAS_STATE_SLOTS=slots is not None,
         PDL=pdl_on,
         num_warps=_NUM_WARPS,
         launch_pdl=pdl_on,

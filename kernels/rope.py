@@ -4,7 +4,8 @@ Why: in torch this is ~20 small launches per attention layer (two norms, the tab
 rotate-half's slices and concatenations, two index_copy's). One program handles one head of
 one row with instructions that depend only on the head width, so a verify row's q and cached
 k/v equal the decode row's bit for bit. Positions are read on the device (`position[0] + t`),
-so a captured CUDA graph stays valid at every length.
+so a captured CUDA graph stays valid at every length; with cache slots, the rows of several
+sequences of a slot pool are one launch.
 """
 
 from __future__ import annotations
@@ -17,7 +18,7 @@ from specdash.kernels import pdl
 from specdash.kernels.pdl import start_after_predecessor
 
 
-@triton.jit
+@triton.jit(do_not_specialize=["rows_per_seq"])
 def _qk_norm_rope_kernel(
     qkv_ptr,
     q_norm_ptr,
@@ -28,7 +29,10 @@ def _qk_norm_rope_kernel(
     q_out_ptr,
     k_cache_ptr,
     v_cache_ptr,
+    slot_ptr,
+    rows_per_seq,
     stride_row,
+    stride_cache_b,
     stride_cache_h,
     eps,
     HQ: tl.constexpr,
@@ -37,12 +41,14 @@ def _qk_norm_rope_kernel(
     R: tl.constexpr,
     Q_STRIDE: tl.constexpr,
     ZERO_CENTRED: tl.constexpr,
+    HAS_CACHE_SLOTS: tl.constexpr,
     PDL: tl.constexpr,
 ):
     start_after_predecessor(PDL)
     t = tl.program_id(0)
     h = tl.program_id(1)
-    pos = tl.load(pos_ptr) + t
+    seq = t // rows_per_seq
+    pos = tl.load(pos_ptr + seq) + t % rows_per_seq
     offs = tl.arange(0, D)
     half = R // 2
     partner = tl.where(offs < half, offs + half, tl.where(offs < R, offs - half, offs))
@@ -69,7 +75,11 @@ def _qk_norm_rope_kernel(
     if h < HQ:
         tl.store(q_out_ptr + (t * HQ + h) * D + offs, y.to(q_out_ptr.dtype.element_ty))
     else:
-        dst = (h - HQ) * stride_cache_h + pos * D + offs
+        if HAS_CACHE_SLOTS:
+            cache = tl.load(slot_ptr + seq).to(tl.int64)
+        else:
+            cache = seq.to(tl.int64)
+        dst = cache * stride_cache_b + (h - HQ) * stride_cache_h + pos * D + offs
         tl.store(k_cache_ptr + dst, y.to(k_cache_ptr.dtype.element_ty))
         v = tl.load(row + HQ * Q_STRIDE + HKV * D + (h - HQ) * D + offs)
         tl.store(v_cache_ptr + dst, v)
@@ -89,11 +99,16 @@ def qk_norm_rope_rows(
     position: torch.Tensor,
     k_cache: torch.Tensor,
     v_cache: torch.Tensor,
+    slots: torch.Tensor | None = None,
 ) -> torch.Tensor:
     """Rows qkv [T, Hq*(2 if gated)*D + 2*Hkv*D] at positions position[0]+t: returns normed,
     roped q [T, Hq, D]; writes normed, roped k and raw v into k/v_cache [Hkv, cap, D] at those
     positions. With `gated`, each q head is followed by its D gate columns (left in qkv).
-    cos/sin tables: [max positions, R] for the first R (rotary) dims."""
+    cos/sin tables: [max positions, R] for the first R (rotary) dims.
+
+    With `slots` ([B] int), the rows are B sequences of T/B rows each: sequence b's rows sit at
+    positions position[b]+j and write cache slot slots[b] of pools k/v_cache [S, Hkv, cap, D].
+    Each row's arithmetic is the same either way."""
     t = qkv.shape[0]
     d = k_cache.shape[-1]
     r = cos_table.shape[-1]
@@ -101,6 +116,9 @@ def qk_norm_rope_rows(
     width = num_heads * q_stride + 2 * num_kv_heads * d
     if qkv.shape[1] != width or qkv.stride(-1) != 1 or d & (d - 1) or r % 2 or r > d:
         raise ValueError(f"qkv {tuple(qkv.shape)}: expected width {width}, D={d} pow2, R={r}")
+    seqs = 1 if slots is None else slots.shape[0]
+    if k_cache.dim() != (3 if slots is None else 4) or t % seqs:
+        raise ValueError(f"k_cache {tuple(k_cache.shape)} for {t} rows of {seqs} sequences")
     if k_cache.stride(-1) != 1 or k_cache.stride(-2) != d or v_cache.stride() != k_cache.stride():
         raise ValueError("k/v caches need the [Hkv, cap, D] contiguous layout")
     q = torch.empty((t, num_heads, d), device=qkv.device, dtype=qkv.dtype)
@@ -115,8 +133,11 @@ def qk_norm_rope_rows(
         q,
         k_cache,
         v_cache,
+        position if slots is None else slots,
+        t // seqs,
         qkv.stride(0),
-        k_cache.stride(0),
+        0 if slots is None else k_cache.stride(0),
+        k_cache.stride(-3),
         eps,
         HQ=num_heads,
         HKV=num_kv_heads,
@@ -124,6 +145,7 @@ def qk_norm_rope_rows(
         R=r,
         Q_STRIDE=q_stride,
         ZERO_CENTRED=zero_centred,
+        HAS_CACHE_SLOTS=slots is not None,
         PDL=pdl_on,
         num_warps=1 if d <= 128 else 2,
         launch_pdl=pdl_on,

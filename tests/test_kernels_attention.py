@@ -57,6 +57,21 @@ def test_row_independent_of_batch_composition():
         assert torch.equal(alone[0], both[b])
 
 
+def test_slots_of_a_pool_give_each_sequence_its_own_bits():
+    """Sequences anywhere in a pool of cache slots, one launch: each row's bits are those of the
+    same sequence run alone on its own cache (the model's batched decode and verify)."""
+    q, k, v = _inputs(torch.bfloat16, b=3, t=4)
+    pool_k = torch.zeros(5, *k.shape[1:], dtype=k.dtype)
+    pool_v = torch.zeros_like(pool_k)
+    slots = torch.tensor([4, 0, 2])
+    pool_k[slots], pool_v[slots] = k, v
+    lens = torch.tensor([100, 250, 7])
+    pooled = verify_as_decode_rows(q, pool_k, pool_v, lens, 0.1, split_size=64, slots=slots)
+    for b in range(3):
+        alone = verify_as_decode_rows(q[b : b + 1], k[b : b + 1], v[b : b + 1], lens[b : b + 1], 0.1, 64)
+        assert torch.equal(alone[0], pooled[b]), b
+
+
 def test_split_size_must_divide_into_blocks():
     q, k, v = _inputs(torch.float32, t=1)
     with pytest.raises(ValueError, match="split_size"):

@@ -90,6 +90,39 @@ def test_causal_conv_verify_rows_equal_decode_rows(dtype):
         win = s1[1:]
 
 
+def test_causal_conv_window_slots_of_a_pool():
+    """Several sequences' rows in one launch, each window a slot of a pool: each sequence's
+    output and kept sequence equal its own launch."""
+    c, w_len, t, dtype = 300, 4, 3, torch.bfloat16
+    pool = _randn(5, w_len - 1, c, seed=15, dtype=dtype)
+    w = _randn(c, w_len, seed=16, dtype=dtype)
+    proj = _randn(2 * t, c + 7, seed=17, dtype=dtype)
+    x, slots = proj[:, :c], torch.tensor([4, 1], device=DEVICE)
+    out, seq = causal_conv_silu_rows(pool, x, w, slots=slots)
+    for b, s in enumerate(slots.tolist()):
+        o1, s1 = causal_conv_silu_rows(pool[s], x[b * t : (b + 1) * t], w)
+        assert torch.equal(o1, out[b * t : (b + 1) * t]) and torch.equal(s1, seq[b]), b
+
+
+def test_qk_norm_rope_cache_slots_of_a_pool():
+    """Rows of several sequences at their own positions, K/V into their own slots of a pool,
+    one launch: the same q and cache bits as each sequence's own launch."""
+    hq, hkv, d, r, t, cap, dtype = 4, 2, 32, 16, 3, 32, torch.bfloat16
+    qkv = _randn(2 * t, hq * 2 * d + 2 * hkv * d, seed=18, dtype=dtype)
+    qn, kn = _randn(d, seed=19, dtype=dtype), _randn(d, seed=20, dtype=dtype)
+    table = _randn(cap, r, seed=21, dtype=dtype)
+    args = (hq, hkv, True, qn, kn, 1e-6, True, table, table)
+    kc = torch.zeros(4, hkv, cap, d, device=DEVICE, dtype=dtype)
+    vc = torch.zeros_like(kc)
+    starts, slots = torch.tensor([5, 11], device=DEVICE), torch.tensor([3, 0], device=DEVICE)
+    q = qk_norm_rope_rows(qkv, *args, starts, kc, vc, slots=slots)
+    for b, s in enumerate(slots.tolist()):
+        kc1, vc1 = torch.zeros_like(kc[0]), torch.zeros_like(vc[0])
+        q1 = qk_norm_rope_rows(qkv[b * t : (b + 1) * t], *args, starts[b : b + 1], kc1, vc1)
+        assert torch.equal(q1, q[b * t : (b + 1) * t])
+        assert torch.equal(kc1, kc[s]) and torch.equal(vc1, vc[s]), b
+
+
 @pytest.mark.parametrize("dtype", DTYPES)
 @pytest.mark.parametrize("gated,zero_centred", [(True, True), (False, False)])
 def test_qk_norm_rope_store(dtype, gated, zero_centred):

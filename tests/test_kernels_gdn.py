@@ -66,6 +66,22 @@ def test_sequence_independent_of_batch_composition():
     assert torch.equal(o1[0], o[1]) and torch.equal(s1[0], states[1])
 
 
+def test_state_slots_of_a_pool_give_each_sequence_its_own_bits():
+    """Sequences starting from slots anywhere in a state pool, one launch: each one's outputs and
+    per-step states are those it gets alone, and the pool is only read."""
+    q, k, v, a, b, a_log, dt_bias, state = _inputs(torch.bfloat16, b=3)
+    pool = torch.randn(5, *state.shape[1:])
+    slots = torch.tensor([3, 0, 4])
+    pool[slots] = state
+    before = pool.clone()
+    o, states = gdn_verify_steps(q, k, v, a, b, a_log, dt_bias, pool, slots=slots)
+    assert torch.equal(pool, before)
+    for i in range(3):
+        one = [x[i : i + 1] for x in (q, k, v, a, b)]
+        o1, s1 = gdn_verify_steps(*one, a_log, dt_bias, state[i : i + 1])
+        assert torch.equal(o1[0], o[i]) and torch.equal(s1[0], states[i]), i
+
+
 def test_chunked_prefill_matches_recurrence():
     q, k, v, a, b, a_log, dt_bias, state = _inputs(torch.float32, t=11)
     o, s = gdn_chunked_prefill(q, k, v, a, b, a_log, dt_bias, state, chunk_size=4)
