@@ -97,7 +97,8 @@ def _split_kernel(
     )
     start = split * SPLIT
     end = tl.minimum(start + SPLIT, tl.load(seq_lens_ptr + row, mask=valid, other=0))
-    if HAS_CACHE_SLOTS:  # sequence `seq` keeps its K/V in cache slot slots[seq] of a pool
+    # with a pool, sequence `seq` keeps its K/V in cache slot slots[seq]
+    if HAS_CACHE_SLOTS:  # noqa: SIM108 (a constexpr branch inside a Triton kernel)
         cache = tl.load(slot_ptr + seq).to(tl.int64)
     else:
         cache = seq.to(tl.int64)

@@ -75,7 +75,7 @@ def _qk_norm_rope_kernel(
     if h < HQ:
         tl.store(q_out_ptr + (t * HQ + h) * D + offs, y.to(q_out_ptr.dtype.element_ty))
     else:
-        if HAS_CACHE_SLOTS:
+        if HAS_CACHE_SLOTS:  # noqa: SIM108 (a constexpr branch inside a Triton kernel)
             cache = tl.load(slot_ptr + seq).to(tl.int64)
         else:
             cache = seq.to(tl.int64)

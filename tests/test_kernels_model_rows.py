@@ -13,7 +13,7 @@ import torch
 from specdash.engine.config import preset
 from specdash.engine.model import Model, random_tensors
 from specdash.engine.rows import BatchedRows, TritonRows, row_implementations
-from specdash.engine.state import SeqState
+from specdash.engine.state import SeqState, SlotPool, commit_batch
 
 # Padding tile rows in the attention kernel compute -inf - -inf = NaN that is never read.
 pytestmark = [
@@ -121,3 +121,66 @@ def test_batched_forward_equals_each_sequence_alone(model: Model) -> None:
         rows.append(tokens)
     batched = model.forward_batch(torch.cat(rows), states, lens, "exact")
     assert torch.equal(torch.cat(singles), batched)
+
+
+def test_pool_slots_step_together_with_the_bits_of_each_alone(model: Model) -> None:
+    """Slots of one pool, out of order, two runs (1 and 3 rows each) in one forward, committed
+    by `commit_batch` with different kept rows, then a second step: every row, GDN state, conv
+    window and cached K/V equals the same sequence stepped alone on its own state."""
+    gen = torch.Generator().manual_seed(13)
+    pool = SlotPool(CFG, 6, 64, torch.float32, torch.device("cpu"))
+    slots, lens, kept = [5, 1, 3, 0], [1, 1, 3, 3], [1, 1, 2, 3]
+    prompts = [torch.randint(0, CFG.vocab_size, (4 + 3 * j,), generator=gen) for j in range(4)]
+    pooled = [pool.states[s] for s in slots]
+    alone = [_prefilled(model, p) for p in prompts]
+    for st, p in zip(pooled, prompts, strict=True):
+        model.forward(p, st, "prefill")
+    for step in range(2):
+        tokens = [torch.randint(0, CFG.vocab_size, (n,), generator=gen) for n in lens]
+        batched = model.forward_batch(torch.cat(tokens), pooled, lens, "exact")
+        runs = [len(run.states) for run in pool.pending]  # one launch per op for each run
+        assert runs == [lens.count(n) for n in sorted(set(lens))]
+        singles = [model.forward(t, st, "exact") for t, st in zip(tokens, alone, strict=True)]
+        assert torch.equal(torch.cat(singles), batched), f"step {step}"
+        commit_batch(pooled, kept)
+        for st, n in zip(alone, kept, strict=True):
+            st.commit(n)
+        for a, b in zip(alone, pooled, strict=True):
+            assert a.length == b.length
+            for i, g in a.gdn.items():
+                assert torch.equal(g.ssm, b.gdn[i].ssm) and torch.equal(g.conv, b.gdn[i].conv)
+            for i, c in a.kv.items():
+                assert torch.equal(c.k[:, : a.length], b.kv[i].k[:, : a.length])
+        lens, kept = [2, 2, 2, 2], [2, 1, 1, 2]
+
+
+def test_engine_batch_on_a_pool_equals_one_at_a_time(model: Model) -> None:
+    """The engine with reserved slots (one pool) and a batch of 3, speculative (k=3): output
+    ids and logprob bits equal a batch of 1, and the batched shadow sees no divergence. The
+    drafts replay the plain output, every fifth token spoiled on odd prompts, so sequences of
+    one batch keep different row counts and verify rows of mixed lengths step together."""
+    from test_batch_exact import MAX_NEW, assert_same, decode
+
+    from specdash.engine.drafters import NgramDrafter, ReplayDrafter
+    from specdash.engine.engine import Engine
+
+    gen = torch.Generator().manual_seed(17)
+    prompts = [
+        torch.randint(0, CFG.vocab_size, (5 + 2 * j,), generator=gen).tolist() for j in range(5)
+    ]
+    plain = decode(Engine(model, NgramDrafter, []), prompts, 1, 0)
+    continuation = {}
+    for i, p in enumerate(prompts):
+        ids = list(plain[i].ids)
+        if i % 2:
+            ids = [(t + 1) % CFG.vocab_size if j % 5 == 4 else t for j, t in enumerate(ids)]
+        continuation[tuple(p)] = ids[:MAX_NEW]
+    runs = {}
+    for batch in (1, 3):
+        engine = Engine(model, lambda: ReplayDrafter(continuation), [])
+        engine.reserve(max(map(len, prompts)), MAX_NEW, 5, sequences=batch, shadow=True)
+        runs[batch] = decode(engine, prompts, batch, 3)
+        assert all(s.diverged_at is None for s in runs[batch].values()), batch
+        assert_same(plain, runs[batch])
+    accepted = {st.accepted for s in runs[3].values() for st in s.steps}
+    assert len(accepted) > 1 and max(accepted) > 0

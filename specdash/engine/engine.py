@@ -39,7 +39,7 @@ from specdash.engine import graphs, ops
 from specdash.engine.drafters import Drafter
 from specdash.engine.gemm_backends import GemmBackend
 from specdash.engine.model import Mode, Model, Observer
-from specdash.engine.state import SeqState, take_fitting
+from specdash.engine.state import SeqState, SlotPool, commit_batch, take_fitting
 from specdash.metrics import same_fp32_bits
 
 Tensor = torch.Tensor
@@ -123,12 +123,11 @@ class Engine:
         m = self.target
         self.reserved = True
         self.slot_capacity = max(self.slot_capacity, max_prompt_tokens + max_new_tokens + k_max + 1)
-        want = sequences * (2 if shadow else 1)
-        while len(self._free_slots) < want:
-            slot = SeqState.empty(m.cfg, self.slot_capacity, m.dtype, m.device)
-            slot.in_place = True
-            self._slots.append(slot)
-            self._free_slots.append(slot)
+        want = sequences * (2 if shadow else 1) - len(self._free_slots)
+        if want > 0:  # one pool: a batch of its slots steps in one launch per op
+            pool = SlotPool(m.cfg, want, self.slot_capacity, m.dtype, m.device)
+            self._slots += pool.states
+            self._free_slots += pool.states
 
     @property
     def pooled(self) -> bool:
@@ -187,6 +186,8 @@ class Engine:
         eager forward's capacity check; None where the forward runs eagerly: a state that is no
         slot (CUDA graphs off, or the CPU), or rows that read host-side lengths
         (`Rows.graphable`), which a graph would freeze."""
+        if not self.cuda_graphs:
+            return None
         slot = next((i for i, s in enumerate(self._slots) if s is state), None)
         if slot is None or not self.target.rows[mode].graphable:
             return None
@@ -233,13 +234,13 @@ class Engine:
                 accepted += 1
             accepted_all.append((accepted, ids_l, lps_l))
         t2 = time.perf_counter()
+        if graph is not None:
+            graph.commit(seqs[0].state, accepted_all[0][0] + 1)
+        else:
+            commit_batch([s.state for s in seqs], [a + 1 for a, _, _ in accepted_all])
         for seq, d, r, (accepted, ids_l, lps_l) in zip(
             seqs, drafts, rows, accepted_all, strict=True
         ):
-            if graph is not None:
-                graph.commit(seq.state, accepted + 1)
-            else:
-                seq.state.commit(accepted + 1)
             emitted, emitted_lp = ids_l[: accepted + 1], lps_l[: accepted + 1]
             for j, tok in enumerate(emitted):  # stop at end of sequence
                 if tok in self.eos_ids:
@@ -276,10 +277,13 @@ class Engine:
                 return [graph.replay(tokens, seq.state)], graph
             # an observed forward is eager: the observer sees (and may change) every sub-op
             return [self.target.forward(tokens, seq.state, mode, observer)], None
-        lens = [len(r) for r in rows]
-        tokens = self._tensor([t for r in rows for t in r])
-        lp = self.target.forward_batch(tokens, [s.state for s in seqs], lens, mode)
-        return list(lp.split(lens)), None
+        # sequences with as many rows side by side, so that they step together (`Rows.run`)
+        order = sorted(range(len(seqs)), key=lambda j: len(rows[j]))
+        lens = [len(rows[j]) for j in order]
+        tokens = self._tensor([t for j in order for t in rows[j]])
+        lp = self.target.forward_batch(tokens, [seqs[j].state for j in order], lens, mode)
+        out = dict(zip(order, lp.split(lens), strict=True))
+        return [out[j] for j in range(len(seqs))], None
 
     def shadow_catch_up(self, seqs: Sequence | list[Sequence]) -> float:
         """Decode the shadows up to their speculative runs' lengths, one batched decode row per
@@ -303,8 +307,7 @@ class Engine:
             else:
                 states = [s.shadow for s in lag]
                 lp = self.target.forward_batch(token, states, [1] * len(lag), "exact")  # type: ignore[arg-type]
-                for st in states:
-                    st.commit(1)  # type: ignore[union-attr]
+                commit_batch(states, [1] * len(lag))  # type: ignore[arg-type]
             toks, tok_lps = ops.greedy(lp)
             for seq, tok, tok_lp in zip(lag, toks.tolist(), tok_lps.tolist(), strict=True):
                 self._compare(seq, tok, tok_lp)

@@ -22,13 +22,15 @@ from __future__ import annotations
 
 from collections.abc import Callable
 from dataclasses import dataclass, fields
+from itertools import groupby
+from operator import itemgetter
 from typing import Literal
 
 import torch
 
 from specdash.engine import gemm_backends, ops
 from specdash.engine.config import ModelConfig
-from specdash.engine.rows import Rope, Rows, row_implementations
+from specdash.engine.rows import Rope, Rows, Run, row_implementations
 from specdash.engine.state import SeqState
 from specdash.errors import UsageError
 
@@ -270,8 +272,10 @@ class Model:
         """Decode or verify several sequences in one forward: `tokens` [sum(lens)] holds
         `lens[b]` rows of sequence b, at its own positions states[b].length.. . GEMMs, norms and
         elementwise ops take all rows at once (batch-invariant GEMMs and per-row reductions make
-        every row's bits independent of its neighbours); attention and GDN run per sequence on
-        its own state. Returns [sum(lens), V]; GDN steps stay pending per state."""
+        every row's bits independent of its neighbours); attention and GDN run on each
+        sequence's own state: consecutive slots of one pool with as many rows each in one launch
+        per op (`Rows.run`), others one by one. Returns [sum(lens), V]; GDN steps stay pending
+        per state (commit with `state.commit_batch`)."""
         assert mode != "prefill", "prefill runs per sequence"
         for state, n in zip(states, lens, strict=True):
             self.check_fits(state, n)
@@ -288,7 +292,10 @@ class Model:
     ) -> Tensor:
         t_len, rows = tokens.shape[0], self.rows[mode]
         states = state if isinstance(state, list) else [state]
-        segs = list(zip(states, lens or [t_len], strict=True))
+        runs = [  # consecutive sequences with as many rows each step together
+            rows.run([st for st, _ in group], n)
+            for n, group in groupby(zip(states, lens or [t_len], strict=True), key=itemgetter(1))
+        ]
         obs = observe or _identity
         x = obs(-1, "embed", self.embed[tokens])
         head = len(self.layers)
@@ -296,9 +303,9 @@ class Model:
         h = obs(0, "input_norm", rows.norm(x, self.layers[0].input_norm))
         for i, lw in enumerate(self.layers):
             if isinstance(lw.mixer, AttentionWeights):
-                a = self._attention(i, lw.mixer, h, segs, mode, obs)
+                a = self._attention(i, lw.mixer, h, runs, mode, obs)
             else:
-                a = self._gdn(i, lw.mixer, h, segs, mode, obs)
+                a = self._gdn(i, lw.mixer, h, runs, mode, obs)
             at = ((i, "mixer_residual"), (i, "post_norm"))
             x, h = self._residual_norm(x, a, lw.post_norm, rows, obs, *at)
             gu = obs(i, "gate_up_proj", self._linear(h, lw.gate_up, mode))
@@ -338,59 +345,43 @@ class Model:
         return self.gemm(x, w, mode == "exact")
 
     def _attention(
-        self,
-        i: int,
-        w: AttentionWeights,
-        h: Tensor,
-        segs: list[tuple[SeqState, int]],
-        mode: Mode,
-        obs: Observer,
+        self, i: int, w: AttentionWeights, h: Tensor, runs: list[Run], mode: Mode, obs: Observer
     ) -> Tensor:
         rows = self.rows[mode]
         qkv = obs(i, "qkv_proj", self._linear(h, w.qkv, mode))
-        parts = qkv.split([n for _, n in segs])  # each sequence attends over its own cache
-        o = torch.cat(
-            [rows.attention(p, w, st.kv[i], st) for p, (st, _) in zip(parts, segs, strict=True)]
-        )
+        parts = qkv.split([len(r.states) * r.rows for r in runs])
+        o = _cat([rows.attention_run(p, w, i, r) for p, r in zip(parts, runs, strict=True)])
         o = obs(i, "attention", o)
         return obs(i, "o_proj", self._linear(rows.output_gate(o, qkv), w.o, mode))
 
     def _gdn(
-        self,
-        i: int,
-        w: GdnWeights,
-        h: Tensor,
-        segs: list[tuple[SeqState, int]],
-        mode: Mode,
-        obs: Observer,
+        self, i: int, w: GdnWeights, h: Tensor, runs: list[Run], mode: Mode, obs: Observer
     ) -> Tensor:
         cfg, t_len, rows = self.cfg, h.shape[0], self.rows[mode]
         nk, nv = cfg.linear_num_key_heads, cfg.linear_num_value_heads
         dk, dv = cfg.linear_key_head_dim, cfg.linear_value_head_dim
         proj = obs(i, "in_proj", self._linear(h, w.proj, mode))
         qkv, z, b, a = proj.split([cfg.gdn_conv_dim, cfg.gdn_value_dim, nv, nv], dim=-1)
-        lens = [n for _, n in segs]
-        mixed, conv_seqs = [], []  # conv and recurrence per sequence, on its own state
-        for st, part in zip((s for s, _ in segs), qkv.split(lens), strict=True):
-            m, cs = rows.conv(st.gdn[i].conv, part, w.conv)
-            mixed.append(m)
-            conv_seqs.append(cs)
-        mixed = obs(i, "conv", torch.cat(mixed) if len(segs) > 1 else mixed[0])
+        sizes = [len(r.states) * r.rows for r in runs]
+        parts = zip(qkv.split(sizes), runs, strict=True)
+        convs = [rows.conv_run(p, w.conv, i, r) for p, r in parts]
+        mixed = obs(i, "conv", _cat([m for m, _ in convs]))
         q, k, v = mixed.split([cfg.gdn_key_dim, cfg.gdn_key_dim, cfg.gdn_value_dim], dim=-1)
         q, k, v = q.view(t_len, nk, dk), k.view(t_len, nk, dk), v.view(t_len, nv, dv)
-        outs = [
-            rows.gdn(i, *parts, w, st, cs)
-            for (st, _), cs, parts in zip(
-                segs,
-                conv_seqs,
-                zip(*(t.split(lens) for t in (q, k, v, a, b)), strict=True),
-                strict=True,
-            )
-        ]
-        o = torch.cat(outs) if len(segs) > 1 else outs[0]
+        per_run = zip(*(x.split(sizes) for x in (q, k, v, a, b)), strict=True)
+        o = _cat(
+            [
+                rows.gdn_run(i, qkvab, w, r, cs)
+                for qkvab, r, (_, cs) in zip(per_run, runs, convs, strict=True)
+            ]
+        )
         o = rows.gated_norm(obs(i, "recurrent", o), z.view(t_len, nv, dv), w.norm)
         o = obs(i, "gated_norm", o.reshape(t_len, nv * dv))
         return obs(i, "out_proj", self._linear(o, w.out, mode))
+
+
+def _cat(parts: list[Tensor]) -> Tensor:
+    return parts[0] if len(parts) == 1 else torch.cat(parts)
 
 
 def _identity(layer: int, name: str, x: Tensor) -> Tensor:

@@ -24,7 +24,7 @@ import torch
 
 from specdash.engine import ops
 from specdash.engine.config import ModelConfig
-from specdash.engine.state import GdnSteps, KVCache, SeqState
+from specdash.engine.state import GdnSteps, KVCache, PooledSteps, SeqState
 
 if TYPE_CHECKING:
     from specdash.engine.model import AttentionWeights, GdnWeights, Mode
@@ -57,6 +57,18 @@ class Rope:
         return state.position + self.arange[:n]
 
 
+@dataclass(slots=True)
+class Run:
+    """Consecutive sequences of one forward with `rows` rows each. `pooled` when they are slots
+    of one pool and the implementation steps slots together: then each op is one launch for
+    the whole run, at the slots `pooled.slots` and lengths `starts`."""
+
+    states: list[SeqState]
+    rows: int
+    pooled: PooledSteps | None = None
+    starts: Tensor | None = None
+
+
 class Rows(ABC):
     """The row-computing sub-ops of one mode: the model's GEMMs and observers stay outside."""
 
@@ -65,6 +77,44 @@ class Rows(ABC):
 
     def __init__(self, cfg: ModelConfig, rope: Rope) -> None:
         self.cfg, self.rope = cfg, rope
+
+    def run(self, states: list[SeqState], rows: int) -> Run:
+        """The run of `states`, `rows` rows each; here stepped sequence by sequence."""
+        return Run(states, rows)
+
+    def attention_run(self, qkv: Tensor, w: AttentionWeights, i: int, run: Run) -> Tensor:
+        """`attention` of layer i for every sequence of the run, over its own cache."""
+        parts = qkv.split(run.rows)
+        outs = [self.attention(p, w, st.kv[i], st) for p, st in zip(parts, run.states, strict=True)]
+        return outs[0] if len(outs) == 1 else torch.cat(outs)
+
+    def conv_run(
+        self, qkv: Tensor, w: Tensor, i: int, run: Run
+    ) -> tuple[Tensor, Tensor | list[Tensor]]:
+        """`conv` of layer i for every sequence of the run: (outputs, each one's conv sequence)."""
+        parts = qkv.split(run.rows)
+        outs, seqs = [], []
+        for p, st in zip(parts, run.states, strict=True):
+            o, cs = self.conv(st.gdn[i].conv, p, w)
+            outs.append(o)
+            seqs.append(cs)
+        return (outs[0] if len(outs) == 1 else torch.cat(outs)), seqs
+
+    def gdn_run(
+        self,
+        i: int,
+        qkvab: tuple[Tensor, Tensor, Tensor, Tensor, Tensor],
+        w: GdnWeights,
+        run: Run,
+        conv_seqs: Tensor | list[Tensor],
+    ) -> Tensor:
+        """`gdn` of layer i for every sequence of the run, on its own state."""
+        parts = zip(*(x.split(run.rows) for x in qkvab), strict=True)
+        outs = [
+            self.gdn(i, *p, w, st, cs)
+            for p, st, cs in zip(parts, run.states, conv_seqs, strict=True)
+        ]
+        return outs[0] if len(outs) == 1 else torch.cat(outs)
 
     @abstractmethod
     def norm(self, x: Tensor, w: Tensor) -> Tensor:
@@ -312,6 +362,74 @@ class TritonRows(Rows):
         )  # fmt: skip
         o = verify_as_decode_rows(q[None], cache.k[None], cache.v[None], position, d**-0.5)
         return o[0].reshape(t_len, hq * d)
+
+    def run(self, states: list[SeqState], rows: int) -> Run:
+        """Several slots of one pool step together: one launch per op for all of them."""
+        pool = states[0].pool
+        if len(states) == 1 or pool is None or any(st.pool is not pool for st in states):
+            return Run(states, rows)
+        starts = torch.tensor([st.length for st in states], device=pool.device)
+        return Run(states, rows, pool.step_together(states), starts)
+
+    def attention_run(self, qkv: Tensor, w: AttentionWeights, i: int, run: Run) -> Tensor:
+        if run.pooled is None:
+            return super().attention_run(qkv, w, i, run)
+        from specdash.kernels.decode_attention import verify_as_decode_rows
+        from specdash.kernels.rope import qk_norm_rope_rows
+
+        cfg, n, slots = self.cfg, len(run.states), run.pooled.slots
+        hq, d = cfg.num_attention_heads, cfg.head_dim
+        cache = run.states[0].pool.kv[i]  # type: ignore[union-attr]
+        q = qk_norm_rope_rows(
+            qkv, hq, cfg.num_key_value_heads, cfg.gated_attention, w.q_norm, w.k_norm,
+            cfg.rms_norm_eps, cfg.zero_centred_norm, self.rope.cos, self.rope.sin, run.starts,
+            cache.k, cache.v, slots=slots,
+        )  # fmt: skip
+        q = q.view(n, run.rows, hq, d)
+        o = verify_as_decode_rows(q, cache.k, cache.v, run.starts, d**-0.5, slots=slots)
+        return o.reshape(n * run.rows, hq * d)
+
+    def conv_run(
+        self, qkv: Tensor, w: Tensor, i: int, run: Run
+    ) -> tuple[Tensor, Tensor | list[Tensor]]:
+        if run.pooled is None:
+            return super().conv_run(qkv, w, i, run)
+        from specdash.kernels.elementwise import causal_conv_silu_rows
+
+        pool = run.states[0].pool
+        return causal_conv_silu_rows(pool.gdn[i].conv, qkv, w, slots=run.pooled.slots)  # type: ignore[union-attr]
+
+    def gdn_run(
+        self,
+        i: int,
+        qkvab: tuple[Tensor, Tensor, Tensor, Tensor, Tensor],
+        w: GdnWeights,
+        run: Run,
+        conv_seqs: Tensor | list[Tensor],
+    ) -> Tensor:
+        if run.pooled is None:
+            return super().gdn_run(i, qkvab, w, run, conv_seqs)
+        from specdash.kernels.gdn import gdn_verify_steps
+
+        n, t = len(run.states), run.rows
+        q, k, v, a, b = (x.view(n, t, *x.shape[1:]) for x in qkvab)
+        pool = run.states[0].pool
+        o, steps = gdn_verify_steps(
+            q,
+            k,
+            v,
+            a,
+            b,
+            w.a_log,
+            w.dt_bias,
+            pool.gdn[i].ssm,
+            slots=run.pooled.slots,  # type: ignore[union-attr]
+        )
+        assert isinstance(conv_seqs, Tensor)
+        run.pooled.steps[i] = GdnSteps(conv_seqs, steps)
+        for j, st in enumerate(run.states):  # so that `state.commit` works too
+            st.pending[i] = GdnSteps(conv_seqs[j], steps[j])
+        return o.reshape(n * t, *o.shape[2:])
 
     def output_gate(self, o: Tensor, qkv: Tensor) -> Tensor:
         if not self.cfg.gated_attention:

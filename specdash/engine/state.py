@@ -4,6 +4,10 @@ Attention layers keep a preallocated KV cache: rolling back is only moving `leng
 because rejected positions are overwritten by the next step. GDN layers keep a conv
 window and an fp32 recurrent state; a multi-token step records the state after every
 token (`GdnSteps`) so accepting j tokens restores exactly the state after token j.
+
+A `SlotPool` holds many states' buffers in one tensor per layer (slot s is index s), so the
+row kernels serve a batch of sequences, wherever their slots are, in one launch per op, and
+`commit_batch` commits them in one gather and copy per GDN layer.
 """
 
 from __future__ import annotations
@@ -46,6 +50,9 @@ class SeqState:
     pending: dict[int, GdnSteps] = field(default_factory=dict)
     position: Tensor | None = None
     """`length` mirrored on the device (CUDA): a captured CUDA graph reads positions from it."""
+    pool: SlotPool | None = None
+    """The pool whose slot `slot` holds this state's buffers (views), if any."""
+    slot: int = -1
     in_place: bool = False
     """Store GDN updates into the existing buffers: the engine sets it on its CUDA-graph slots,
     whose graphs hold these addresses. Otherwise new tensors replace them, which saves a copy
@@ -55,27 +62,7 @@ class SeqState:
     def empty(
         cls, cfg: ModelConfig, capacity: int, dtype: torch.dtype, device: torch.device
     ) -> SeqState:
-        kv, gdn = {}, {}
-        for i, lt in enumerate(cfg.layer_types):
-            if lt == "full_attention":
-                shape = (cfg.num_key_value_heads, capacity, cfg.head_dim)
-                kv[i] = KVCache(
-                    torch.zeros(shape, dtype=dtype, device=device),
-                    torch.zeros(shape, dtype=dtype, device=device),
-                )
-            else:
-                gdn[i] = GdnState(
-                    torch.zeros(
-                        cfg.linear_conv_kernel_dim - 1, cfg.gdn_conv_dim, dtype=dtype, device=device
-                    ),
-                    torch.zeros(
-                        cfg.linear_num_value_heads,
-                        cfg.linear_key_head_dim,
-                        cfg.linear_value_head_dim,
-                        dtype=torch.float32,
-                        device=device,
-                    ),
-                )
+        kv, gdn = _buffers(cfg, capacity, dtype, device, ())
         position = None
         if device.type == "cuda":
             position = torch.zeros(1, dtype=torch.int64, device=device)
@@ -141,6 +128,107 @@ class SeqState:
         """The host side of `commit`, after the device side ran eagerly or as a graph."""
         self.length += rows
         self.pending = {}
+
+
+def _buffers(
+    cfg: ModelConfig, capacity: int, dtype: torch.dtype, device: torch.device, lead: tuple[int, ...]
+) -> tuple[dict[int, KVCache], dict[int, GdnState]]:
+    """Zeroed KV caches and GDN states of every layer, each with leading dims `lead`."""
+    kv, gdn = {}, {}
+    for i, lt in enumerate(cfg.layer_types):
+        if lt == "full_attention":
+            shape = (*lead, cfg.num_key_value_heads, capacity, cfg.head_dim)
+            kv[i] = KVCache(
+                torch.zeros(shape, dtype=dtype, device=device),
+                torch.zeros(shape, dtype=dtype, device=device),
+            )
+        else:
+            conv = (*lead, cfg.linear_conv_kernel_dim - 1, cfg.gdn_conv_dim)
+            ssm = (*lead, cfg.linear_num_value_heads, cfg.linear_key_head_dim)
+            gdn[i] = GdnState(
+                torch.zeros(conv, dtype=dtype, device=device),
+                torch.zeros((*ssm, cfg.linear_value_head_dim), dtype=torch.float32, device=device),
+            )
+    return kv, gdn
+
+
+@dataclass(slots=True)
+class PooledSteps:
+    """GDN steps of several slots of one pool from one batched forward, for `commit_batch`."""
+
+    states: list[SeqState]
+    slots: Tensor  # [B]
+    steps: dict[int, GdnSteps]  # conv_seq [B, W-1+T, C], states [B, T, HV, Dk, Dv]
+
+
+class SlotPool:
+    """`slots` states of `capacity` tokens in one tensor per layer: kv k/v [S, Hkv, cap, D],
+    gdn conv [S, W-1, C] and ssm [S, HV, Dk, Dv]. `states[s]` is slot s, views into these, kept
+    in place (so CUDA graphs captured on a slot stay valid)."""
+
+    def __init__(
+        self, cfg: ModelConfig, slots: int, capacity: int, dtype: torch.dtype, device: torch.device
+    ) -> None:
+        self.kv, self.gdn = _buffers(cfg, capacity, dtype, device, (slots,))
+        self.capacity, self.device = capacity, device
+        self.pending: list[PooledSteps] = []
+        """Batched GDN steps of the last forward, until committed."""
+        self.position = None
+        """Every slot's `position` (CUDA), so a batch's positions move in one launch."""
+        if device.type == "cuda":
+            self.position = torch.zeros(slots, dtype=torch.int64, device=device)
+        self.states: list[SeqState] = []
+        for s in range(slots):
+            position = None if self.position is None else self.position[s : s + 1]
+            self.states.append(
+                SeqState(
+                    kv={i: KVCache(c.k[s], c.v[s]) for i, c in self.kv.items()},
+                    gdn={i: GdnState(g.conv[s], g.ssm[s]) for i, g in self.gdn.items()},
+                    capacity=capacity,
+                    position=position,
+                    pool=self,
+                    slot=s,
+                    in_place=True,
+                )
+            )
+
+    def step_together(self, states: list[SeqState]) -> PooledSteps:
+        """Record that `states` (slots of this pool) step in one batched forward: their GDN steps
+        go into the returned PooledSteps, for `commit_batch`. Replaces any earlier uncommitted
+        record of these states (a warm-up forward that was never committed)."""
+        ids = {id(st) for st in states}
+        slots = torch.tensor([st.slot for st in states], device=self.device)
+        run = PooledSteps(states, slots, {})
+        self.pending = [p for p in self.pending if not ids & {id(st) for st in p.states}] + [run]
+        return run
+
+
+def commit_batch(states: list[SeqState], rows: list[int]) -> None:
+    """`state.commit(n)` for every state of the last (batched) forward: the states that a pooled
+    forward stepped together are committed by one gather and one copy per GDN layer and buffer;
+    the others one by one. The same copies, so the same bits, as `commit`."""
+    keep = {id(st): n for st, n in zip(states, rows, strict=True)}
+    for pool in {id(st.pool): st.pool for st in states if st.pool is not None}.values():
+        for run in pool.pending:
+            if not all(id(st) in keep for st in run.states):
+                continue  # not stepped by this commit's forward: dropped below
+            kept = [keep.pop(id(st)) for st in run.states]
+            n = torch.tensor(kept, device=run.slots.device)
+            b = torch.arange(len(run.states), device=n.device)
+            for i, steps in run.steps.items():
+                g = pool.gdn[i]
+                w = g.conv.shape[1]
+                g.ssm.index_copy_(0, run.slots, steps.states[b, n - 1])
+                window = steps.conv_seq[b[:, None], n[:, None] + torch.arange(w, device=n.device)]
+                g.conv.index_copy_(0, run.slots, window)
+            if pool.position is not None:
+                pool.position.index_add_(0, run.slots, n)
+            for st, k in zip(run.states, kept, strict=True):
+                st.keep(k)
+        pool.pending = []
+    for st in states:
+        if id(st) in keep:
+            st.commit(keep[id(st)])
 
 
 def take_fitting(pool: list[SeqState], capacity: int) -> SeqState | None:
