@@ -105,9 +105,12 @@ def _gemm_kernel(
     IEEE: tl.constexpr,
     PDL: tl.constexpr,
 ):
-    pid_n = tl.program_id(0)
-    pid_s = tl.program_id(1)
-    pid_m = tl.program_id(2)
+    # M tiles vary fastest: the programs that read one weight tile for different rows run side
+    # by side, so a batch of many rows streams the weight from DRAM about once (L2 serves the
+    # rest). The launch order never reaches a program's arithmetic.
+    pid_m = tl.program_id(0)
+    pid_n = tl.program_id(1)
+    pid_s = tl.program_id(2)
     offs_m = pid_m * BLOCK_M + tl.arange(0, BLOCK_M)
     offs_n = pid_n * BLOCK_N + tl.arange(0, BLOCK_N)
     offs_k = tl.arange(0, BLOCK_K)
@@ -140,7 +143,7 @@ def _gemm_kernel(
     else:
         tl.store(part_ptr + pid_s * M * N + tile, acc, mask=mask)
         tl.debug_barrier()  # every thread's partial is written before the ticket is taken
-        ticket_at = ticket_ptr + pid_m * tl.num_programs(0) + pid_n
+        ticket_at = ticket_ptr + pid_m * tl.num_programs(1) + pid_n
         if tl.atomic_add(ticket_at, 1, sem="acq_rel") == SPLIT_K - 1:
             total = tl.load(part_ptr + tile, mask=mask, other=0.0, cache_modifier=".cg")
             for s in tl.static_range(1, SPLIT_K):
@@ -218,12 +221,12 @@ def matmul_batch_invariant(
     out = torch.empty((m, n), device=x.device, dtype=x.dtype)
     if m == 0:
         return out.reshape(*lead_shape, n)
-    grid = (triton.cdiv(n, cfg.block_n), cfg.split_k, triton.cdiv(m, BLOCK_M))
+    grid = (triton.cdiv(m, BLOCK_M), triton.cdiv(n, cfg.block_n), cfg.split_k)
     if cfg.split_k == 1:
         partials, tickets = out, out  # unused
     else:
         partials = torch.empty((cfg.split_k, m, n), device=x.device, dtype=torch.float32)
-        tickets = _ticket_counters(x.device, grid[0] * grid[2])
+        tickets = _ticket_counters(x.device, grid[0] * grid[1])
     if cfg.tma:
         x_src = TensorDescriptor.from_tensor(x2, [BLOCK_M, cfg.block_k])
         w_src = TensorDescriptor.from_tensor(w, [cfg.block_n, cfg.block_k])

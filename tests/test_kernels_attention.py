@@ -68,7 +68,9 @@ def test_slots_of_a_pool_give_each_sequence_its_own_bits():
     lens = torch.tensor([100, 250, 7])
     pooled = verify_as_decode_rows(q, pool_k, pool_v, lens, 0.1, split_size=64, slots=slots)
     for b in range(3):
-        alone = verify_as_decode_rows(q[b : b + 1], k[b : b + 1], v[b : b + 1], lens[b : b + 1], 0.1, 64)
+        alone = verify_as_decode_rows(
+            q[b : b + 1], k[b : b + 1], v[b : b + 1], lens[b : b + 1], 0.1, 64
+        )
         assert torch.equal(alone[0], pooled[b]), b
 
 
