@@ -9,7 +9,7 @@ round, then `--repeats` rounds; the median is printed.
 Exactness across B is what tests/test_batch_exact.py proves; here the engine's shadow is off.
 
     python benchmarks/bench_batch.py [--device cpu|cuda] [--preset qwen3.5-27b-shape]
-        [--model DIR --draft DIR] [--drafter model|ngram] [-k 4] [--batches 1 8 32]
+        [--model DIR --draft DIR] [--drafter model|ngram] [-k 4 (0: plain only)] [--batches 1 8 32]
         [--context 256] [--max-new-tokens 32] [--repeats 3] [--prompts N] [--json FILE]
 """
 
@@ -114,7 +114,7 @@ def main() -> None:
         f"context {a.context}, new {a.max_new_tokens}",
     )
     prompts = prompt_ids(loaded, a.prompts or max(a.batches), a.context)
-    configs = {"plain": 0, f"exact spec k={a.k}": a.k}
+    configs = {"plain": 0, f"exact spec k={a.k}": a.k} if a.k else {"plain": 0}
     results: dict[str, dict[int, float]] = {}
     for name, k in configs.items():
         results[name] = {}
@@ -124,6 +124,7 @@ def main() -> None:
                 cell(loaded, drafter, prompts, b, k, a.max_new_tokens) for _ in range(a.repeats)
             ]
             results[name][b] = statistics.median(runs)
+            print(f"  {name} B={b}: {results[name][b]:.1f} tok/s", flush=True)
     head = (
         " | ".join(f"B={b} tok/s" for b in a.batches)
         + " | "
