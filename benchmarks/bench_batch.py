@@ -11,6 +11,7 @@ Exactness across B is what tests/test_batch_exact.py proves; here the engine's s
     python benchmarks/bench_batch.py [--device cpu|cuda] [--preset qwen3.5-27b-shape]
         [--model DIR --draft DIR] [--drafter model|ngram] [-k 4 (0: plain only)] [--batches 1 8 32]
         [--context 256] [--max-new-tokens 32] [--repeats 3] [--prompts N] [--json FILE]
+        [--profile]
 """
 
 from __future__ import annotations
@@ -43,21 +44,64 @@ def prompt_ids(loaded: Loaded, n: int, context: int) -> list[list[int]]:
     return out
 
 
-def cell(
+def make_engine(
     loaded: Loaded, drafter: str, prompts: list[list[int]], batch: int, k: int, new: int
-) -> float:
-    """Aggregate tok/s over the prompt set with up to `batch` sequences in flight (continuous
-    batching: a finished sequence's slot takes the next prompt), one batched step at a time;
-    only the steps are timed (prefill is not)."""
-
+) -> Engine:
     def make() -> Drafter:
         if drafter == "model" and loaded.draft is not None:
             return ModelDrafter(loaded.draft)
         return NgramDrafter()
 
     engine = Engine(loaded.target, make, [])  # no EOS: every sequence runs `new` tokens
+    engine.reserve(max(map(len, prompts)), new, max(k, 1), batch, shadow=False)
+    return engine
+
+
+def profile_steps(
+    loaded: Loaded, drafter: str, prompts: list[list[int]], batch: int, k: int, new: int
+) -> None:
+    """Where a batched step's time goes: `batch` sequences prefilled (not profiled), then their
+    steps under torch.profiler: wall time per step against the summed kernel time per step
+    (the GPU's busy time; the rest is the host issuing launches), and the top kernels."""
+    from torch.profiler import ProfilerActivity, profile
+
+    engine = make_engine(loaded, drafter, prompts, batch, k, new)
+    with torch.inference_mode():
+        flight = [
+            engine.start(i, p, new, max(k, 1), shadow=False)[0]
+            for i, p in enumerate(prompts[:batch])
+        ]
+        engine.spec_step(flight, k, "exact", new)  # warm-up (compiles)
+        sync()
+        cuda = torch.cuda.is_available()
+        acts = [ProfilerActivity.CPU] + ([ProfilerActivity.CUDA] if cuda else [])
+        steps, t0 = 0, time.perf_counter()
+        with profile(activities=acts) as prof:
+            while not any(s.done for s in flight):
+                engine.spec_step(flight, k, "exact", new)
+                steps += 1
+            sync()
+        wall = (time.perf_counter() - t0) / max(steps, 1)
+    events = [e for e in prof.key_averages() if (e.device_type.name == "CUDA") == cuda]
+    key = "self_device_time_total" if cuda else "self_cpu_time_total"
+    busy = sum(getattr(e, key) for e in events) / 1e3 / max(steps, 1)
+    print(
+        f"profile B={batch} k={k}: {steps} steps, wall {wall * 1e3:.1f} ms/step, "
+        f"kernels {busy:.1f} ms/step ({'GPU' if cuda else 'CPU self'} time)"
+    )
+    for e in sorted(events, key=lambda e: -getattr(e, key))[:10]:
+        per = getattr(e, key) / 1e3 / max(steps, 1)
+        print(f"  {per:7.2f} ms/step  {e.count / max(steps, 1):6.0f}/step  {e.key[:90]}")
+
+
+def cell(
+    loaded: Loaded, drafter: str, prompts: list[list[int]], batch: int, k: int, new: int
+) -> float:
+    """Aggregate tok/s over the prompt set with up to `batch` sequences in flight (continuous
+    batching: a finished sequence's slot takes the next prompt), one batched step at a time;
+    only the steps are timed (prefill is not)."""
+    engine = make_engine(loaded, drafter, prompts, batch, k, new)
     k_max = max(k, 1)
-    engine.reserve(max(map(len, prompts)), new, k_max, batch, shadow=False)
     queue, flight, tokens, seconds = list(enumerate(prompts)), [], 0, 0.0
     with torch.inference_mode():
         while queue or flight:
@@ -95,6 +139,7 @@ def main() -> None:
     ap.add_argument("--repeats", type=int, default=3)
     ap.add_argument("--prompts", type=int, help="prompts per cell (default: the largest B)")
     ap.add_argument("--json", type=Path)
+    ap.add_argument("--profile", action="store_true", help="then profile steps at the largest B")
     a = ap.parse_args()
     settings = SessionSettings(
         model=a.model, draft=a.draft, preset=a.preset, drafter=a.drafter, device=a.device
@@ -136,6 +181,9 @@ def main() -> None:
         base = r[a.batches[0]]
         cells = [f"{r[b]:.1f}" for b in a.batches] + [f"{r[b] / base:.2f}x" for b in a.batches[1:]]
         print(f"| {name} | " + " | ".join(cells) + " |")
+    if a.profile:
+        for k in configs.values():
+            profile_steps(loaded, drafter, prompts, max(a.batches), k, a.max_new_tokens)
     if a.json:
         a.json.write_text(json.dumps({"argv": sys.argv, "results": results}, indent=1))
 
