@@ -18,8 +18,9 @@ lengths run eagerly. `spec_step` and `shadow_catch_up` show both paths.
 
 Batching (continuous, as nano-vllm's scheduler): `spec_step` takes a list of sequences and
 verifies all their rows in one forward (`Model.forward_batch`: GEMM M = every row of every
-sequence, attention and GDN per sequence on its own slot); acceptance and commit stay per
-sequence. Batch-invariant GEMMs and per-row reductions make each row's bits independent of
+sequence; attention and GDN on each sequence's own slot, one launch per op for the sequences
+with as many rows when `reserve` made their slots one `SlotPool`); acceptance stays per
+sequence, the commit is one batched copy per GDN buffer (`state.commit_batch`). Batch-invariant GEMMs and per-row reductions make each row's bits independent of
 its neighbours, so a sequence's output is the same at any batch size
 (tests/test_batch_exact.py). A batch of one takes the graphed path; larger batches run
 eagerly. `reserve` sizes the slots once per session, so memory stays flat over mixed prompt
