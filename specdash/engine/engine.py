@@ -20,11 +20,11 @@ Batching (continuous, as nano-vllm's scheduler): `spec_step` takes a list of seq
 verifies all their rows in one forward (`Model.forward_batch`: GEMM M = every row of every
 sequence; attention and GDN on each sequence's own slot, one launch per op for the sequences
 with as many rows when `reserve` made their slots one `SlotPool`); acceptance stays per
-sequence, the commit is one batched copy per GDN buffer (`state.commit_batch`). Batch-invariant GEMMs and per-row reductions make each row's bits independent of
-its neighbours, so a sequence's output is the same at any batch size
-(tests/test_batch_exact.py). A batch of one takes the graphed path; larger batches run
-eagerly. `reserve` sizes the slots once per session, so memory stays flat over mixed prompt
-lengths.
+sequence, the commit is one batched copy per GDN buffer (`state.commit_batch`).
+Batch-invariant GEMMs and per-row reductions make each row's bits independent of its
+neighbours, so a sequence's output is the same at any batch size (tests/test_batch_exact.py).
+A batch of one takes the graphed path; larger batches run eagerly. `reserve` sizes the slots
+once per session, so memory stays flat over mixed prompt lengths.
 """
 
 from __future__ import annotations
