@@ -426,9 +426,8 @@ class TritonRows(Rows):
             slots=run.pooled.slots,  # type: ignore[union-attr]
         )
         assert isinstance(conv_seqs, Tensor)
-        run.pooled.steps[i] = GdnSteps(conv_seqs, steps)
-        for j, st in enumerate(run.states):  # so that `state.commit` works too
-            st.pending[i] = GdnSteps(conv_seqs[j], steps[j])
+        run.pooled.steps[i] = GdnSteps(conv_seqs, steps)  # for `commit_batch` (one per state
+        # would cost B x layers host-side views per forward)
         return o.reshape(n * t, *o.shape[2:])
 
     def output_gate(self, o: Tensor, qkv: Tensor) -> Tensor:

@@ -112,6 +112,9 @@ class SeqState:
 
         The KV of dropped rows stays in the cache past `length` and is overwritten later.
         """
+        if self.pool is not None:  # a pooled run's GDN steps are the run's, not the state's
+            stepped = (st for p in self.pool.pending for st in p.states)
+            assert all(st is not self for st in stepped), "commit a pooled run with commit_batch"
         self.apply_commit(self.pending, rows)
         self.keep(rows)
 
