@@ -253,6 +253,9 @@ def test_ctrl_c_mid_step_exits_130_and_keeps_the_trace(pair, tmp_path) -> None:
         stderr=subprocess.PIPE,
         text=True,
         env=os.environ | {"PYTHONUNBUFFERED": "1"},
+        # Ctrl-C's default action, even when the test run is a background job (a shell starts
+        # those with SIGINT ignored, and the child would inherit that and never see it)
+        preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL),
     )
     deadline = time.time() + 60
     while time.time() < deadline:

@@ -54,6 +54,7 @@ from specdash.cli import build_parser
 from specdash.ui.widgets.help_screen import HelpScreen
 
 async def main():
+    before = signal.getsignal(signal.SIGQUIT)  # SIG_IGN when the test run is a background job
     app = dashboard_app(build_parser().parse_args(argv))
     app.source._telemetry = False
     async with app.run_test(size=(160, 48)) as pilot:
@@ -74,7 +75,7 @@ async def main():
         "engine_ended": engine_ended,
         "help_opened": help_opened,
         "return_code": app.return_code,
-        "restored": signal.getsignal(signal.SIGQUIT) == signal.SIG_DFL,
+        "restored": signal.getsignal(signal.SIGQUIT) == before,
         "child_exit": CHILDREN[0].wait(timeout=10),
         "engine_kw": {k: ENGINES[0].kw.get(k) for k in ("mem_fraction_static", "shut")},
     }
