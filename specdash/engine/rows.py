@@ -379,7 +379,7 @@ class TritonRows(Rows):
 
         cfg, n, slots = self.cfg, len(run.states), run.pooled.slots
         hq, d = cfg.num_attention_heads, cfg.head_dim
-        cache = run.states[0].pool.kv[i]  # type: ignore[union-attr]
+        cache = run.pooled.pool.kv[i]
         q = qk_norm_rope_rows(
             qkv, hq, cfg.num_key_value_heads, cfg.gated_attention, w.q_norm, w.k_norm,
             cfg.rms_norm_eps, cfg.zero_centred_norm, self.rope.cos, self.rope.sin, run.starts,
@@ -396,8 +396,8 @@ class TritonRows(Rows):
             return super().conv_run(qkv, w, i, run)
         from specdash.kernels.elementwise import causal_conv_silu_rows
 
-        pool = run.states[0].pool
-        return causal_conv_silu_rows(pool.gdn[i].conv, qkv, w, slots=run.pooled.slots)  # type: ignore[union-attr]
+        window = run.pooled.pool.gdn[i].conv
+        return causal_conv_silu_rows(window, qkv, w, slots=run.pooled.slots)
 
     def gdn_run(
         self,
@@ -413,18 +413,8 @@ class TritonRows(Rows):
 
         n, t = len(run.states), run.rows
         q, k, v, a, b = (x.view(n, t, *x.shape[1:]) for x in qkvab)
-        pool = run.states[0].pool
-        o, steps = gdn_verify_steps(
-            q,
-            k,
-            v,
-            a,
-            b,
-            w.a_log,
-            w.dt_bias,
-            pool.gdn[i].ssm,
-            slots=run.pooled.slots,  # type: ignore[union-attr]
-        )
+        ssm, slots = run.pooled.pool.gdn[i].ssm, run.pooled.slots
+        o, steps = gdn_verify_steps(q, k, v, a, b, w.a_log, w.dt_bias, ssm, slots=slots)
         assert isinstance(conv_seqs, Tensor)
         run.pooled.steps[i] = GdnSteps(conv_seqs, steps)  # for `commit_batch` (one per state
         # would cost B x layers host-side views per forward)

@@ -159,6 +159,7 @@ def _buffers(
 class PooledSteps:
     """GDN steps of several slots of one pool from one batched forward, for `commit_batch`."""
 
+    pool: SlotPool
     states: list[SeqState]
     slots: Tensor  # [B]
     steps: dict[int, GdnSteps]  # conv_seq [B, W-1+T, C], states [B, T, HV, Dk, Dv]
@@ -201,7 +202,7 @@ class SlotPool:
         record of these states (a warm-up forward that was never committed)."""
         ids = {id(st) for st in states}
         slots = torch.tensor([st.slot for st in states], device=self.device)
-        run = PooledSteps(states, slots, {})
+        run = PooledSteps(self, states, slots, {})
         self.pending = [p for p in self.pending if not ids & {id(st) for st in p.states}] + [run]
         return run
 
