@@ -30,7 +30,7 @@ import torch
 
 from specdash.engine import gemm_backends, ops
 from specdash.engine.config import ModelConfig
-from specdash.engine.rows import Rope, Rows, Run, row_implementations
+from specdash.engine.rows import Rope, Rows, Run, cat_rows, row_implementations
 from specdash.engine.state import SeqState
 from specdash.errors import UsageError
 
@@ -349,8 +349,8 @@ class Model:
     ) -> Tensor:
         rows = self.rows[mode]
         qkv = obs(i, "qkv_proj", self._linear(h, w.qkv, mode))
-        parts = qkv.split([len(r.states) * r.rows for r in runs])
-        o = _cat([rows.attention_run(p, w, i, r) for p, r in zip(parts, runs, strict=True)])
+        parts = qkv.split([r.size for r in runs])
+        o = cat_rows([rows.attention_run(p, w, i, r) for p, r in zip(parts, runs, strict=True)])
         o = obs(i, "attention", o)
         return obs(i, "o_proj", self._linear(rows.output_gate(o, qkv), w.o, mode))
 
@@ -362,14 +362,14 @@ class Model:
         dk, dv = cfg.linear_key_head_dim, cfg.linear_value_head_dim
         proj = obs(i, "in_proj", self._linear(h, w.proj, mode))
         qkv, z, b, a = proj.split([cfg.gdn_conv_dim, cfg.gdn_value_dim, nv, nv], dim=-1)
-        sizes = [len(r.states) * r.rows for r in runs]
+        sizes = [r.size for r in runs]
         parts = zip(qkv.split(sizes), runs, strict=True)
         convs = [rows.conv_run(p, w.conv, i, r) for p, r in parts]
-        mixed = obs(i, "conv", _cat([m for m, _ in convs]))
+        mixed = obs(i, "conv", cat_rows([m for m, _ in convs]))
         q, k, v = mixed.split([cfg.gdn_key_dim, cfg.gdn_key_dim, cfg.gdn_value_dim], dim=-1)
         q, k, v = q.view(t_len, nk, dk), k.view(t_len, nk, dk), v.view(t_len, nv, dv)
         per_run = zip(*(x.split(sizes) for x in (q, k, v, a, b)), strict=True)
-        o = _cat(
+        o = cat_rows(
             [
                 rows.gdn_run(i, qkvab, w, r, cs)
                 for qkvab, r, (_, cs) in zip(per_run, runs, convs, strict=True)
@@ -378,10 +378,6 @@ class Model:
         o = rows.gated_norm(obs(i, "recurrent", o), z.view(t_len, nv, dv), w.norm)
         o = obs(i, "gated_norm", o.reshape(t_len, nv * dv))
         return obs(i, "out_proj", self._linear(o, w.out, mode))
-
-
-def _cat(parts: list[Tensor]) -> Tensor:
-    return parts[0] if len(parts) == 1 else torch.cat(parts)
 
 
 def _identity(layer: int, name: str, x: Tensor) -> Tensor:

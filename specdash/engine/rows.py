@@ -68,6 +68,16 @@ class Run:
     pooled: PooledSteps | None = None
     starts: Tensor | None = None
 
+    @property
+    def size(self) -> int:
+        """Rows of the whole run."""
+        return len(self.states) * self.rows
+
+
+def cat_rows(parts: list[Tensor]) -> Tensor:
+    """The row blocks of several sequences (or runs) as one tensor; one block is returned as is."""
+    return parts[0] if len(parts) == 1 else torch.cat(parts)
+
 
 class Rows(ABC):
     """The row-computing sub-ops of one mode: the model's GEMMs and observers stay outside."""
@@ -86,7 +96,7 @@ class Rows(ABC):
         """`attention` of layer i for every sequence of the run, over its own cache."""
         parts = qkv.split(run.rows)
         outs = [self.attention(p, w, st.kv[i], st) for p, st in zip(parts, run.states, strict=True)]
-        return outs[0] if len(outs) == 1 else torch.cat(outs)
+        return cat_rows(outs)
 
     def conv_run(
         self, qkv: Tensor, w: Tensor, i: int, run: Run
@@ -98,7 +108,7 @@ class Rows(ABC):
             o, cs = self.conv(st.gdn[i].conv, p, w)
             outs.append(o)
             seqs.append(cs)
-        return (outs[0] if len(outs) == 1 else torch.cat(outs)), seqs
+        return cat_rows(outs), seqs
 
     def gdn_run(
         self,
@@ -114,7 +124,7 @@ class Rows(ABC):
             self.gdn(i, *p, w, st, cs)
             for p, st, cs in zip(parts, run.states, conv_seqs, strict=True)
         ]
-        return outs[0] if len(outs) == 1 else torch.cat(outs)
+        return cat_rows(outs)
 
     @abstractmethod
     def norm(self, x: Tensor, w: Tensor) -> Tensor:

@@ -175,6 +175,7 @@ class SlotPool:
     ) -> None:
         self.kv, self.gdn = _buffers(cfg, capacity, dtype, device, (slots,))
         self.capacity, self.device = capacity, device
+        self.conv_window = cfg.linear_conv_kernel_dim - 1
         self.pending: list[PooledSteps] = []
         """Batched GDN steps of the last forward, until committed."""
         self.position = None
@@ -219,12 +220,12 @@ def commit_batch(states: list[SeqState], rows: list[int]) -> None:
             kept = [keep.pop(id(st)) for st in run.states]
             n = torch.tensor(kept, device=run.slots.device)
             b = torch.arange(len(run.states), device=n.device)
+            last = n - 1  # the state after the last kept row
+            window = n[:, None] + torch.arange(pool.conv_window, device=n.device)  # kept window
             for i, steps in run.steps.items():
                 g = pool.gdn[i]
-                w = g.conv.shape[1]
-                g.ssm.index_copy_(0, run.slots, steps.states[b, n - 1])
-                window = steps.conv_seq[b[:, None], n[:, None] + torch.arange(w, device=n.device)]
-                g.conv.index_copy_(0, run.slots, window)
+                g.ssm.index_copy_(0, run.slots, steps.states[b, last])
+                g.conv.index_copy_(0, run.slots, steps.conv_seq[b[:, None], window])
             if pool.position is not None:
                 pool.position.index_add_(0, run.slots, n)
             for st, k in zip(run.states, kept, strict=True):
