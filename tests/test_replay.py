@@ -224,3 +224,30 @@ def test_cli_replay_bad_input(tmp_path, capsys):
         f"specdash: error: trace not found: {tmp_path / 'none.jsonl'}",
         "specdash: error: replay speed must be above 0, got -1.0",
     ]
+
+
+async def test_replay_plays_on_under_the_help_screen_and_while_quitting():
+    """The position bar lives on the dashboard screen: a tick with the help screen on top
+    updates it, and a tick after the bar is gone (the app quitting; CI saw a NoMatches there)
+    moves the replay on without failing."""
+    from specdash.ui.widgets.help_screen import HelpScreen
+
+    events = session(Plan())
+    clock = FakeClock()
+    app = ReplayApp(TraceReplay(events[0], events[1:], clock=clock), name="x")
+    async with app.run_test(size=SIZE) as pilot:
+        await pilot.press("question_mark")
+        assert isinstance(app.screen, HelpScreen)
+        step = app.replay.duration_s / 100
+        clock.t += step
+        app.tick()
+        await pilot.pause()
+        await pilot.press("escape")
+        bar = str(app.dashboard.query_one("#replay-bar", Static).render())
+        assert f"event {app.replay.cursor}/" in bar and app.replay.cursor > 0
+        await app.dashboard.query_one("#replay-bar").remove()  # gone, as when the app quits
+        cursor = app.replay.cursor
+        for _ in range(10):
+            clock.t += step
+            app.tick()
+        assert not app.replay.finished and app.replay.cursor > cursor  # moved, drawn nowhere

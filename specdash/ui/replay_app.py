@@ -16,7 +16,7 @@ from textual.widgets import Static
 from specdash.events import Event
 from specdash.trace.event_log import EventLog
 from specdash.trace.replay import TraceReplay
-from specdash.ui.app import CONTROL_ACTIONS, SpecdashApp
+from specdash.ui.app import CONTROL_ACTIONS, TEARDOWN, SpecdashApp
 from specdash.ui.dashboard_model import DashboardModel
 
 TICK_HZ = 30
@@ -73,9 +73,10 @@ class ReplayApp(SpecdashApp):
             f"({share:4.0%})  {r.speed:g}x  event {r.cursor}/{len(r.events)}  "
             "space play/pause · . step · , back · [ ] seek · < > speed · 0 restart"
         )
-        if text != self._bar_text:
-            self._bar_text = text
-            self.query_one("#replay-bar", Static).update(text)
+        if text != self._bar_text and self.screen_stack:
+            with TEARDOWN:  # a tick while the app quits finds the bar gone
+                self.dashboard.query_one("#replay-bar", Static).update(text)
+                self._bar_text = text
 
     def show_history(self, history: list[Event]) -> None:
         """Rebuild every panel from the session's start up to the new position."""
