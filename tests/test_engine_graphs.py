@@ -19,7 +19,7 @@ from specdash.engine import gemm_backends, graphs
 from specdash.engine.drafters import ModelDrafter
 from specdash.engine.engine import Engine
 from specdash.engine.model import Mode, Model, random_tensors
-from specdash.engine.state import SeqState
+from specdash.engine.state import SeqState, SlotPool, commit_batch
 from specdash.errors import UsageError
 
 Tensor = torch.Tensor
@@ -41,9 +41,27 @@ class EagerStandIn:
         self.replays += 1
         return self.model.forward(tokens, state, self.mode)
 
-    def commit(self, state: SeqState, rows: int) -> None:
+    def commit(self, states: list[SeqState], kept: list[int]) -> None:
         self.commits += 1
-        state.commit(rows)
+        commit_batch(states, kept)
+
+
+class BatchStandIn(EagerStandIn):
+    """What the engine sees of a `CapturedBatch`, computed eagerly on the given slots."""
+
+    def __init__(
+        self, model: Model, pool: SlotPool, size: int, rows: int, mode: Mode, mempool: object
+    ) -> None:
+        super().__init__(model, pool.scratch, rows, mode)
+        self.pool, self.size, self.replayed_sizes = pool, size, set()
+
+    def replay(self, tokens: Tensor, states: list[SeqState]) -> Tensor:  # type: ignore[override]
+        assert len(states) <= self.size < 2 * len(states) and {st.pool for st in states} == {
+            self.pool
+        }
+        self.replays += 1
+        self.replayed_sizes.add(len(states))
+        return self.model.forward_batch(tokens, states, [self.rows] * len(states), self.mode)
 
 
 @pytest.fixture
@@ -56,6 +74,7 @@ def target(monkeypatch: pytest.MonkeyPatch) -> Model:
     )
     EagerStandIn.made = []
     monkeypatch.setattr(graphs, "CapturedForward", EagerStandIn)
+    monkeypatch.setattr(graphs, "CapturedBatch", BatchStandIn)
     monkeypatch.setattr(m.rows["exact"], "graphable", True)
     return m
 
@@ -135,3 +154,41 @@ def test_capacity_is_checked_before_a_capture(target: Model) -> None:
     with pytest.raises(UsageError):
         engine._graph(seq.state, room + 1, "exact")
     assert not engine._graphs and not EagerStandIn.made
+
+
+def test_batches_of_pool_slots_replay_one_capture_per_padded_size(
+    target: Model, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Seven prompts, five in flight on reserved slots (one pool): batches whose sequences all
+    have as many rows replay the capture of their size padded to a power of two (the shadows'
+    decode rows too), reused across steps and sequences; mixed row counts run eagerly. Same
+    ids and logprob bits as the eager engine."""
+    from test_batch_exact import MAX_NEW as BATCH_NEW
+    from test_batch_exact import decode
+
+    monkeypatch.setattr(target.rows["exact"], "steps_slots_together", True)
+    monkeypatch.setattr(torch.cuda, "graph_pool_handle", object)  # no CUDA: a token
+    gen = torch.Generator().manual_seed(8)
+    prompts = [torch.randint(0, 320, (5 + 3 * i,), generator=gen).tolist() for i in range(7)]
+    runs = {}
+    for graphed in (True, False):
+        engine = _engine(target, graphed)
+        engine.reserve(max(map(len, prompts)), BATCH_NEW, 5, sequences=5, shadow=True)
+        runs[graphed] = decode(engine, prompts, 5, K)
+        if graphed:
+            batches = engine._batch_graphs
+            assert all(size & (size - 1) == 0 for _, size, *_ in batches)
+            assert (
+                len({key[1:] for key in batches})
+                == len(batches)
+                == len([g for g in EagerStandIn.made if isinstance(g, BatchStandIn)])
+            )  # one capture per (size, rows, backend, mode)
+            assert {1, K + 1} <= {rows for _, _, rows, *_ in batches}
+            assert any(g.replays > 1 for g in batches.values())
+            assert any(min(g.replayed_sizes) < g.size for g in batches.values())  # padded
+            assert all(g.replays == g.commits for g in batches.values())
+        else:
+            assert not engine._batch_graphs
+    for i in runs[True]:
+        assert runs[True][i].ids == runs[False][i].ids
+        assert runs[True][i].logprobs == runs[False][i].logprobs

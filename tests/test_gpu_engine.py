@@ -190,8 +190,9 @@ def test_27b_shape_spec_equals_shadow_on_24_prompts(model_27b: Model, drafter: s
 @pytest.mark.parametrize("k", [0, 3])
 def test_27b_shape_batched_equals_one_at_a_time(model_27b: Model, k: int) -> None:
     """Issue 15, item 1 on the real shapes: 32 prompts decoded with B = 1, 8 and 32 sequences per
-    forward (B > 1: one eager batched forward on a slot pool, GEMM M = all rows, attention and
-    GDN one launch per run of equal row counts; B = 1: the graphed path) give
+    forward (B > 1: one batched forward on a slot pool, GEMM M = all rows, attention and GDN one
+    launch per run of equal row counts, captured as a graph where all row counts are equal, and
+    B = 32 eagerly too; B = 1: the graphed path) give
     every sequence the same ids and fp32 logprob bits, plain (k = 0) and speculative, and the
     batched shadow finds no divergence. Random weights never continue a pattern, so n-gram
     drafts are never accepted here (an H200 run showed it); the drafts replay the plain output
@@ -213,12 +214,44 @@ def test_27b_shape_batched_equals_one_at_a_time(model_27b: Model, k: int) -> Non
             continuation[tuple(p)] = ids[:MAX_NEW]
         make = lambda: ReplayDrafter(continuation)  # noqa: E731
     runs = {}
-    for batch in (1, 8, 32):
+    for batch, graphed in ((1, True), (8, True), (32, True), (32, False)):
         engine = Engine(model_27b, make, [])
+        engine.cuda_graphs = graphed
         if batch > 1:  # reserved slots are one pool: runs of a batch step together
             engine.reserve(max(map(len, prompts)), MAX_NEW, 5, sequences=batch, shadow=True)
-        runs[batch] = decode(engine, prompts, batch, k)
-        assert all(s.diverged_at is None for s in runs[batch].values()), batch
-        assert_same(runs[1], runs[batch])
+        runs[batch, graphed] = decode(engine, prompts, batch, k)
+        assert all(s.diverged_at is None for s in runs[batch, graphed].values()), batch
+        assert_same(runs[1, True], runs[batch, graphed])
+        assert bool(engine._batch_graphs) is (graphed and batch > 1)
     if k:
-        assert any(len(st.rows) > 1 for s in runs[32].values() for st in s.steps)
+        assert any(len(st.rows) > 1 for s in runs[32, True].values() for st in s.steps)
+
+
+@pytest.mark.parametrize("k", [0, 3])
+def test_captured_batches_equal_eager_batches_and_plain_greedy(k: int) -> None:
+    """Batches of pool slots replay captured graphs (`graphs.CapturedBatch`): 5 sequences pad to
+    8 with the scratch slot, fewer as they finish; slots, kept rows and positions are read on
+    the device, so one capture serves every batch of its size. Ids and logprob bits equal the
+    eager batched forward and plain greedy decoding of each prompt, and no shadow diverges."""
+    from test_batch_exact import MAX_NEW, assert_same, decode
+
+    target, draft = _model(0), _model(1, noise=0.05)
+    gen = torch.Generator().manual_seed(21)
+    prompts = [
+        torch.randint(0, target.cfg.vocab_size, (4 + 5 * i,), generator=gen).tolist()
+        for i in range(7)
+    ]
+    runs = {}
+    for graphed in (True, False):
+        engine = Engine(target, lambda: ModelDrafter(draft), [])
+        engine.cuda_graphs = graphed
+        engine.reserve(max(map(len, prompts)), MAX_NEW, 5, sequences=5, shadow=True)
+        runs[graphed] = decode(engine, prompts, 5, k)
+        assert all(s.diverged_at is None for s in runs[graphed].values())
+        sizes = {key[1] for key in engine._batch_graphs}
+        assert (8 in sizes) if graphed else not sizes
+    assert_same(runs[True], runs[False])
+    for i, p in enumerate(prompts):
+        ids, lps = plain_greedy(target, p, MAX_NEW)
+        assert runs[True][i].ids == ids.tolist()
+        assert torch.equal(torch.tensor(runs[True][i].logprobs, dtype=torch.float32), lps)

@@ -12,8 +12,8 @@ import torch
 
 from specdash.engine.config import preset
 from specdash.engine.model import Model, random_tensors
-from specdash.engine.rows import BatchedRows, TritonRows, row_implementations
-from specdash.engine.state import SeqState, SlotPool, commit_batch
+from specdash.engine.rows import BatchedRows, Run, TritonRows, row_implementations
+from specdash.engine.state import PooledSteps, SeqState, SlotPool, commit_batch
 
 # Padding tile rows in the attention kernel compute -inf - -inf = NaN that is never read.
 pytestmark = [
@@ -152,6 +152,45 @@ def test_pool_slots_step_together_with_the_bits_of_each_alone(model: Model) -> N
             for i, c in a.kv.items():
                 assert torch.equal(c.k[:, : a.length], b.kv[i].k[:, : a.length])
         lens, kept = [2, 2, 2, 2], [2, 1, 1, 2]
+
+
+def test_a_padded_run_of_device_slots_equals_each_sequence_alone(model: Model) -> None:
+    """What `graphs.CapturedBatch` captures, run eagerly: three slots out of order padded to
+    four with the pool's scratch slot, slot indices and positions as tensors (a prebuilt
+    `Run`), committed by `SlotPool.apply_commit` with 0 rows kept for the pad, two steps:
+    every row and state equals the sequence stepped alone, and the scratch slot stays empty.
+    (A CUDA pool keeps positions on the device; here CPU tensors stand in.)"""
+    gen = torch.Generator().manual_seed(19)
+    pool = SlotPool(CFG, 3, 64, torch.float32, torch.device("cpu"))
+    pool.position = torch.zeros(4, dtype=torch.int64)
+    for st in [*pool.states, pool.scratch]:
+        st.position = pool.position[st.slot : st.slot + 1]
+    order, size, rows = [2, 0, 1], 4, 2
+    prompts = [torch.randint(0, CFG.vocab_size, (4 + 3 * j,), generator=gen) for j in range(3)]
+    pooled = [pool.states[s] for s in order]
+    alone = [_prefilled(model, p) for p in prompts]
+    for st, p in zip(pooled, prompts, strict=True):
+        model.forward(p, st, "prefill")
+    slots = torch.tensor([*order, pool.scratch.slot])
+    counted = [pool.scratch] * size
+    for step, kept in enumerate(([2, 1, 2], [1, 2, 2])):
+        tokens = [torch.randint(0, CFG.vocab_size, (rows,), generator=gen) for _ in order]
+        steps = PooledSteps(pool, counted, slots, {})
+        run = Run(counted, rows, steps, pool.position.index_select(0, slots))
+        padded = torch.cat([*tokens, torch.zeros(rows, dtype=torch.long)])
+        batched = model.forward_batch(padded, counted, [rows] * size, "exact", run)
+        pool.apply_commit(steps, torch.tensor([*kept, 0]))
+        singles = [model.forward(t, st, "exact") for t, st in zip(tokens, alone, strict=True)]
+        assert torch.equal(torch.cat(singles), batched[: len(order) * rows]), f"step {step}"
+        for a, b, n in zip(alone, pooled, kept, strict=True):
+            a.commit(n)
+            b.keep(n)
+            assert a.length == b.length == int(b.position)
+            for i, g in a.gdn.items():
+                assert torch.equal(g.ssm, b.gdn[i].ssm) and torch.equal(g.conv, b.gdn[i].conv)
+            for i, c in a.kv.items():
+                assert torch.equal(c.k[:, : a.length], b.kv[i].k[:, : a.length])
+    assert int(pool.position[pool.scratch.slot]) == 0
 
 
 def test_engine_batch_on_a_pool_equals_one_at_a_time(model: Model) -> None:

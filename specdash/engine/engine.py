@@ -23,7 +23,8 @@ with as many rows when `reserve` made their slots one `SlotPool`); acceptance st
 sequence, the commit is one batched copy per GDN buffer (`state.commit_batch`).
 Batch-invariant GEMMs and per-row reductions make each row's bits independent of its
 neighbours, so a sequence's output is the same at any batch size (tests/test_batch_exact.py).
-A batch of one takes the graphed path; larger batches run eagerly. `reserve` sizes the slots
+On CUDA a batch of pool slots with as many rows each replays a graph too
+(`graphs.CapturedBatch`, one per padded size); others run eagerly. `reserve` sizes the slots
 once per session, so memory stays flat over mixed prompt lengths.
 """
 
@@ -110,6 +111,10 @@ class Engine:
         self._graphs: dict[tuple[int, int, str, Mode], graphs.CapturedForward] = {}
         """Captured forwards by (slot, rows, GEMM backend, mode): switching backend selects (or
         captures) another graph at the next step, never mid-step."""
+        self._batch_graphs: dict[tuple[int, int, int, str, Mode], graphs.CapturedBatch] = {}
+        """Captured batches by (pool, padded size, rows, GEMM backend, mode)."""
+        self._batch_mempool: tuple | None = None
+        """One graph memory pool for every captured batch: their temporaries share it."""
         self.fault: Callable[[int], Observer | None] | None = None
         """Verify-step index -> observer for the speculative run (fault-injection tests)."""
 
@@ -199,6 +204,29 @@ class Engine:
             graph = self._graphs[key] = graphs.CapturedForward(self.target, state, rows, mode)
         return graph
 
+    def _batch_graph(
+        self, states: list[SeqState], rows: int, mode: Mode
+    ) -> graphs.CapturedBatch | None:
+        """The captured batch for `states`, `rows` rows each (captured on first use), after the
+        eager forward's capacity checks; None where the batch runs eagerly: no CUDA graphs,
+        states that are not slots of one pool, or rows that step slots one by one."""
+        pool = states[0].pool
+        if not self.cuda_graphs or pool is None or any(st.pool is not pool for st in states):
+            return None
+        if not self.target.rows[mode].steps_slots_together:
+            return None
+        for st in states:
+            self.target.check_fits(st, rows)
+        size = 1 << (len(states) - 1).bit_length()
+        key = (id(pool), size, rows, self.target.gemm.name, mode)
+        graph = self._batch_graphs.get(key)
+        if graph is None:
+            if self._batch_mempool is None:
+                self._batch_mempool = torch.cuda.graph_pool_handle()
+            graph = graphs.CapturedBatch(self.target, pool, size, rows, mode, self._batch_mempool)
+            self._batch_graphs[key] = graph
+        return graph
+
     @overload
     def spec_step(self, seqs: Sequence, k: int, mode: Mode, max_new_tokens: int) -> StepResult: ...
     @overload
@@ -235,10 +263,11 @@ class Engine:
                 accepted += 1
             accepted_all.append((accepted, ids_l, lps_l))
         t2 = time.perf_counter()
-        if graph is not None:
-            graph.commit(seqs[0].state, accepted_all[0][0] + 1)
+        kept = [a + 1 for a, _, _ in accepted_all]
+        if graph is not None:  # a graph's batch is in `seqs`' order (one row count: unsorted)
+            graph.commit([s.state for s in seqs], kept)
         else:
-            commit_batch([s.state for s in seqs], [a + 1 for a, _, _ in accepted_all])
+            commit_batch([s.state for s in seqs], kept)
         for seq, d, r, (accepted, ids_l, lps_l) in zip(
             seqs, drafts, rows, accepted_all, strict=True
         ):
@@ -266,9 +295,10 @@ class Engine:
 
     def _verify(
         self, seqs: list[Sequence], rows: list[list[int]], mode: Mode
-    ) -> tuple[list[Tensor], graphs.CapturedForward | None]:
+    ) -> tuple[list[Tensor], graphs.CapturedForward | graphs.CapturedBatch | None]:
         """Every sequence's rows through the target: one sequence replays its graph (or runs
-        eagerly, observed for fault tests); several run eagerly in one batched forward."""
+        eagerly, observed for fault tests); several replay their batch's graph, or run eagerly
+        in one batched forward."""
         if len(seqs) == 1:
             seq = seqs[0]
             tokens = self._tensor(rows[0])
@@ -282,9 +312,14 @@ class Engine:
         order = sorted(range(len(seqs)), key=lambda j: len(rows[j]))
         lens = [len(rows[j]) for j in order]
         tokens = self._tensor([t for j in order for t in rows[j]])
-        lp = self.target.forward_batch(tokens, [seqs[j].state for j in order], lens, mode)
+        states = [seqs[j].state for j in order]
+        graph = self._batch_graph(states, lens[0], mode) if lens[0] == lens[-1] else None
+        if graph is not None:
+            lp = graph.replay(tokens, states)
+        else:
+            lp = self.target.forward_batch(tokens, states, lens, mode)
         out = dict(zip(order, lp.split(lens), strict=True))
-        return [out[j] for j in range(len(seqs))], None
+        return [out[j] for j in range(len(seqs))], graph
 
     def shadow_catch_up(self, seqs: Sequence | list[Sequence]) -> float:
         """Decode the shadows up to their speculative runs' lengths, one batched decode row per
@@ -301,14 +336,20 @@ class Engine:
                 graph = self._graph(shadow, 1, "exact")
                 if graph is not None:
                     lp = graph.replay(token, shadow)
-                    graph.commit(shadow, 1)
+                    graph.commit([shadow], [1])
                 else:
                     lp = self.target.forward(token, shadow, "exact")
                     shadow.commit(1)
             else:
-                states = [s.shadow for s in lag]
-                lp = self.target.forward_batch(token, states, [1] * len(lag), "exact")  # type: ignore[arg-type]
-                commit_batch(states, [1] * len(lag))  # type: ignore[arg-type]
+                states = [s.shadow for s in lag if s.shadow is not None]
+                ones = [1] * len(states)
+                batch = self._batch_graph(states, 1, "exact")
+                if batch is not None:
+                    lp = batch.replay(token, states)
+                    batch.commit(states, ones)
+                else:
+                    lp = self.target.forward_batch(token, states, ones, "exact")
+                    commit_batch(states, ones)
             toks, tok_lps = ops.greedy(lp)
             for seq, tok, tok_lp in zip(lag, toks.tolist(), tok_lps.tolist(), strict=True):
                 self._compare(seq, tok, tok_lp)

@@ -267,7 +267,12 @@ class Model:
             )
 
     def forward_batch(
-        self, tokens: Tensor, states: list[SeqState], lens: list[int], mode: Mode
+        self,
+        tokens: Tensor,
+        states: list[SeqState],
+        lens: list[int],
+        mode: Mode,
+        run: Run | None = None,
     ) -> Tensor:
         """Decode or verify several sequences in one forward: `tokens` [sum(lens)] holds
         `lens[b]` rows of sequence b, at its own positions states[b].length.. . GEMMs, norms and
@@ -275,11 +280,12 @@ class Model:
         every row's bits independent of its neighbours); attention and GDN run on each
         sequence's own state: consecutive slots of one pool with as many rows each in one launch
         per op (`Rows.run`), others one by one. Returns [sum(lens), V]; GDN steps stay pending
-        per state (commit with `state.commit_batch`)."""
+        per state (commit with `state.commit_batch`). `run`: every state as one prebuilt run (a
+        captured batch's, whose slots and positions are device tensors)."""
         assert mode != "prefill", "prefill runs per sequence"
         for state, n in zip(states, lens, strict=True):
             self.check_fits(state, n)
-        return self._forward_pass(tokens, states, mode, None, False, lens)
+        return self._forward_pass(tokens, states, mode, None, False, lens, run)
 
     def _forward_pass(
         self,
@@ -289,13 +295,11 @@ class Model:
         observe: Observer | None = None,
         all_logits: bool = False,
         lens: list[int] | None = None,
+        run: Run | None = None,
     ) -> Tensor:
         t_len, rows = tokens.shape[0], self.rows[mode]
         states = state if isinstance(state, list) else [state]
-        runs = [  # consecutive sequences with as many rows each step together
-            rows.run([st for st, _ in group], n)
-            for n, group in groupby(zip(states, lens or [t_len], strict=True), key=itemgetter(1))
-        ]
+        runs = [run] if run is not None else self._runs(states, lens or [t_len], rows)
         obs = observe or _identity
         x = obs(-1, "embed", self.embed[tokens])
         head = len(self.layers)
@@ -318,6 +322,12 @@ class Model:
                 h = h[-1:]
         logits = obs(head, "lm_head", self._linear(h, self.lm_head, mode))
         return obs(head, "log_softmax", ops.log_softmax(logits, mode == "exact"))
+
+    @staticmethod
+    def _runs(states: list[SeqState], lens: list[int], rows: Rows) -> list[Run]:
+        """Consecutive sequences with as many rows each step together (`Rows.run`)."""
+        pairs = groupby(zip(states, lens, strict=True), key=itemgetter(1))
+        return [rows.run([st for st, _ in group], n) for n, group in pairs]
 
     def _residual_norm(
         self,

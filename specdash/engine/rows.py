@@ -84,6 +84,9 @@ class Rows(ABC):
 
     graphable: bool = False
     """Reads every position on the device, so a CUDA graph of it is valid at every length."""
+    steps_slots_together: bool = False
+    """`run` steps slots of one pool in one launch per op, slots and positions read on the
+    device, so a CUDA graph of a batch serves any slots of the pool (`graphs.CapturedBatch`)."""
 
     def __init__(self, cfg: ModelConfig, rope: Rope) -> None:
         self.cfg, self.rope = cfg, rope
@@ -336,6 +339,7 @@ class TritonRows(Rows):
     device, so decode and verify forwards are graphable."""
 
     graphable = True
+    steps_slots_together = True
 
     def norm(self, x: Tensor, w: Tensor) -> Tensor:
         from specdash.kernels.rmsnorm import rms_norm_rows

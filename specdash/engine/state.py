@@ -168,11 +168,13 @@ class PooledSteps:
 class SlotPool:
     """`slots` states of `capacity` tokens in one tensor per layer: kv k/v [S, Hkv, cap, D],
     gdn conv [S, W-1, C] and ssm [S, HV, Dk, Dv]. `states[s]` is slot s, views into these, kept
-    in place (so CUDA graphs captured on a slot stay valid)."""
+    in place (so CUDA graphs captured on a slot stay valid). One more slot, `scratch`, is never
+    handed out: a captured batch pads its size to a power of two with it."""
 
     def __init__(
         self, cfg: ModelConfig, slots: int, capacity: int, dtype: torch.dtype, device: torch.device
     ) -> None:
+        slots += 1  # the scratch slot
         self.kv, self.gdn = _buffers(cfg, capacity, dtype, device, (slots,))
         self.capacity, self.device = capacity, device
         self.conv_window = cfg.linear_conv_kernel_dim - 1
@@ -196,6 +198,7 @@ class SlotPool:
                     in_place=True,
                 )
             )
+        self.scratch = self.states.pop()
 
     def step_together(self, states: list[SeqState]) -> PooledSteps:
         """Record that `states` (slots of this pool) step in one batched forward: their GDN steps
@@ -206,6 +209,20 @@ class SlotPool:
         run = PooledSteps(self, states, slots, {})
         self.pending = [p for p in self.pending if not ids & {id(st) for st in p.states}] + [run]
         return run
+
+    def apply_commit(self, run: PooledSteps, kept: Tensor) -> None:
+        """The device side of committing `run`, `kept[b]` rows of its sequence b: one gather and
+        one copy per GDN buffer and one position update. Reads `kept` on the device only, so a
+        CUDA graph of it (`graphs.CapturedBatch`) serves any kept rows."""
+        b = torch.arange(len(run.states), device=kept.device)
+        last = kept - 1  # the state after the last kept row
+        window = kept[:, None] + torch.arange(self.conv_window, device=kept.device)  # kept window
+        for i, steps in run.steps.items():
+            g = self.gdn[i]
+            g.ssm.index_copy_(0, run.slots, steps.states[b, last])
+            g.conv.index_copy_(0, run.slots, steps.conv_seq[b[:, None], window])
+        if self.position is not None:
+            self.position.index_add_(0, run.slots, kept)
 
 
 def commit_batch(states: list[SeqState], rows: list[int]) -> None:
@@ -218,16 +235,7 @@ def commit_batch(states: list[SeqState], rows: list[int]) -> None:
             if not all(id(st) in keep for st in run.states):
                 continue  # not stepped by this commit's forward: dropped below
             kept = [keep.pop(id(st)) for st in run.states]
-            n = torch.tensor(kept, device=run.slots.device)
-            b = torch.arange(len(run.states), device=n.device)
-            last = n - 1  # the state after the last kept row
-            window = n[:, None] + torch.arange(pool.conv_window, device=n.device)  # kept window
-            for i, steps in run.steps.items():
-                g = pool.gdn[i]
-                g.ssm.index_copy_(0, run.slots, steps.states[b, last])
-                g.conv.index_copy_(0, run.slots, steps.conv_seq[b[:, None], window])
-            if pool.position is not None:
-                pool.position.index_add_(0, run.slots, n)
+            pool.apply_commit(run, torch.tensor(kept, device=run.slots.device))
             for st, k in zip(run.states, kept, strict=True):
                 st.keep(k)
         pool.pending = []
