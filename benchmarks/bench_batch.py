@@ -94,13 +94,11 @@ def profile_steps(
         print(f"  {per:7.2f} ms/step  {e.count / max(steps, 1):6.0f}/step  {e.key[:90]}")
 
 
-def cell(
-    loaded: Loaded, drafter: str, prompts: list[list[int]], batch: int, k: int, new: int
-) -> float:
+def cell(engine: Engine, prompts: list[list[int]], batch: int, k: int, new: int) -> float:
     """Aggregate tok/s over the prompt set with up to `batch` sequences in flight (continuous
     batching: a finished sequence's slot takes the next prompt), one batched step at a time;
-    only the steps are timed (prefill is not)."""
-    engine = make_engine(loaded, drafter, prompts, batch, k, new)
+    only the steps are timed (prefill is not). The engine is the warm-up round's, so its CUDA
+    graphs are captured before the timed rounds."""
     k_max = max(k, 1)
     queue, flight, tokens, seconds = list(enumerate(prompts)), [], 0, 0.0
     with torch.inference_mode():
@@ -164,10 +162,10 @@ def main() -> None:
     for name, k in configs.items():
         results[name] = {}
         for b in a.batches:
-            cell(loaded, drafter, prompts, b, k, a.max_new_tokens)  # warm-up
-            runs = [
-                cell(loaded, drafter, prompts, b, k, a.max_new_tokens) for _ in range(a.repeats)
-            ]
+            engine = make_engine(loaded, drafter, prompts, b, k, a.max_new_tokens)
+            cell(engine, prompts, b, k, a.max_new_tokens)  # warm-up: compiles, captures
+            runs = [cell(engine, prompts, b, k, a.max_new_tokens) for _ in range(a.repeats)]
+            del engine  # its slots and graphs
             results[name][b] = statistics.median(runs)
             print(f"  {name} B={b}: {results[name][b]:.1f} tok/s", flush=True)
     head = (

@@ -1,0 +1,33 @@
+#!/usr/bin/env bash
+# One device call for issue 15's batching: the batched GPU tests (captured batches against eager
+# batches and plain greedy, 27B shape at B = 1/8/32), then bench_batch.py on the 27B shape
+# (plain decode at 2k, and with PROFILE=1 a torch.profiler pass at B = 32).
+# Needs pydantic (the settings models) from .carry/sglang, installed to /tmp/pyd.
+# Usage on the GPU machine, from the repo root: [STEPS="tests bench"] bash benchmarks/batch_gpu_run.sh
+set -u
+export PYTHONUNBUFFERED=1
+OUT=${OUT:-/tmp/out}
+STEPS=${STEPS:-tests bench}
+mkdir -p "$OUT"
+for p in kernels engine_patches; do [ -e specdash/$p ] || ln -s ../$p specdash/$p; done
+python3 -m pip install -q --no-index --no-deps --target /tmp/pyd .carry/sglang/pydantic*.whl \
+  .carry/sglang/annotated_types*.whl .carry/sglang/typing_inspection*.whl \
+  .carry/sglang/typing_extensions*.whl .carry/ui/pytest_asyncio*.whl > /tmp/pyd.log 2>&1
+export PYTHONPATH="/tmp/pyd:$PWD"
+{ date -u; nvidia-smi --query-gpu=name,driver_version --format=csv,noheader;
+  python3 -c "import torch, triton; print(torch.__version__, triton.__version__)"; } | tee "$OUT/env.txt"
+if [[ " $STEPS " == *" tests "* ]]; then
+  echo "== tests $(date -u +%T)"
+  timeout ${TESTS_TIMEOUT:-300} python3 -m pytest -q -rA -p no:cacheprovider -m gpu \
+    tests/test_gpu_engine.py -k "${TESTS_K:-captured or batched}" > "$OUT/batched_tests.txt" 2>&1
+  tail -8 "$OUT/batched_tests.txt"
+fi
+if [[ " $STEPS " == *" bench "* ]]; then
+  echo "== bench $(date -u +%T)"
+  timeout ${BENCH_TIMEOUT:-300} python3 benchmarks/bench_batch.py --device cuda \
+    --preset qwen3.5-27b-shape --drafter ngram -k ${K:-0} --context 2048 --max-new-tokens 8 \
+    --prompts 32 --repeats ${REPEATS:-1} ${PROFILE:+--profile} --json "$OUT/bench_batch.json" \
+    2>&1 | grep --line-buffered -v -i "warn\|profiler_\|USDT" | tee "$OUT/bench_batch.txt"
+  nvidia-smi --query-gpu=memory.used --format=csv >> "$OUT/bench_batch.txt"
+fi
+echo "== done $(date -u +%T)"
