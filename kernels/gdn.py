@@ -58,6 +58,7 @@ def _gdn_steps_kernel(
     DV: tl.constexpr,
     BV: tl.constexpr,
     HAS_STATE_SLOTS: tl.constexpr,
+    IN_PLACE: tl.constexpr,
     PDL: tl.constexpr,
 ):
     start_after_predecessor(PDL)
@@ -96,8 +97,11 @@ def _gdn_steps_kernel(
         o = tl.sum(h * q[:, None], axis=0)
         o_ptrs = o_ptr + b * stride_ob + t * stride_ot + hv * DV + offs_v
         tl.store(o_ptrs, o.to(o_ptr.dtype.element_ty))
-        tl.store(hs_ptrs, h)
-        hs_ptrs += hs_step
+        if not IN_PLACE:
+            tl.store(hs_ptrs, h)
+            hs_ptrs += hs_step
+    if IN_PLACE:  # every token kept: only the last state, back where it came from
+        tl.store(h0_ptr + h0_at * DK * DV + tile, h)
 
 
 def gdn_verify_steps(
@@ -118,6 +122,41 @@ def gdn_verify_steps(
     With `slots` ([B] int), `state` is a pool [S,HV,Dk,Dv] and sequence b starts from
     state[slots[b]] (read only: the caller commits); the arithmetic is the same.
     """
+    o, states = _launch(q, k, v, a, b, A_log, dt_bias, state, slots, in_place=False)
+    assert states is not None
+    return o, states
+
+
+def gdn_steps_in_place(
+    q: torch.Tensor,
+    k: torch.Tensor,
+    v: torch.Tensor,
+    a: torch.Tensor,
+    b: torch.Tensor,
+    A_log: torch.Tensor,
+    dt_bias: torch.Tensor,
+    state: torch.Tensor,
+    slots: torch.Tensor | None = None,
+) -> torch.Tensor:
+    """`gdn_verify_steps` when every token is kept (a decode row): the state after the last
+    token is stored back into `state` (at `slots`) and no per-step states are written, so a
+    batched decode needs neither the per-step buffer nor the commit's gather and copy
+    (B x 3.1 MB each per layer on the 27B shape). The same kernel and arithmetic; returns o."""
+    return _launch(q, k, v, a, b, A_log, dt_bias, state, slots, in_place=True)[0]
+
+
+def _launch(
+    q: torch.Tensor,
+    k: torch.Tensor,
+    v: torch.Tensor,
+    a: torch.Tensor,
+    b: torch.Tensor,
+    A_log: torch.Tensor,
+    dt_bias: torch.Tensor,
+    state: torch.Tensor,
+    slots: torch.Tensor | None,
+    in_place: bool,
+) -> tuple[torch.Tensor, torch.Tensor | None]:
     bsz, t, h, dk = q.shape
     hv, dv = v.shape[2], v.shape[3]
     if k.shape != q.shape or v.shape[:2] != (bsz, t) or a.shape != (bsz, t, hv):
@@ -132,9 +171,13 @@ def gdn_verify_steps(
     # rows may be strided (views into the conv output and in_proj): the kernel needs only each
     # row's heads contiguous, so copy nothing else
     q, k, v, a, b = (_rows_contiguous(x) for x in (q, k, v, a, b))
+    if in_place and not state.is_contiguous():
+        raise ValueError("an in-place step needs a contiguous state")
     state = state.contiguous()
     o = torch.empty((bsz, t, hv, dv), device=v.device, dtype=v.dtype)
-    states = torch.empty((bsz, t, hv, dk, dv), device=v.device, dtype=torch.float32)
+    states = None
+    if not in_place:
+        states = torch.empty((bsz, t, hv, dk, dv), device=v.device, dtype=torch.float32)
     pdl_on = pdl.use_pdl(v.device)
     _gdn_steps_kernel[(bsz * hv, dv // BLOCK_V)](
         q,
@@ -147,7 +190,7 @@ def gdn_verify_steps(
         state,
         state if slots is None else slots,
         o,
-        states,
+        state if states is None else states,
         t,
         hv,
         q.stride(0),
@@ -168,6 +211,7 @@ def gdn_verify_steps(
         DV=dv,
         BV=BLOCK_V,
         HAS_STATE_SLOTS=slots is not None,
+        IN_PLACE=in_place,
         PDL=pdl_on,
         num_warps=_NUM_WARPS,
         launch_pdl=pdl_on,

@@ -8,7 +8,12 @@ import pytest
 import torch
 import torch.nn.functional as F
 
-from specdash.kernels.gdn import gdn_chunked_prefill, gdn_recurrent_step, gdn_verify_steps
+from specdash.kernels.gdn import (
+    gdn_chunked_prefill,
+    gdn_recurrent_step,
+    gdn_steps_in_place,
+    gdn_verify_steps,
+)
 
 
 def _reference(q, k, v, a, b, a_log, dt_bias, state):
@@ -80,6 +85,22 @@ def test_state_slots_of_a_pool_give_each_sequence_its_own_bits():
         one = [x[i : i + 1] for x in (q, k, v, a, b)]
         o1, s1 = gdn_verify_steps(*one, a_log, dt_bias, state[i : i + 1])
         assert torch.equal(o1[0], o[i]) and torch.equal(s1[0], states[i]), i
+
+
+@pytest.mark.parametrize("t", [1, 3])
+def test_in_place_steps_store_the_last_state_into_its_slot(t: int) -> None:
+    """Every token kept (a decode row): the in-place launch gives the outputs of
+    `gdn_verify_steps` and stores its last per-step state into each sequence's slot, bit for
+    bit; the other slots are untouched."""
+    q, k, v, a, b, a_log, dt_bias, state = _inputs(torch.bfloat16, b=3, t=t)
+    pool = torch.randn(5, *state.shape[1:])
+    slots = torch.tensor([3, 0, 4])
+    pool[slots] = state
+    want = pool.clone()
+    o, states = gdn_verify_steps(q, k, v, a, b, a_log, dt_bias, pool, slots=slots)
+    want[slots] = states[:, -1]
+    o_in_place = gdn_steps_in_place(q, k, v, a, b, a_log, dt_bias, pool, slots=slots)
+    assert torch.equal(o_in_place, o) and torch.equal(pool, want)
 
 
 def test_chunked_prefill_matches_recurrence():

@@ -423,12 +423,16 @@ class TritonRows(Rows):
     ) -> Tensor:
         if run.pooled is None:
             return super().gdn_run(i, qkvab, w, run, conv_seqs)
-        from specdash.kernels.gdn import gdn_verify_steps
+        from specdash.kernels.gdn import gdn_steps_in_place, gdn_verify_steps
 
         n, t = len(run.states), run.rows
         q, k, v, a, b = (x.view(n, t, *x.shape[1:]) for x in qkvab)
         ssm, slots = run.pooled.pool.gdn[i].ssm, run.pooled.slots
-        o, steps = gdn_verify_steps(q, k, v, a, b, w.a_log, w.dt_bias, ssm, slots=slots)
+        steps = None
+        if t == 1:  # decode rows are always kept: the state goes straight back to its slot
+            o = gdn_steps_in_place(q, k, v, a, b, w.a_log, w.dt_bias, ssm, slots=slots)
+        else:
+            o, steps = gdn_verify_steps(q, k, v, a, b, w.a_log, w.dt_bias, ssm, slots=slots)
         assert isinstance(conv_seqs, Tensor)
         run.pooled.steps[i] = GdnSteps(conv_seqs, steps)  # for `commit_batch` (one per state
         # would cost B x layers host-side views per forward)

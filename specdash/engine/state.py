@@ -38,7 +38,8 @@ class GdnSteps:
     """What one multi-token step left behind in a GDN layer, for `SeqState.commit`."""
 
     conv_seq: Tensor  # [W-1+T, C] window followed by the T new conv inputs
-    states: Tensor  # fp32 [T, HV, Dk, Dv] state after each token
+    states: Tensor | None  # fp32 [T, HV, Dk, Dv] state after each token
+    """None: the step stored its state already (a pooled decode row, always kept)."""
 
 
 @dataclass(slots=True)
@@ -123,6 +124,7 @@ class SeqState:
         own method so that the engine can capture it as a CUDA graph (`graphs.CapturedForward`)."""
         w = next(iter(self.gdn.values())).conv.shape[0] if self.gdn else 0
         for i, steps in pending.items():
+            assert steps.states is not None, "a state's own steps keep every state"
             self.store_gdn(i, steps.conv_seq[rows : rows + w], steps.states[rows - 1])
         if self.position is not None:
             self.position.add_(rows)
@@ -203,7 +205,8 @@ class SlotPool:
     def step_together(self, states: list[SeqState]) -> PooledSteps:
         """Record that `states` (slots of this pool) step in one batched forward: their GDN steps
         go into the returned PooledSteps, for `commit_batch`. Replaces any earlier uncommitted
-        record of these states (a warm-up forward that was never committed)."""
+        record of these states. A one-row step has already stored its GDN states (a decode row
+        is always kept): commit it with 1 row."""
         ids = {id(st) for st in states}
         slots = torch.tensor([st.slot for st in states], device=self.device)
         run = PooledSteps(self, states, slots, {})
@@ -219,7 +222,8 @@ class SlotPool:
         window = kept[:, None] + torch.arange(self.conv_window, device=kept.device)  # kept window
         for i, steps in run.steps.items():
             g = self.gdn[i]
-            g.ssm.index_copy_(0, run.slots, steps.states[b, last])
+            if steps.states is not None:
+                g.ssm.index_copy_(0, run.slots, steps.states[b, last])
             g.conv.index_copy_(0, run.slots, steps.conv_seq[b[:, None], window])
         if self.position is not None:
             self.position.index_add_(0, run.slots, kept)
