@@ -1,7 +1,9 @@
 #!/usr/bin/env bash
 # One device call for issue 15's batching: the batched GPU tests (captured batches against eager
 # batches and plain greedy, 27B shape at B = 1/8/32), then bench_batch.py on the 27B shape
-# (plain decode at 2k, and with PROFILE=1 a torch.profiler pass at B = 32).
+# (plain decode at 2k, and with PROFILE=1 a torch.profiler pass at B = 32); step `spec`:
+# bench_spec_gpu.py's single-sequence numbers (decode t/s, exact/fast, step profiles, verify/decode)
+# with SPEC_ARGS (default: no 128k prefill, 2k context only, a short spec envelope).
 # Needs pydantic (the settings models) from .carry/sglang, installed to /tmp/pyd.
 # Usage on the GPU machine, from the repo root: [STEPS="tests bench"] bash benchmarks/batch_gpu_run.sh
 set -u
@@ -19,7 +21,7 @@ export PYTHONPATH="/tmp/pyd:$PWD"
 if [[ " $STEPS " == *" tests "* ]]; then
   echo "== tests $(date -u +%T)"
   timeout ${TESTS_TIMEOUT:-300} python3 -m pytest -q -rA -p no:cacheprovider -m gpu \
-    tests/test_gpu_engine.py -k "${TESTS_K:-captured or batched}" > "$OUT/batched_tests.txt" 2>&1
+    ${TESTS_FILES:-tests/test_gpu_engine.py} -k "${TESTS_K-captured or batched}" > "$OUT/batched_tests.txt" 2>&1
   tail -8 "$OUT/batched_tests.txt"
 fi
 if [[ " $STEPS " == *" bench "* ]]; then
@@ -29,5 +31,11 @@ if [[ " $STEPS " == *" bench "* ]]; then
     --prompts 32 --repeats ${REPEATS:-1} ${PROFILE:+--profile} --json "$OUT/bench_batch.json" \
     2>&1 | grep --line-buffered -v -i "warn\|profiler_\|USDT" | tee "$OUT/bench_batch.txt"
   nvidia-smi --query-gpu=memory.used --format=csv >> "$OUT/bench_batch.txt"
+fi
+if [[ " $STEPS " == *" spec "* ]]; then
+  echo "== spec $(date -u +%T)"
+  read -r -a SPEC <<< "${SPEC_ARGS:---long-prefill 0 --contexts 2048 --prompts 4 --spec-tokens 20}"
+  timeout ${SPEC_TIMEOUT:-300} python3 benchmarks/bench_spec_gpu.py "${SPEC[@]}" \
+    --json "$OUT/spec_gpu.json" 2>&1 | grep --line-buffered -v Warning | tee "$OUT/spec_gpu.txt"
 fi
 echo "== done $(date -u +%T)"

@@ -112,6 +112,7 @@ def _conv_kernel(
     W: tl.constexpr,
     BLOCK: tl.constexpr,
     HAS_WINDOW_SLOTS: tl.constexpr,
+    IN_PLACE: tl.constexpr,
     PDL: tl.constexpr,
 ):
     start_after_predecessor(PDL)
@@ -137,10 +138,18 @@ def _conv_kernel(
         acc += val.to(tl.float32) * tap.to(tl.float32)
     tl.store(out_ptr + row * C + offs, _silu(acc).to(out_ptr.dtype.element_ty), mask=mask)
     x_t = tl.load(x_seq + t * stride_x + offs, mask=mask, other=0.0)
-    tl.store(seq_out + (t + W - 1) * C + offs, x_t, mask=mask)
-    if t == 0:
+    if IN_PLACE:  # one row, kept: the window moves on by it (each lane loads before it stores)
         for r in tl.static_range(W - 1):
-            tl.store(seq_out + r * C + offs, tl.load(win + r * C + offs, mask=mask), mask=mask)
+            if r + 1 < W - 1:  # noqa: SIM108 (a constexpr branch inside a Triton kernel)
+                nxt = tl.load(win + (r + 1) * C + offs, mask=mask)
+            else:
+                nxt = x_t
+            tl.store(win + r * C + offs, nxt, mask=mask)
+    else:
+        tl.store(seq_out + (t + W - 1) * C + offs, x_t, mask=mask)
+        if t == 0:
+            for r in tl.static_range(W - 1):
+                tl.store(seq_out + r * C + offs, tl.load(win + r * C + offs, mask=mask), mask=mask)
 
 
 def causal_conv_silu_rows(
@@ -153,6 +162,26 @@ def causal_conv_silu_rows(
     With `slots` ([B] int), x holds B sequences of T/B rows, sequence b's window is slot
     slots[b] of a pool window [S, W-1, C], and seq is [B, W-1+T/B, C]; the arithmetic is the same.
     """
+    out, seq = _conv(window, x, weight, slots, in_place=False)
+    assert seq is not None
+    return out, seq if slots is not None else seq[0]
+
+
+def causal_conv_silu_in_place(
+    window: torch.Tensor, x: torch.Tensor, weight: torch.Tensor, slots: torch.Tensor | None = None
+) -> torch.Tensor:
+    """`causal_conv_silu_rows` of one row per sequence that is kept (a decode row): the window
+    moves on by that row in place (at `slots`), so there is no seq to commit. Returns out."""
+    return _conv(window, x, weight, slots, in_place=True)[0]
+
+
+def _conv(
+    window: torch.Tensor,
+    x: torch.Tensor,
+    weight: torch.Tensor,
+    slots: torch.Tensor | None,
+    in_place: bool,
+) -> tuple[torch.Tensor, torch.Tensor | None]:
     t, c = x.shape
     w = weight.shape[1]
     seqs = 1 if slots is None else slots.shape[0]
@@ -160,13 +189,17 @@ def causal_conv_silu_rows(
     if window.shape != win_shape or weight.shape[0] != c or x.stride(-1) != 1 or t % seqs:
         shapes = f"window {tuple(window.shape)}, x {tuple(x.shape)}, w {tuple(weight.shape)}"
         raise ValueError(f"conv shapes disagree: {shapes}")
+    if in_place and (t != seqs or not window.is_contiguous()):
+        raise ValueError("an in-place conv takes one row per sequence and a contiguous window")
     window, weight = window.contiguous(), weight.contiguous()
     out = torch.empty((t, c), device=x.device, dtype=x.dtype)
-    seq = torch.empty((seqs, w - 1 + t // seqs, c), device=x.device, dtype=x.dtype)
+    seq = None
+    if not in_place:
+        seq = torch.empty((seqs, w - 1 + t // seqs, c), device=x.device, dtype=x.dtype)
     pdl_on = pdl.use_pdl(x.device)
     _conv_kernel[(t, triton.cdiv(c, _BLOCK))](
-        window, x, weight, out, seq, window if slots is None else slots, c, t // seqs,
-        x.stride(0), W=w, BLOCK=_BLOCK, HAS_WINDOW_SLOTS=slots is not None, PDL=pdl_on,
-        num_warps=4, launch_pdl=pdl_on,
+        window, x, weight, out, window if seq is None else seq, window if slots is None else slots,
+        c, t // seqs, x.stride(0), W=w, BLOCK=_BLOCK, HAS_WINDOW_SLOTS=slots is not None,
+        IN_PLACE=in_place, PDL=pdl_on, num_warps=4, launch_pdl=pdl_on,
     )  # fmt: skip
-    return out, seq if slots is not None else seq[0]
+    return out, seq

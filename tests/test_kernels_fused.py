@@ -8,7 +8,12 @@ import pytest
 import torch
 import torch.nn.functional as F
 
-from specdash.kernels.elementwise import causal_conv_silu_rows, sigmoid_gate_rows, swiglu_rows
+from specdash.kernels.elementwise import (
+    causal_conv_silu_in_place,
+    causal_conv_silu_rows,
+    sigmoid_gate_rows,
+    swiglu_rows,
+)
 from specdash.kernels.rmsnorm import add_rms_norm_rows, gated_rms_norm_rows
 from specdash.kernels.rope import qk_norm_rope_rows
 
@@ -102,6 +107,24 @@ def test_causal_conv_window_slots_of_a_pool():
     for b, s in enumerate(slots.tolist()):
         o1, s1 = causal_conv_silu_rows(pool[s], x[b * t : (b + 1) * t], w)
         assert torch.equal(o1, out[b * t : (b + 1) * t]) and torch.equal(s1, seq[b]), b
+
+
+def test_causal_conv_in_place_moves_each_window_on_by_its_row():
+    """Decode rows (one per sequence, kept) at pool slots: the output of the seq-returning
+    launch, and each slot's window becomes that launch's kept window; other slots untouched."""
+    c, w_len, dtype = 300, 4, torch.bfloat16
+    pool = _randn(5, w_len - 1, c, seed=22, dtype=dtype)
+    w = _randn(c, w_len, seed=23, dtype=dtype)
+    x, slots = _randn(3, c + 7, seed=24, dtype=dtype)[:, :c], torch.tensor([4, 0, 2], device=DEVICE)
+    out, seq = causal_conv_silu_rows(pool, x, w, slots=slots)
+    want = pool.clone()
+    want[slots] = seq[:, 1:]
+    assert torch.equal(causal_conv_silu_in_place(pool, x, w, slots=slots), out)
+    assert torch.equal(pool, want)
+    single = pool[1].clone()
+    o1, s1 = causal_conv_silu_rows(single, x[:1], w)
+    assert torch.equal(causal_conv_silu_in_place(single, x[:1], w), o1)
+    assert torch.equal(single, s1[1:])
 
 
 def test_qk_norm_rope_cache_slots_of_a_pool():

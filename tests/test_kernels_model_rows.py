@@ -33,8 +33,9 @@ def model() -> Model:
     return m
 
 
-def _prefilled(model: Model, prompt: torch.Tensor) -> SeqState:
+def _prefilled(model: Model, prompt: torch.Tensor, in_place: bool = False) -> SeqState:
     state = SeqState.empty(CFG, 64, torch.float32, torch.device("cpu"))
+    state.in_place = in_place
     model.forward(prompt, state, "prefill")
     return state
 
@@ -121,6 +122,34 @@ def test_batched_forward_equals_each_sequence_alone(model: Model) -> None:
         rows.append(tokens)
     batched = model.forward_batch(torch.cat(rows), states, lens, "exact")
     assert torch.equal(torch.cat(singles), batched)
+
+
+def test_decode_rows_on_slots_update_their_state_in_place(model: Model) -> None:
+    """A decode row on a state that keeps its buffers (an engine slot, `in_place`) moves its
+    conv window and GDN state on inside the forward, leaving nothing pending; the commit only
+    moves the length. Alone, then two such states batched (no pool): rows and states equal
+    the pending-then-commit path of plain states."""
+    gen = torch.Generator().manual_seed(23)
+    prompts = [torch.randint(0, CFG.vocab_size, (n,), generator=gen) for n in (6, 9)]
+    plain = [_prefilled(model, p) for p in prompts]
+    slots = [_prefilled(model, p, in_place=True) for p in prompts]
+    for step in range(3):
+        tokens = torch.randint(0, CFG.vocab_size, (2,), generator=gen)
+        want = [model.forward(tokens[j : j + 1], st, "exact") for j, st in enumerate(plain)]
+        if step == 0:
+            got = torch.cat(
+                [model.forward(tokens[j : j + 1], st, "exact") for j, st in enumerate(slots)]
+            )
+        else:
+            got = model.forward_batch(tokens, slots, [1, 1], "exact")
+        assert all(not st.pending for st in slots) and all(st.pending for st in plain)
+        commit_batch(plain, [1, 1])
+        commit_batch(slots, [1, 1])
+        assert torch.equal(torch.cat(want), got), f"step {step}"
+        for a, b in zip(plain, slots, strict=True):
+            assert a.length == b.length
+            for i, g in a.gdn.items():
+                assert torch.equal(g.ssm, b.gdn[i].ssm) and torch.equal(g.conv, b.gdn[i].conv)
 
 
 def test_pool_slots_step_together_with_the_bits_of_each_alone(model: Model) -> None:

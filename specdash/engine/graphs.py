@@ -32,12 +32,18 @@ class CapturedForward:
     def __init__(self, model: Model, state: SeqState, rows: int, mode: Mode) -> None:
         self.tokens = torch.zeros(rows, dtype=torch.long, device=model.device)
         # Warm up on a side stream (Triton compiles, caches allocate), then capture. Both
-        # write K/V at positions >= length and leave GDN steps pending, which the next
-        # real step overwrites, so the state is unchanged where it matters.
+        # write K/V at positions >= length, which the next real step overwrites, and leave GDN
+        # steps pending; a decode row updates GDN buffers in place (`rows.TritonRows`), so the
+        # warm-up runs on a copy of them, put back after.
         side = torch.cuda.Stream()
         side.wait_stream(torch.cuda.current_stream())
         with torch.cuda.stream(side):
+            saved = [(g.conv.clone(), g.ssm.clone()) for g in state.gdn.values()]
             model.forward(self.tokens, state, mode)
+            for g, (conv, ssm) in zip(state.gdn.values(), saved, strict=True):
+                g.conv.copy_(conv)
+                g.ssm.copy_(ssm)
+            del saved
         torch.cuda.current_stream().wait_stream(side)
         self.graph = torch.cuda.CUDAGraph()
         with torch.cuda.graph(self.graph):

@@ -403,15 +403,29 @@ class TritonRows(Rows):
         o = verify_as_decode_rows(q, cache.k, cache.v, run.starts, d**-0.5, slots=slots)
         return o.reshape(n * run.rows, hq * d)
 
+    @staticmethod
+    def _decodes_in_place(run: Run) -> bool:
+        """Decode rows (one per sequence, always kept) on states that keep their buffers (engine
+        slots) move their conv windows and GDN states on inside the forward: no per-step
+        buffers, and nothing left for the commit but the position (97 fewer kernels per step
+        on the 27B shape). Other states' GDN updates stay pending until `commit`."""
+        return run.rows == 1 and all(st.in_place for st in run.states)
+
     def conv_run(
         self, qkv: Tensor, w: Tensor, i: int, run: Run
     ) -> tuple[Tensor, Tensor | list[Tensor]]:
-        if run.pooled is None:
-            return super().conv_run(qkv, w, i, run)
-        from specdash.kernels.elementwise import causal_conv_silu_rows
+        from specdash.kernels.elementwise import causal_conv_silu_in_place, causal_conv_silu_rows
 
-        window = run.pooled.pool.gdn[i].conv
-        return causal_conv_silu_rows(window, qkv, w, slots=run.pooled.slots)
+        pool_window = None if run.pooled is None else run.pooled.pool.gdn[i].conv
+        if self._decodes_in_place(run):
+            if pool_window is not None:
+                return causal_conv_silu_in_place(pool_window, qkv, w, run.pooled.slots), []
+            parts = zip(qkv.split(1), run.states, strict=True)
+            outs = [causal_conv_silu_in_place(st.gdn[i].conv, p, w) for p, st in parts]
+            return cat_rows(outs), []  # no conv sequence to keep
+        if pool_window is None:
+            return super().conv_run(qkv, w, i, run)
+        return causal_conv_silu_rows(pool_window, qkv, w, slots=run.pooled.slots)
 
     def gdn_run(
         self,
@@ -421,18 +435,32 @@ class TritonRows(Rows):
         run: Run,
         conv_seqs: Tensor | list[Tensor],
     ) -> Tensor:
-        if run.pooled is None:
-            return super().gdn_run(i, qkvab, w, run, conv_seqs)
         from specdash.kernels.gdn import gdn_steps_in_place, gdn_verify_steps
 
         n, t = len(run.states), run.rows
+        if self._decodes_in_place(run):
+            q, k, v, a, b = (x[:, None] for x in qkvab)  # [B, 1, ...]: a row per sequence
+            if run.pooled is not None:
+                ssm, slots = run.pooled.pool.gdn[i].ssm, run.pooled.slots
+                o = gdn_steps_in_place(q, k, v, a, b, w.a_log, w.dt_bias, ssm, slots=slots)
+            else:
+                o = cat_rows(
+                    [
+                        gdn_steps_in_place(
+                            *(x[j : j + 1] for x in (q, k, v, a, b)),
+                            w.a_log,
+                            w.dt_bias,
+                            st.gdn[i].ssm[None],
+                        )  # fmt: skip
+                        for j, st in enumerate(run.states)
+                    ]
+                )
+            return o.reshape(n, *o.shape[2:])
+        if run.pooled is None:
+            return super().gdn_run(i, qkvab, w, run, conv_seqs)
         q, k, v, a, b = (x.view(n, t, *x.shape[1:]) for x in qkvab)
         ssm, slots = run.pooled.pool.gdn[i].ssm, run.pooled.slots
-        steps = None
-        if t == 1:  # decode rows are always kept: the state goes straight back to its slot
-            o = gdn_steps_in_place(q, k, v, a, b, w.a_log, w.dt_bias, ssm, slots=slots)
-        else:
-            o, steps = gdn_verify_steps(q, k, v, a, b, w.a_log, w.dt_bias, ssm, slots=slots)
+        o, steps = gdn_verify_steps(q, k, v, a, b, w.a_log, w.dt_bias, ssm, slots=slots)
         assert isinstance(conv_seqs, Tensor)
         run.pooled.steps[i] = GdnSteps(conv_seqs, steps)  # for `commit_batch` (one per state
         # would cost B x layers host-side views per forward)

@@ -38,8 +38,7 @@ class GdnSteps:
     """What one multi-token step left behind in a GDN layer, for `SeqState.commit`."""
 
     conv_seq: Tensor  # [W-1+T, C] window followed by the T new conv inputs
-    states: Tensor | None  # fp32 [T, HV, Dk, Dv] state after each token
-    """None: the step stored its state already (a pooled decode row, always kept)."""
+    states: Tensor  # fp32 [T, HV, Dk, Dv] state after each token
 
 
 @dataclass(slots=True)
@@ -56,8 +55,10 @@ class SeqState:
     slot: int = -1
     in_place: bool = False
     """Store GDN updates into the existing buffers: the engine sets it on its CUDA-graph slots,
-    whose graphs hold these addresses. Otherwise new tensors replace them, which saves a copy
-    and lets `ModelDrafter` snapshot a state by reference."""
+    whose graphs hold these addresses. On the Triton rows a decode row (always kept) updates
+    them inside the forward (`TritonRows._decodes_in_place`); its commit only moves the length.
+    Otherwise new tensors replace them, which saves a copy and lets `ModelDrafter` snapshot a
+    state by reference."""
 
     @classmethod
     def empty(
@@ -124,7 +125,6 @@ class SeqState:
         own method so that the engine can capture it as a CUDA graph (`graphs.CapturedForward`)."""
         w = next(iter(self.gdn.values())).conv.shape[0] if self.gdn else 0
         for i, steps in pending.items():
-            assert steps.states is not None, "a state's own steps keep every state"
             self.store_gdn(i, steps.conv_seq[rows : rows + w], steps.states[rows - 1])
         if self.position is not None:
             self.position.add_(rows)
@@ -205,8 +205,7 @@ class SlotPool:
     def step_together(self, states: list[SeqState]) -> PooledSteps:
         """Record that `states` (slots of this pool) step in one batched forward: their GDN steps
         go into the returned PooledSteps, for `commit_batch`. Replaces any earlier uncommitted
-        record of these states. A one-row step has already stored its GDN states (a decode row
-        is always kept): commit it with 1 row."""
+        record of these states."""
         ids = {id(st) for st in states}
         slots = torch.tensor([st.slot for st in states], device=self.device)
         run = PooledSteps(self, states, slots, {})
@@ -222,8 +221,7 @@ class SlotPool:
         window = kept[:, None] + torch.arange(self.conv_window, device=kept.device)  # kept window
         for i, steps in run.steps.items():
             g = self.gdn[i]
-            if steps.states is not None:
-                g.ssm.index_copy_(0, run.slots, steps.states[b, last])
+            g.ssm.index_copy_(0, run.slots, steps.states[b, last])
             g.conv.index_copy_(0, run.slots, steps.conv_seq[b[:, None], window])
         if self.position is not None:
             self.position.index_add_(0, run.slots, kept)
