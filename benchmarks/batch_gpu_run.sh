@@ -27,7 +27,7 @@ fi
 if [[ " $STEPS " == *" bench "* ]]; then
   echo "== bench $(date -u +%T)"
   timeout ${BENCH_TIMEOUT:-300} python3 benchmarks/bench_batch.py --device cuda \
-    --preset qwen3.5-27b-shape --drafter ngram -k ${K:-0} --context 2048 --max-new-tokens 8 \
+    --preset qwen3.5-27b-shape --drafter ngram -k ${K:-0} --context 2048 --max-new-tokens ${NEW:-8} \
     --prompts 32 --repeats ${REPEATS:-1} ${PROFILE:+--profile} --json "$OUT/bench_batch.json" \
     2>&1 | grep --line-buffered -v -i "warn\|profiler_\|USDT" | tee "$OUT/bench_batch.txt"
   nvidia-smi --query-gpu=memory.used --format=csv >> "$OUT/bench_batch.txt"
