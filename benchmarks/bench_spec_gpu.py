@@ -3,7 +3,9 @@
 Random weights of `--preset` (default qwen3.5-27b-shape, bf16), Triton GEMM backend, exact
 mode, all through `specdash.engine.engine.Engine` (the code `specdash run` uses). In one run:
 
-1. prefill time of a `--long-prefill`-token prompt (first, before any graph pool exists);
+1. prefill time of a `--long-prefill`-token prompt (first, before any graph pool exists), and
+   with `--prefill-torch-too` the same with torch's row-wise ops instead of the fused row
+   kernels, side by side (`--prefill-only` stops there);
 2. plain greedy decode (the shadow's path) at each `--contexts` length: t/s and the weight
    bytes / step time, next to NVML GPM DRAM bandwidth sampled during the decode;
 3. plain-decode t/s, all graphed, interleaved repeats, each configuration on its own engine:
@@ -38,6 +40,7 @@ from specdash.engine.drafters import RandomDrafter, ReplayDrafter
 from specdash.engine.engine import Engine
 from specdash.engine.graphs import CapturedForward
 from specdash.engine.model import PREFILL_CHUNK, Model
+from specdash.engine.rows import PrefillRows
 from specdash.engine.state import SeqState
 from specdash.kernels import pdl
 
@@ -124,6 +127,32 @@ def profile_step(model: Model, prompt: list[int], rows: int) -> dict:
     return {"rows": rows, **kernel_table(prof, 15)}
 
 
+def long_prefill(model: Model, prompt: torch.Tensor) -> dict:
+    """Seconds (and the kernel table) of one prefill of `prompt`, after a warm-up of two full
+    chunks (the first causal, the next after cached keys: FLA autotunes per chunk shape, so a
+    shorter warm-up leaves that tuning inside the timed run)."""
+    try:
+        state = SeqState.empty(model.cfg, len(prompt) + 8, model.dtype, model.device)
+        model.forward(prompt[: 2 * PREFILL_CHUNK], state, "prefill")
+        state.reset()
+        torch.cuda.synchronize()
+        t1 = time.perf_counter()
+        with profile(activities=[ProfilerActivity.CUDA]) as prof:
+            model.forward(prompt, state, "prefill")
+            torch.cuda.synchronize()
+        return {
+            "tokens": len(prompt),
+            "s": time.perf_counter() - t1,
+            "peak_GB": torch.cuda.max_memory_allocated() / 1e9,
+            "profile": kernel_table(prof, 12),
+        }
+    except torch.OutOfMemoryError as e:
+        return {"tokens": len(prompt), "error": str(e)[:200]}
+    finally:
+        state = None
+        torch.cuda.empty_cache()
+
+
 def kernel_table(prof: profile, top_n: int) -> dict:
     """Device time by kernel name from a torch profiler run."""
     kernels: dict[str, list[float]] = {}
@@ -149,6 +178,8 @@ def main() -> int:
     ap.add_argument("--prompt-len", type=int, default=256)
     ap.add_argument("--spec-tokens", type=int, default=40)
     ap.add_argument("--long-prefill", type=int, default=131072)
+    ap.add_argument("--prefill-torch-too", action="store_true", help="and with torch row ops")
+    ap.add_argument("--prefill-only", action="store_true", help="stop after the long prefill")
     ap.add_argument("--json")
     args = ap.parse_args()
     dev = torch.device("cuda")
@@ -172,29 +203,20 @@ def main() -> int:
 
     if args.long_prefill:
         torch.cuda.empty_cache()
-        try:
-            state = SeqState.empty(cfg, args.long_prefill + 8, model.dtype, dev)
-            p = torch.tensor(rand_prompt(args.long_prefill), device=dev)
-            # two full chunks (the first causal, the next after cached keys): FLA autotunes
-            # per chunk shape, so a shorter warm-up leaves that tuning inside the timed run
-            model.forward(p[: 2 * PREFILL_CHUNK], state, "prefill")
-            state.reset()
-            torch.cuda.synchronize()
-            t1 = time.perf_counter()
-            with profile(activities=[ProfilerActivity.CUDA]) as prof:
-                model.forward(p, state, "prefill")
-                torch.cuda.synchronize()
-            out["long_prefill"] = {
-                "tokens": args.long_prefill,
-                "s": time.perf_counter() - t1,
-                "peak_GB": torch.cuda.max_memory_allocated() / 1e9,
-                "profile": kernel_table(prof, 12),
-            }
-        except torch.OutOfMemoryError as e:
-            out["long_prefill"] = {"tokens": args.long_prefill, "error": str(e)[:200]}
-        print(out["long_prefill"], flush=True)
-        state = p = None
+        shipped = model.rows["prefill"]
+        variants = {"long_prefill": shipped}
+        if args.prefill_torch_too:  # side by side: the same prefill with torch's row-wise ops
+            variants["long_prefill_torch_rows"] = PrefillRows(cfg, model.rope, gdn_kernel=True)
+        p = torch.tensor(rand_prompt(args.long_prefill), device=dev)
+        for key, rows in variants.items():
+            model.rows["prefill"] = rows
+            out[key] = long_prefill(model, p)
+            print(key, out[key], flush=True)
+        model.rows["prefill"] = shipped
+        p = None
         torch.cuda.empty_cache()
+    if args.prefill_only:
+        return finish(out, args.json)
     plain = Engine(model, lambda: RandomDrafter(cfg.vocab_size), [])  # k=0: never asked
     out["decode"] = []
     for ctx in [int(c) for c in args.contexts.split(",")]:
@@ -326,8 +348,12 @@ def main() -> int:
         out["spec"].append(row)
         print(row, flush=True)
 
-    if args.json:
-        with open(args.json, "w") as f:
+    return finish(out, args.json)
+
+
+def finish(out: dict, path: str | None) -> int:
+    if path:
+        with open(path, "w") as f:
             json.dump(out, f, indent=1)
     return 0
 

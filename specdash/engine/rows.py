@@ -333,13 +333,9 @@ class PrefillRows(BatchedRows):
         return o
 
 
-class TritonRows(Rows):
-    """Exact rows through specdash.kernels (CUDA; the CPU runs them under TRITON_INTERPRET):
-    one program per row whose arithmetic cannot depend on the row count, positions read on the
-    device, so decode and verify forwards are graphable."""
-
-    graphable = True
-    steps_slots_together = True
+class _TritonElementwise(Rows):
+    """The row-wise kernels of specdash.kernels: norms, SwiGLU, the output gate, the causal conv
+    and the gated norm, one program per row (or row block) for any number of rows."""
 
     def norm(self, x: Tensor, w: Tensor) -> Tensor:
         from specdash.kernels.rmsnorm import rms_norm_rows
@@ -355,6 +351,40 @@ class TritonRows(Rows):
         from specdash.kernels.elementwise import swiglu_rows
 
         return swiglu_rows(gate_up)
+
+    def output_gate(self, o: Tensor, qkv: Tensor) -> Tensor:
+        if not self.cfg.gated_attention:
+            return o
+        from specdash.kernels.elementwise import sigmoid_gate_rows
+
+        t_len, d, hq = qkv.shape[0], self.cfg.head_dim, self.cfg.num_attention_heads
+        gate = qkv[:, : 2 * hq * d].view(t_len, hq, 2 * d)[..., d:]
+        return sigmoid_gate_rows(o.view(t_len, hq, d), gate).view(t_len, hq * d)
+
+    def conv(self, window: Tensor, qkv: Tensor, w: Tensor) -> tuple[Tensor, Tensor]:
+        from specdash.kernels.elementwise import causal_conv_silu_rows
+
+        return causal_conv_silu_rows(window, qkv, w)
+
+    def gated_norm(self, o: Tensor, z: Tensor, w: Tensor) -> Tensor:
+        from specdash.kernels.rmsnorm import gated_rms_norm_rows
+
+        return gated_rms_norm_rows(o, z, w, self.cfg.rms_norm_eps)
+
+
+class TritonPrefillRows(_TritonElementwise, PrefillRows):
+    """Prefill on CUDA: PrefillRows' SDPA attention and chunked GDN, with the fused row kernels
+    for everything row-wise, where torch would make several full passes over 16k-row
+    activations per op (5.8 s of a 128k prefill's kernels, docs/PERF.md)."""
+
+
+class TritonRows(_TritonElementwise):
+    """Exact rows through specdash.kernels (CUDA; the CPU runs them under TRITON_INTERPRET):
+    one program per row whose arithmetic cannot depend on the row count, positions read on the
+    device, so decode and verify forwards are graphable."""
+
+    graphable = True
+    steps_slots_together = True
 
     def attention(
         self, qkv: Tensor, w: AttentionWeights, cache: KVCache, state: SeqState
@@ -466,20 +496,6 @@ class TritonRows(Rows):
         # would cost B x layers host-side views per forward)
         return o.reshape(n * t, *o.shape[2:])
 
-    def output_gate(self, o: Tensor, qkv: Tensor) -> Tensor:
-        if not self.cfg.gated_attention:
-            return o
-        from specdash.kernels.elementwise import sigmoid_gate_rows
-
-        t_len, d, hq = qkv.shape[0], self.cfg.head_dim, self.cfg.num_attention_heads
-        gate = qkv[:, : 2 * hq * d].view(t_len, hq, 2 * d)[..., d:]
-        return sigmoid_gate_rows(o.view(t_len, hq, d), gate).view(t_len, hq * d)
-
-    def conv(self, window: Tensor, qkv: Tensor, w: Tensor) -> tuple[Tensor, Tensor]:
-        from specdash.kernels.elementwise import causal_conv_silu_rows
-
-        return causal_conv_silu_rows(window, qkv, w)
-
     def gdn(
         self,
         i: int,
@@ -502,11 +518,6 @@ class TritonRows(Rows):
         state.pending[i] = GdnSteps(conv_seq, steps[0])
         return o[0]
 
-    def gated_norm(self, o: Tensor, z: Tensor, w: Tensor) -> Tensor:
-        from specdash.kernels.rmsnorm import gated_rms_norm_rows
-
-        return gated_rms_norm_rows(o, z, w, self.cfg.rms_norm_eps)
-
 
 def row_implementations(cfg: ModelConfig, rope: Rope, device: torch.device) -> dict[Mode, Rows]:
     """The implementation of each mode on `device`, chosen here only: exact rows are the Triton
@@ -515,7 +526,7 @@ def row_implementations(cfg: ModelConfig, rope: Rope, device: torch.device) -> d
     cuda = device.type == "cuda"
     kernels = cuda and _triton_rows_supported(cfg)
     return {
-        "prefill": PrefillRows(cfg, rope, gdn_kernel=kernels),
+        "prefill": TritonPrefillRows(cfg, rope, True) if kernels else PrefillRows(cfg, rope, False),
         "exact": TritonRows(cfg, rope) if kernels else TorchRows(cfg, rope),
         "fast": BatchedRows(cfg, rope, device_positions=cuda),
     }
