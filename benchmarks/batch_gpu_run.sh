@@ -4,7 +4,8 @@
 # (plain decode at 2k, and with PROFILE=1 a torch.profiler pass at B = 32); step `spec`:
 # bench_spec_gpu.py's single-sequence numbers (decode t/s, exact/fast, step profiles, verify/decode)
 # with SPEC_ARGS (default: no 128k prefill, 2k context only, a short spec envelope).
-# Needs pydantic (the settings models) from .carry/sglang, installed to /tmp/pyd.
+# Needs pydantic (the settings models) from .carry/sglang, installed to /tmp/pyd (and FLA from
+# .carry/whl when there).
 # Usage on the GPU machine, from the repo root: [STEPS="tests bench"] bash benchmarks/batch_gpu_run.sh
 set -u
 export PYTHONUNBUFFERED=1
@@ -15,6 +16,9 @@ for p in kernels engine_patches; do [ -e specdash/$p ] || ln -s ../$p specdash/$
 python3 -m pip install -q --no-index --no-deps --target /tmp/pyd .carry/sglang/pydantic*.whl \
   .carry/sglang/annotated_types*.whl .carry/sglang/typing_inspection*.whl \
   .carry/sglang/typing_extensions*.whl .carry/ui/pytest_asyncio*.whl > /tmp/pyd.log 2>&1
+# FLA's chunked GDN kernel for prefill, when carried (`pip download --no-deps fla-core==0.6.0`)
+ls .carry/whl/fla_core-*.whl > /dev/null 2>&1 && python3 -m pip install -q --no-index --no-deps \
+  --target /tmp/pyd .carry/whl/fla_core-*.whl >> /tmp/pyd.log 2>&1
 export PYTHONPATH="/tmp/pyd:$PWD"
 { date -u; nvidia-smi --query-gpu=name,driver_version --format=csv,noheader;
   python3 -c "import torch, triton; print(torch.__version__, triton.__version__)"; } | tee "$OUT/env.txt"
