@@ -122,7 +122,7 @@ def gdn_verify_steps(
     With `slots` ([B] int), `state` is a pool [S,HV,Dk,Dv] and sequence b starts from
     state[slots[b]] (read only: the caller commits); the arithmetic is the same.
     """
-    o, states = _launch(q, k, v, a, b, A_log, dt_bias, state, slots, in_place=False)
+    o, states = _launch((q, k, v, a, b, A_log, dt_bias, state), slots, in_place=False)
     assert states is not None
     return o, states
 
@@ -142,21 +142,14 @@ def gdn_steps_in_place(
     token is stored back into `state` (at `slots`) and no per-step states are written, so a
     batched decode needs neither the per-step buffer nor the commit's gather and copy
     (B x 3.1 MB each per layer on the 27B shape). The same kernel and arithmetic; returns o."""
-    return _launch(q, k, v, a, b, A_log, dt_bias, state, slots, in_place=True)[0]
+    return _launch((q, k, v, a, b, A_log, dt_bias, state), slots, in_place=True)[0]
 
 
 def _launch(
-    q: torch.Tensor,
-    k: torch.Tensor,
-    v: torch.Tensor,
-    a: torch.Tensor,
-    b: torch.Tensor,
-    A_log: torch.Tensor,
-    dt_bias: torch.Tensor,
-    state: torch.Tensor,
-    slots: torch.Tensor | None,
-    in_place: bool,
+    inputs: tuple[torch.Tensor, ...], slots: torch.Tensor | None, in_place: bool
 ) -> tuple[torch.Tensor, torch.Tensor | None]:
+    """Both public functions' launch: `inputs` = (q, k, v, a, b, A_log, dt_bias, state)."""
+    q, k, v, a, b, A_log, dt_bias, state = inputs
     bsz, t, h, dk = q.shape
     hv, dv = v.shape[2], v.shape[3]
     if k.shape != q.shape or v.shape[:2] != (bsz, t) or a.shape != (bsz, t, hv):
