@@ -82,8 +82,13 @@ def main() -> int:
 def launch_all() -> None:
     from specdash.kernels import pdl
     from specdash.kernels.decode_attention import verify_as_decode_rows
-    from specdash.kernels.elementwise import causal_conv_silu_rows, sigmoid_gate_rows, swiglu_rows
-    from specdash.kernels.gdn import gdn_verify_steps
+    from specdash.kernels.elementwise import (
+        causal_conv_silu_in_place,
+        causal_conv_silu_rows,
+        sigmoid_gate_rows,
+        swiglu_rows,
+    )
+    from specdash.kernels.gdn import gdn_steps_in_place, gdn_verify_steps
     from specdash.kernels.gemm import BLOCK_M, GemmConfig, _gemm_kernel
     from specdash.kernels.rmsnorm import add_rms_norm_rows, gated_rms_norm_rows, rms_norm_rows
     from specdash.kernels.rope import qk_norm_rope_rows
@@ -98,6 +103,7 @@ def launch_all() -> None:
     swiglu_rows(torch.randn(3, 512, dtype=bf))
     sigmoid_gate_rows(heads, heads)
     causal_conv_silu_rows(torch.randn(3, 256, dtype=bf), x, torch.randn(256, 4, dtype=bf))
+    causal_conv_silu_in_place(torch.randn(3, 256, dtype=bf), x[:1], torch.randn(256, 4, dtype=bf))
     hq, hkv, d, cap = 4, 2, 64, 512
     cache = torch.zeros(hkv, cap, d, dtype=bf)
     table = torch.randn(cap, 32, dtype=bf)
@@ -107,16 +113,17 @@ def launch_all() -> None:
                           cache, cache)  # fmt: skip
     verify_as_decode_rows(q[None], cache[None], cache[None], position, d**-0.5)
     t, h, hv, dk, dv = 3, 2, 4, 128, 128
-    gdn_verify_steps(
-        torch.randn(1, t, h, dk, dtype=bf),
-        torch.randn(1, t, h, dk, dtype=bf),
-        torch.randn(1, t, hv, dv, dtype=bf),
-        torch.randn(1, t, hv, dtype=bf),
-        torch.randn(1, t, hv, dtype=bf),
-        torch.randn(hv),
-        torch.randn(hv),
-        torch.zeros(1, hv, dk, dv),
-    )
+    for steps in (gdn_verify_steps, gdn_steps_in_place):  # per-step states, or in place
+        steps(
+            torch.randn(1, t, h, dk, dtype=bf),
+            torch.randn(1, t, h, dk, dtype=bf),
+            torch.randn(1, t, hv, dv, dtype=bf),
+            torch.randn(1, t, hv, dtype=bf),
+            torch.randn(1, t, hv, dtype=bf),
+            torch.randn(hv),
+            torch.randn(hv),
+            torch.zeros(1, hv, dk, dv),
+        )
     # the GEMM wrapper refuses a CPU device outside the interpreter: launch its kernel as it
     # does, for a pointer-load config and a TMA one with split-K
     for cfg in (GemmConfig(64, 128, 1), GemmConfig(64, 128, 2, num_stages=3, tma=True)):
