@@ -61,8 +61,10 @@ def profile_steps(
     loaded: Loaded, drafter: str, prompts: list[list[int]], batch: int, k: int, new: int
 ) -> None:
     """Where a batched step's time goes: `batch` sequences prefilled (not profiled), then their
-    steps under torch.profiler: wall time per step against the summed kernel time per step
-    (the GPU's busy time; the rest is the host issuing launches), and the top kernels."""
+    steps under torch.profiler: the summed kernel time per step (the GPU's busy time; compare
+    with the timed cells' ms per step: the rest is the host) and the top kernels. The wall
+    time printed is the profiler's (tracing CUDA graph replays costs it far more than the
+    engine), not a step time."""
     from torch.profiler import ProfilerActivity, profile
 
     engine = make_engine(loaded, drafter, prompts, batch, k, new)
@@ -86,7 +88,7 @@ def profile_steps(
     key = "self_device_time_total" if cuda else "self_cpu_time_total"
     busy = sum(getattr(e, key) for e in events) / 1e3 / max(steps, 1)
     print(
-        f"profile B={batch} k={k}: {steps} steps, wall {wall * 1e3:.1f} ms/step, "
+        f"profile B={batch} k={k}: {steps} steps, profiled wall {wall * 1e3:.1f} ms/step, "
         f"kernels {busy:.1f} ms/step ({'GPU' if cuda else 'CPU self'} time)"
     )
     for e in sorted(events, key=lambda e: -getattr(e, key))[:10]:
