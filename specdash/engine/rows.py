@@ -473,16 +473,12 @@ class TritonRows(_TritonElementwise):
             if run.pooled is not None:
                 ssm, slots = run.pooled.pool.gdn[i].ssm, run.pooled.slots
                 o = gdn_steps_in_place(q, k, v, a, b, w.a_log, w.dt_bias, ssm, slots=slots)
-            else:
+            else:  # slots of no pool: one launch per sequence
+                rows = [tuple(x[j : j + 1] for x in (q, k, v, a, b)) for j in range(n)]
                 o = cat_rows(
                     [
-                        gdn_steps_in_place(
-                            *(x[j : j + 1] for x in (q, k, v, a, b)),
-                            w.a_log,
-                            w.dt_bias,
-                            st.gdn[i].ssm[None],
-                        )  # fmt: skip
-                        for j, st in enumerate(run.states)
+                        gdn_steps_in_place(*r, w.a_log, w.dt_bias, st.gdn[i].ssm[None])
+                        for r, st in zip(rows, run.states, strict=True)
                     ]
                 )
             return o.reshape(n, *o.shape[2:])
