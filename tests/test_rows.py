@@ -1,5 +1,6 @@
 """Which implementation computes each mode's rows, chosen once per model: exact rows are the
-Triton kernels on CUDA and the torch rows on the CPU; fast verify is the batched pass on both."""
+Triton kernels on CUDA and the torch rows on the CPU; fast verify is the batched pass on both;
+prefill is batched on both, with the row kernels for its row-wise ops on CUDA."""
 
 from __future__ import annotations
 
@@ -14,6 +15,7 @@ from specdash.engine.rows import (
     PrefillRows,
     Rope,
     TorchRows,
+    TritonPrefillRows,
     TritonRows,
     row_implementations,
 )
@@ -26,7 +28,9 @@ def test_cuda_picks_the_row_kernels_for_exact_and_the_batched_pass_for_fast() ->
     rows = row_implementations(CFG, ROPE, torch.device("cuda"))
     assert type(rows["exact"]) is TritonRows and rows["exact"].graphable
     assert type(rows["fast"]) is BatchedRows and rows["fast"].graphable
-    assert type(rows["prefill"]) is PrefillRows and rows["prefill"].gdn_kernel
+    # prefill: SDPA and FLA's chunked GDN, the row kernels for the row-wise ops; never graphed
+    assert type(rows["prefill"]) is TritonPrefillRows and rows["prefill"].gdn_kernel
+    assert not rows["prefill"].graphable
 
 
 def test_cpu_picks_the_torch_rows_for_exact_and_the_batched_pass_for_fast() -> None:

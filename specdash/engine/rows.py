@@ -7,7 +7,8 @@ backend, and its forward is one straight line through it:
 * `TritonRows` (exact, CUDA): specdash.kernels' fused row kernels; positions read on the device.
 * `BatchedRows` (fast, every device): one batched verify pass the usual way: torch's fused
   norms, one SDPA call over the k+1 rows, the GDN recurrence with batched norms.
-* `PrefillRows` (prefill, every device): batched, with the chunked GDN form.
+* `PrefillRows` (prefill, CPU; `TritonPrefillRows` on CUDA, with the row kernels for its
+  row-wise ops): batched, with the chunked GDN form.
 
 Every implementation has the same small interface over n rows; what makes each exact, and the
 test that proves it: docs/exactness.md.
