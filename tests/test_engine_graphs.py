@@ -18,7 +18,8 @@ from tiny_models import tiny_config
 from specdash.engine import gemm_backends, graphs
 from specdash.engine.drafters import ModelDrafter
 from specdash.engine.engine import Engine
-from specdash.engine.model import Mode, Model, random_tensors
+from specdash.engine.model import Model, random_tensors
+from specdash.engine.rows import Mode
 from specdash.engine.state import SeqState, SlotPool, commit_batch
 from specdash.errors import UsageError
 

@@ -25,8 +25,9 @@ import torch
 
 from specdash.engine import cpu_gemm
 from specdash.engine.gemm_backends import _kn
-from specdash.engine.model import AttentionWeights, Model
+from specdash.engine.model import Model
 from specdash.engine.state import SeqState
+from specdash.engine.weights import AttentionWeights
 
 Tensor = torch.Tensor
 

@@ -19,8 +19,8 @@ from __future__ import annotations
 
 import torch
 
-from specdash.engine.model import Mode, Model
-from specdash.engine.rows import Run
+from specdash.engine.model import Model
+from specdash.engine.rows import Mode, Run
 from specdash.engine.state import GdnSteps, PooledSteps, SeqState, SlotPool
 
 Tensor = torch.Tensor

@@ -21,21 +21,20 @@ Why each sub-op is exact on each path, and which test proves it: docs/exactness.
 from __future__ import annotations
 
 from collections.abc import Callable
-from dataclasses import dataclass, fields
+from dataclasses import fields
 from itertools import groupby
 from operator import itemgetter
-from typing import Literal
 
 import torch
 
 from specdash.engine import gemm_backends, ops
 from specdash.engine.config import ModelConfig
-from specdash.engine.rows import Rope, Rows, Run, cat_rows, row_implementations
+from specdash.engine.rows import Mode, Rope, Rows, Run, cat_rows, row_implementations
 from specdash.engine.state import SeqState
+from specdash.engine.weights import AttentionWeights, GdnWeights, LayerWeights
 from specdash.errors import UsageError
 
 Tensor = torch.Tensor
-Mode = Literal["prefill", "exact", "fast"]
 PREFILL_CHUNK = 16384
 """Prompt tokens per prefill pass. Activations grow with the tokens in a pass (a 131072-token
 pass of the 27B shape would hold ~9 GB in the gate/up projection alone, next to 51 GB of
@@ -46,33 +45,6 @@ Observer = Callable[[int, str, Tensor], Tensor]
 Root-cause analysis records with it; fault-injection tests perturb with it. Layer -1 is
 the embedding, `num_layers` the head (final norm, lm_head, log_softmax).
 """
-
-
-@dataclass(slots=True)
-class AttentionWeights:
-    qkv: Tensor
-    o: Tensor
-    q_norm: Tensor
-    k_norm: Tensor
-
-
-@dataclass(slots=True)
-class GdnWeights:
-    proj: Tensor  # [qkv | z | b | a] rows
-    conv: Tensor  # [C, W]
-    a_log: Tensor
-    dt_bias: Tensor
-    norm: Tensor
-    out: Tensor
-
-
-@dataclass(slots=True)
-class LayerWeights:
-    input_norm: Tensor
-    post_norm: Tensor
-    mixer: AttentionWeights | GdnWeights
-    gate_up: Tensor
-    down: Tensor
 
 
 def hf_tensor_shapes(cfg: ModelConfig) -> dict[str, tuple[int, ...]]:

@@ -19,18 +19,18 @@ from __future__ import annotations
 import warnings
 from abc import ABC, abstractmethod
 from dataclasses import dataclass
-from typing import TYPE_CHECKING
+from typing import Literal
 
 import torch
 
 from specdash.engine import ops
 from specdash.engine.config import ModelConfig
 from specdash.engine.state import GdnSteps, KVCache, PooledSteps, SeqState
-
-if TYPE_CHECKING:
-    from specdash.engine.model import AttentionWeights, GdnWeights, Mode
+from specdash.engine.weights import AttentionWeights, GdnWeights
 
 Tensor = torch.Tensor
+Mode = Literal["prefill", "exact", "fast"]
+"""How a forward computes its rows; `row_implementations` gives one `Rows` per mode."""
 
 
 @dataclass(frozen=True, slots=True)
