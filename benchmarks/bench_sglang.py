@@ -45,7 +45,7 @@ from specdash.runs.sglang import (
 )
 from specdash.settings import SessionSettings
 
-ALL_OFF = tuple(p.flag for p in registry.all_patches())  # stock SGLang
+ALL_OFF = tuple(p.flag for p in registry.optional_patches())  # stock SGLang
 T0 = time.monotonic()
 
 

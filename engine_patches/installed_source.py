@@ -3,8 +3,9 @@
 Why not import: SGLang's modules pull in torch, CUDA-only kernels (FA3's `sgl_kernel`) and
 seconds of start-up; `specdash patches check` must run on any machine, quickly, and judge the
 FA3 target too. A target is a dotted path: the longest prefix that is a file of the sglang
-distribution is the module, the rest are names of classes, functions or class-level
-assignments, looked up in the module's syntax tree (also inside module-level if/try blocks).
+distribution is the module (a module alone: its whole file), the rest are names of classes,
+functions or class-level assignments, looked up in the module's syntax tree (also inside
+module-level if/try blocks).
 """
 
 from __future__ import annotations
@@ -60,8 +61,12 @@ def _named(node: ast.stmt, name: str) -> bool:
 
 
 def target_source(path: str, root: Path) -> str | None:
-    """Dedented source of the definition `path` names (decorators included), None if absent."""
+    """Dedented source of the definition `path` names (decorators included), or the whole
+    file when `path` is a module; None if absent."""
     parts = path.split(".")
+    whole = module_file(root, parts)
+    if whole is not None:
+        return whole.read_text(encoding="utf-8")
     for cut in range(len(parts) - 1, 0, -1):
         file = module_file(root, parts[:cut])
         if file is not None:

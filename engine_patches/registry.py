@@ -15,7 +15,7 @@ import os
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from importlib import metadata
-from typing import Any
+from typing import Any, Protocol
 
 SUPPORTED_VERSIONS: tuple[str, ...] = ("0.5.17", "0.5.23")
 ROW_ENV = "SPECDASH_SGLANG_PATCH_ROW"
@@ -114,12 +114,23 @@ class Rebinding:
         return self._original
 
 
+class Change(Protocol):
+    """What a variant applies: a `Rebinding`, or a patch's own reversible change."""
+
+    @property
+    def applied(self) -> bool: ...
+
+    def apply(self) -> None: ...
+
+    def remove(self) -> None: ...
+
+
 @dataclass
 class Variant:
     """A patch as it applies to one SGLang release."""
 
     targets: tuple[Target, ...]
-    rebindings: tuple[Rebinding, ...]
+    rebindings: tuple[Change, ...]
 
 
 @dataclass
@@ -132,6 +143,9 @@ class Patch:
     summary: str
     variants: dict[str, Variant]
     """SGLang release -> the variant for it."""
+    always: bool = False
+    """A fix SGLang needs to start a configuration, not an exactness patch: applied in every
+    engine, stock included; not an `--sglang-unpatch` choice."""
     _applied: Variant | None = field(default=None, repr=False)
 
     def variant(self, row: str | None = None) -> Variant:
@@ -149,7 +163,7 @@ class Patch:
         if self._applied is not None:
             return
         variant = self.variant(row)
-        done: list[Rebinding] = []
+        done: list[Change] = []
         try:
             for r in variant.rebindings:
                 r.apply()
@@ -169,15 +183,18 @@ class Patch:
 
 
 def all_patches() -> list[Patch]:
-    """The four patches, in the order they are applied."""
+    """Every patch, in the order they are applied: the start-up fix, then the four that can
+    be left off."""
     from specdash.engine_patches import (
         gdn_verify_as_decode,
         gemm_routing,
+        lazy_dsa_import,
         telemetry,
         verify_attention_as_decode_rows,
     )
 
     return [
+        lazy_dsa_import.PATCH,
         gdn_verify_as_decode.PATCH,
         verify_attention_as_decode_rows.PATCH,
         gemm_routing.PATCH,
@@ -185,19 +202,25 @@ def all_patches() -> list[Patch]:
     ]
 
 
+def optional_patches() -> list[Patch]:
+    """The patches `--sglang-unpatch` can leave off (stock SGLang: all of them off)."""
+    return [p for p in all_patches() if not p.always]
+
+
 def by_flag(flag: str) -> Patch:
     """The patch `--sglang-unpatch FLAG` names; KeyError lists the flags."""
-    patches = {p.flag: p for p in all_patches()}
+    patches = {p.flag: p for p in optional_patches()}
     if flag not in patches:
         raise KeyError(f"unknown patch {flag!r}; one of {', '.join(patches)}")
     return patches[flag]
 
 
 def apply_all(names: list[str] | None = None) -> list[str]:
-    """Apply the named patches (all by default) for this SGLang release; returns the names."""
+    """Apply the named patches (all by default) and the `always` ones for this SGLang release;
+    returns the names."""
     applied = []
     for p in all_patches():
-        if names is None or p.name in names:
+        if p.always or names is None or p.name in names:
             p.apply()
             applied.append(p.name)
     return applied

@@ -73,9 +73,12 @@ def session(pair, algorithm: str, *, unpatch: tuple[str, ...] = (), **engine_arg
     return events
 
 
-# NGRAM eager and k in {1, 5} are benchmarks/bench_sglang.py's matrix (device time is short);
-# STANDALONE's draft graph capture imports deep_gemm, which the carried SGLang lacks.
-@pytest.mark.parametrize(("algorithm", "graphs"), [("NGRAM", True), ("STANDALONE", False)])
+# NGRAM eager and k in {1, 5} are benchmarks/bench_sglang.py's matrix (device time is short).
+# STANDALONE with graphs: its draft graph capture imports DSA attention, which needs
+# lazy_dsa_import on the carried SGLang (no deep_gemm).
+@pytest.mark.parametrize(
+    ("algorithm", "graphs"), [("NGRAM", True), ("STANDALONE", True), ("STANDALONE", False)]
+)
 def test_patched_speculation_equals_shadow_bitwise(pair, algorithm: str, graphs: bool) -> None:
     events = session(pair, algorithm, disable_cuda_graph=not graphs)
     done = [e for e in events if isinstance(e, PromptDone)]

@@ -40,6 +40,8 @@ def snapshot():
     out = {}
     for p in registry.all_patches():
         for r in p.variant().rebindings:
+            if not isinstance(r, registry.Rebinding):  # lazy_dsa_import's module: its own test
+                continue
             owner = registry.resolve(r.owner_path)
             out[(r.owner_path, r.name)] = (vars(owner).get(r.name, ABSENT),
                                            getattr(owner, r.name, ABSENT))
@@ -111,7 +113,7 @@ def _module_file(root: Path, path: str) -> Path:
     parts = path.split(".")
     return next(
         f
-        for cut in range(len(parts) - 1, 0, -1)
+        for cut in range(len(parts), 0, -1)
         if (f := installed_source.module_file(root, parts[:cut])) is not None
     )
 
