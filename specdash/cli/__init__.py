@@ -153,7 +153,7 @@ def _add_session_flags(p: argparse.ArgumentParser) -> None:
         "--sglang-unpatch",
         action="append",
         default=[],
-        choices=[p.flag for p in registry.all_patches()],
+        choices=[p.flag for p in registry.optional_patches()],
         help="leave one patch off in both engines, to see which fix matters (repeatable)",
     )
 
