@@ -42,7 +42,7 @@ from specdash.events import (
 )
 from specdash.prompts import load_prompts
 from specdash.runs.heap import trim_heap
-from specdash.runs.runner import SessionEvents, divergences_to_report
+from specdash.runs.session_events import SessionEvents, divergences_to_report
 from specdash.settings import MAX_K, SessionSettings
 
 Queued = tuple[int, str, list[int]]

@@ -42,7 +42,11 @@ from specdash.events import (
     Token,
     VerifyStep,
 )
-from specdash.runs.runner import SessionEvents, divergences_to_report, first_divergences
+from specdash.runs.session_events import (
+    SessionEvents,
+    divergences_to_report,
+    first_divergences,
+)
 from specdash.settings import SessionSettings
 
 ALGORITHMS = ("NEXTN", "EAGLE3", "DFLASH", "STANDALONE", "NGRAM")
