@@ -43,6 +43,27 @@ class SessionStart(_Event):
     git_revision: str | None = None
 
 
+class StartPhase(_Event):
+    """A step of an engine's start, before the session's header (SGLang: spawning its
+    processes, loading weights, capturing each set of CUDA graphs): what the wait is for.
+    `done`/`total` count a capture's batch sizes where SGLang shows a bar."""
+
+    kind: Literal["start_phase"] = "start_phase"
+    engine: str
+    """Which engine of the session: "spec" or "shadow"."""
+    phase: str
+    done: int | None = None
+    total: int | None = None
+    since_start_s: float
+    """Seconds since this engine's start began."""
+
+    @property
+    def text(self) -> str:
+        """What every view prints: "spec engine: capture target verify CUDA graphs 3/8"."""
+        count = f" {self.done}/{self.total}" if self.total else ""
+        return f"{self.engine} engine: {self.phase}{count}"
+
+
 class PromptStart(_Event):
     kind: Literal["prompt_start"] = "prompt_start"
     prompt_index: int
@@ -245,6 +266,7 @@ class Summary(_Event):
 
 Event = Annotated[
     SessionStart
+    | StartPhase
     | PromptStart
     | Prefill
     | Draft

@@ -8,7 +8,7 @@ from fake_events import ScriptedSource, fake_session
 from textual.geometry import Region
 
 from specdash.controls import Controls
-from specdash.events import PromptStart, SessionStart, Summary
+from specdash.events import PromptStart, SessionStart, StartPhase, Summary
 from specdash.settings import SessionSettings
 from specdash.ui.app import SpecdashApp
 from specdash.ui.replay_app import ReplayApp
@@ -68,6 +68,21 @@ async def test_loading_says_what_and_how_long_and_gives_no_verdict() -> None:
         text = status(app)
         assert "NO VERDICT YET" in text and "EXACT" not in text
         assert "prefill prompt 0, 4,512 tokens … 3 s" in text
+
+
+async def test_loading_shows_the_engine_start_phase_until_the_session_starts() -> None:
+    app = SpecdashApp(Loading(SessionSettings()))
+    async with app.run_test(size=SIZE) as pilot:
+        phase = "capture target verify CUDA graphs"
+        app.source.sink(StartPhase(engine="spec", phase=phase, done=3, total=8, since_start_s=41))
+        app.refresh_numbers()
+        await pilot.pause()
+        assert f"spec engine: {phase} 3/8 · the verdict and the numbers" in status(app)
+        config = {"engine": "sglang", "model": "m", "drafter": "ngram", "k": 3, "shadow": True}
+        app.source.sink(SessionStart(config=config, versions={}, device="cuda", gemm_backend="t"))
+        app.refresh_numbers()
+        await pilot.pause()
+        assert "LOADING" not in status(app) and phase not in status(app)
 
 
 async def test_verdict_after_the_first_compared_token_and_without_a_shadow() -> None:

@@ -21,7 +21,7 @@ from tiny_models import write_pair
 from specdash.cli import main
 from specdash.cli.progress import SessionProgress, make_progress
 from specdash.errors import EXIT_OK
-from specdash.events import Event
+from specdash.events import Event, StartPhase
 from specdash.runs.native import run_session
 from specdash.settings import SessionSettings
 
@@ -110,3 +110,14 @@ def test_no_progress_where_stderr_is_not_a_terminal(capsys, pair) -> None:
     for extra in ([], ["--json"]):
         assert main(["run", "--headless", "--max-new-tokens", "4", *extra, *_model_args(pair)]) == 0
         assert capsys.readouterr().err == ""
+
+
+def test_session_progress_names_the_engine_start_phase() -> None:
+    progress = make_progress(Console(file=io.StringIO(), force_terminal=True, width=120))
+    shown = SessionProgress(progress, prompts=24, max_new_tokens=32)
+    shown(StartPhase(engine="shadow", phase="load weights", since_start_s=3.5))
+    assert progress.tasks[0].description == "starting · shadow engine: load weights"
+    shown(
+        StartPhase(engine="spec", phase="capture (batch sizes)", done=2, total=8, since_start_s=9)
+    )
+    assert progress.tasks[0].description == "starting · spec engine: capture (batch sizes) 2/8"

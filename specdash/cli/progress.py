@@ -21,7 +21,15 @@ from rich.progress import (
 )
 from rich.table import Column
 
-from specdash.events import Event, Prefill, PromptDone, PromptStart, SessionStart, Token
+from specdash.events import (
+    Event,
+    Prefill,
+    PromptDone,
+    PromptStart,
+    SessionStart,
+    StartPhase,
+    Token,
+)
 
 
 def make_progress(console: Console | None = None) -> Progress:
@@ -72,7 +80,9 @@ class SessionProgress:
 
     def __call__(self, event: Event) -> None:
         p = self.progress
-        if isinstance(event, SessionStart):
+        if isinstance(event, StartPhase):
+            p.update(self.task, description=f"{self.prefix}starting · {event.text}")
+        elif isinstance(event, SessionStart):
             self.t0 = time.perf_counter()
             p.reset(self.task, total=self.total)
             self._describe("starting")

@@ -20,6 +20,7 @@ from specdash.events import (
     PromptDone,
     PromptStart,
     SessionStart,
+    StartPhase,
     Summary,
     TelemetrySample,
     Token,
@@ -76,6 +77,8 @@ class DashboardModel:
     # status
     started: bool = False
     """SessionStart seen: the weights are loaded. Before it, the dashboard says it is loading."""
+    start_phase: StartPhase | None = None
+    """The engine start's latest phase, until SessionStart (SGLang: weights, graph captures)."""
     prefill: str | None = None
     """What is being prefilled now ("prompt 3, 4,512 tokens"), None once its first token is out."""
     shadow: bool = True
@@ -192,6 +195,10 @@ class DashboardModel:
         return "EXACT so far"
 
     # -- event handlers ----------------------------------------------------------------
+
+    def _on_start_phase(self, e: StartPhase) -> None:
+        if not self.started:  # a trace holds them after its header: a replay starts there
+            self.start_phase = e
 
     def _on_session_start(self, e: SessionStart) -> None:
         c = e.config

@@ -1,0 +1,78 @@
+"""StartWatch: an SGLang start log, written as SGLang writes it (log lines, tqdm bars ending in
+'\\r', a line cut between two reads), becomes StartPhase events in order; unknown lines are
+ignored; a start that fails ends without "ready". The wording it reads is checked against the
+real wheels in tests/sglang/test_sglang_start_lines.py."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from specdash.events import StartPhase
+from specdash.runs.sglang_start import StartWatch, phase_of
+
+LOG = [
+    "[2026-12-04 10:00:00] Using custom SIGQUIT handler\n",
+    "[2026-12-04 10:00:01 TP0] Init torch distributed begin.\n",
+    "[2026-12-04 10:00:02 TP0] Load weight begin. avail mem=138.10 GB\n",
+    "Multi-thread loading shards: 100% Completed | 1/1 [00:00<00:00, 175.00it/s]\n",
+    "[2026-12-04 10:00:03 TP0] Load weight end. elapsed=0.41 s, type=Qwen3_5ForCausalLM\n",
+    "[2026-12-04 10:00:04 TP0] Capture target decode CUDA graph begin. This can take up to",
+    " several minutes. avail mem=68.90 GB\n",
+    "Capturing batches (bs=2 avail_mem=68.12 GB):   0%|          | 0/2 [00:00<?, ?it/s]\r",
+    "Capturing batches (bs=2 avail_mem=68.12 GB):  50%|█████     | 1/2 [00:00<00:01,  8.6it/s]\r",
+    "Capturing batches (bs=1 avail_mem=68.09 GB): 100%|██████████| 2/2 [00:00<00:00, 13.6it/s]\r",
+    "Capturing batches (bs=1 avail_mem=68.09 GB): 100%|██████████| 2/2 [00:00<00:00, 13.6it/s]\n",
+    "[2026-12-04 10:00:05 TP0] Capture draft extend CUDA graph begin. backend=triton\n",
+]
+
+
+def test_phase_of_reads_sglang_lines() -> None:
+    assert phase_of(LOG[1], None) == ("init torch distributed", None, None)
+    assert phase_of(LOG[5] + LOG[6], None) == ("capture target decode CUDA graphs", None, None)
+    assert phase_of(LOG[8], "capture target decode CUDA graphs") == (
+        "capture target decode CUDA graphs",
+        1,
+        2,
+    )
+    assert phase_of(LOG[8], None) == ("capture (batch sizes)", 1, 2)
+    assert phase_of(LOG[0], None) is None and phase_of(LOG[3], None) is None
+
+
+def test_watch_emits_each_phase_and_bar_count_in_order(tmp_path: Path) -> None:
+    log = tmp_path / "sglang.log"
+    log.write_text("an earlier engine's line: Load weight begin\n")  # before the watch: skipped
+    events: list[StartPhase] = []
+    ticks = iter(range(100))
+    watch = StartWatch(log, "spec", events.append, clock=lambda: float(next(ticks)))
+    with watch, log.open("a") as f:
+        for piece in LOG:
+            f.write(piece)
+            f.flush()
+            watch.read()  # reads between writes: the cut line arrives in two pieces
+    got = [(e.engine, e.phase, e.done, e.total) for e in events]
+    capture = "capture target decode CUDA graphs"
+    assert got == [
+        ("spec", "spawn processes", None, None),
+        ("spec", "init torch distributed", None, None),
+        ("spec", "load weights", None, None),
+        ("spec", "allocate KV cache", None, None),
+        ("spec", capture, None, None),
+        ("spec", capture, 0, 2),
+        ("spec", capture, 1, 2),
+        ("spec", capture, 2, 2),
+        ("spec", "capture draft extend CUDA graphs", None, None),
+        ("spec", "ready", None, None),
+    ]
+    since = [e.since_start_s for e in events]
+    assert since == sorted(since) and since[0] < since[-1]  # seconds since the watch began
+
+
+def test_failed_start_has_no_ready(tmp_path: Path) -> None:
+    log = tmp_path / "sglang.log"
+    events: list[StartPhase] = []
+    with pytest.raises(RuntimeError), StartWatch(log, "shadow", events.append):
+        log.write_text(LOG[2])
+        raise RuntimeError("scheduler died")
+    assert [e.phase for e in events] == ["spawn processes", "load weights"]
