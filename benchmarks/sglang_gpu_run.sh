@@ -2,7 +2,7 @@
 # One device call on the H200: real SGLang 0.5.17 (carried wheels) with specdash's patches.
 # Installs .carry/sglang/*.whl and .carry/ui/*.whl to /tmp/site, builds the benchmark pair
 # (benchmarks/sglang_checkpoint.py), then runs, in order, what STEPS names (default below):
-#   cli       specdash run --headless --engine sglang (NGRAM k=3, --json --trace)
+#   cli       specdash run --headless --engine sglang (NGRAM k=3, --json), once per CLI_RUNS entry
 #   bench     benchmarks/bench_sglang.py --phases $PHASES
 #   tests     pytest -m sglang_gpu ($TEST_ARGS added, e.g. -k STANDALONE)
 #   dashboard benchmarks/sglang_dashboard_shot.py (Textual headless, SVG)
@@ -41,12 +41,18 @@ for step in ${STEPS:-cli bench}; do
   l=$(left); [ "$l" -lt 60 ] && { echo "== SKIP $step (${l}s left)"; continue; }
   echo "== $step $(date -u +%T) (${l}s left)"
   case $step in
-    cli)
-      timeout $(( l - 20 )) python3 -c "from specdash.cli import main; import sys; sys.exit(main(sys.argv[1:]))" \
-        run --headless --engine sglang --model $CK/target --speculative-algorithm NGRAM -k 3 \
-        --max-new-tokens ${CLI_MAX_NEW:-32} --json --trace "$OUT/cli_trace.jsonl" $BOX ${CLI_ARGS:-} \
-        > "$OUT/cli.json" 2> "$OUT/cli.log"; echo "exit $?"
-      cut -c1-1500 "$OUT/cli.json"; grep -a "specdash: error\|Error\|error:" "$OUT/cli.log" | tail -5 ;;
+    cli)  # one run per ';'-separated entry of CLI_RUNS (args added to the NGRAM k=3 defaults)
+      n=0; IFS=';' read -ra RUNS <<< "${CLI_RUNS:- }"
+      for run_args in "${RUNS[@]}"; do
+        n=$((n + 1)); l=$(left); [ "$l" -lt 60 ] && { echo "== SKIP cli-$n (${l}s left)"; continue; }
+        echo "== cli-$n: $run_args"
+        # stderr (SGLang's processes too) with seconds since the run started on every line
+        timeout $(( l - 20 )) python3 -c "from specdash.cli import main; import sys; sys.exit(main(sys.argv[1:]))" \
+          run --headless --engine sglang --model $CK/target --speculative-algorithm NGRAM -k 3 \
+          --max-new-tokens ${CLI_MAX_NEW:-32} --json $BOX $run_args \
+          > "$OUT/cli-$n.json" 2> >(python3 benchmarks/stamp_lines.py > "$OUT/cli-$n.log"); echo "exit $?"
+        cut -c1-600 "$OUT/cli-$n.json"; grep -a "specdash: error" "$OUT/cli-$n.log" | tail -3
+      done ;;
     bench)
       timeout $(( l - 15 )) python3 benchmarks/bench_sglang.py --target $CK/target --draft $CK/draft \
         --json "$OUT/bench.json" --phases "${PHASES:-anchor,matrix}" --budget-s $(( l - 30 )) \

@@ -1,0 +1,64 @@
+"""Why SGLang cannot start, in one line that says what to do: before the start from the
+settings (more GPUs than visible, a kernel module the install lacks), after it from the
+traceback of a scheduler that died (which module was missing, who imported it, what avoids it).
+The traceback is the one the H200 gave for STANDALONE with CUDA graphs before lazy_dsa_import."""
+
+from __future__ import annotations
+
+import pytest
+
+from specdash.errors import EnvironmentProblem
+from specdash.runs.sglang_preflight import check_can_start, explain_failure, refusal
+
+SITE = "/tmp/site/sglang/srt"
+DEEP_GEMM_TRACEBACK = f"""Scheduler hit an exception: Traceback (most recent call last):
+  File "{SITE}/managers/scheduler.py", line 6320, in run_scheduler_process
+    scheduler = Scheduler(
+  File "{SITE}/speculative/eagle_worker_v2.py", line 1080, in init_cuda_graphs
+    self.draft_worker.init_cuda_graphs()
+  File "{SITE}/speculative/eagle_worker_v2.py", line 417, in _capture_cuda_graphs
+    from sglang.srt.layers.attention.dsa_backend import (
+  File "{SITE}/layers/attention/dsa_backend.py", line 90, in <module>
+    import deep_gemm
+ModuleNotFoundError: No module named 'deep_gemm'
+"""
+
+
+def test_missing_module_in_a_graph_capture_names_importer_and_the_way_around() -> None:
+    assert explain_failure(DEEP_GEMM_TRACEBACK) == (
+        "ModuleNotFoundError: No module named 'deep_gemm', imported by "
+        "sglang.srt.layers.attention.dsa_backend; SGLang imports it while capturing CUDA "
+        "graphs: install deep_gemm, or --sglang-arg disable_cuda_graph=true avoids the import"
+    )
+
+
+def test_missing_module_elsewhere_and_other_errors() -> None:
+    text = DEEP_GEMM_TRACEBACK.replace("init_cuda_graphs", "init_model").replace(
+        "_capture_cuda_graphs", "load_model"
+    )
+    assert explain_failure(text).endswith(
+        "dsa_backend; install deep_gemm or choose settings that do not need it"
+    )
+    oom = "Scheduler hit an exception: Traceback\n  ...\nValueError: not enough memory for KV\n"
+    assert explain_failure(oom) == "ValueError: not enough memory for KV"
+
+
+def test_more_gpus_than_visible_is_refused_before_the_start(monkeypatch) -> None:
+    monkeypatch.setenv("CUDA_VISIBLE_DEVICES", "0")
+    assert refusal({"tp_size": 2}, gpus=1) == (
+        "tp_size=2 needs 2 GPUs; torch sees 1 (CUDA_VISIBLE_DEVICES=0): "
+        "use --sglang-arg tp_size=1 or a machine with 2 GPUs"
+    )
+    assert refusal({"tp_size": 2}, gpus=2) is None
+    with pytest.raises(EnvironmentProblem, match="^sglang cannot start here: tp_size=4 needs"):
+        check_can_start({"tp_size": 4}, gpus=2)
+
+
+def test_a_kernel_module_the_install_lacks_is_refused_with_the_default_to_use() -> None:
+    # this machine has no sgl_kernel: FA3's module cannot be found
+    assert refusal({"attention_backend": "fa3"}, gpus=1) == (
+        "attention_backend=fa3 needs sgl_kernel's FA3 kernels (Python module "
+        "'sgl_kernel.flash_ops'), which this SGLang install lacks: use attention_backend=triton "
+        "(specdash's default)"
+    )
+    assert refusal({"attention_backend": "triton"}, gpus=1) is None
