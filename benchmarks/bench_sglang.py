@@ -31,7 +31,7 @@ from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
-from specdash.engine_patches import registry
+from specdash.engine_patches import patch_set
 from specdash.prompts import load_prompts
 from specdash.runs.sglang import (
     ERROR_FILE_ENV,
@@ -45,7 +45,7 @@ from specdash.runs.sglang import (
 )
 from specdash.settings import SessionSettings
 
-ALL_OFF = tuple(p.flag for p in registry.optional_patches())  # stock SGLang
+ALL_OFF = tuple(p.flag for p in patch_set.optional_patches())  # stock SGLang
 T0 = time.monotonic()
 
 

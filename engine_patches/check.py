@@ -14,7 +14,7 @@ import os
 import sys
 from dataclasses import dataclass
 
-from specdash.engine_patches import installed_source, registry
+from specdash.engine_patches import installed_source, patch_set, registry
 from specdash.errors import EXIT_ENVIRONMENT, EXIT_OK, EnvironmentProblem
 
 INSTALL_HINT = "SGLang is not installed: pip install 'specdash[sglang]'"
@@ -36,7 +36,7 @@ def check_targets(row: str) -> list[TargetStatus]:
     if root is None:
         raise EnvironmentProblem(INSTALL_HINT)
     statuses = []
-    for patch in registry.all_patches():
+    for patch in patch_set.all_patches():
         for t in patch.variant(row).targets:
             text = installed_source.target_source(t.path, root)
             if text is None:

@@ -6,6 +6,7 @@ it replaces or relies on, by dotted path with the sha256 of each target's source
 `patches check` compares the installed SGLang with the matching release's row, and the engine
 refuses a mismatch unless forced. A variant is a set of attribute rebindings; removing it puts
 back the exact objects that were there, so apply/remove/apply leaves SGLang as found.
+The patches themselves, and applying them all: `patch_set`.
 """
 
 from __future__ import annotations
@@ -180,52 +181,3 @@ class Patch:
         for r in reversed(self._applied.rebindings):
             r.remove()
         self._applied = None
-
-
-def all_patches() -> list[Patch]:
-    """Every patch, in the order they are applied: the start-up fix, then the four that can
-    be left off."""
-    from specdash.engine_patches import (
-        gdn_verify_as_decode,
-        gemm_routing,
-        lazy_dsa_import,
-        telemetry,
-        verify_attention_as_decode_rows,
-    )
-
-    return [
-        lazy_dsa_import.PATCH,
-        gdn_verify_as_decode.PATCH,
-        verify_attention_as_decode_rows.PATCH,
-        gemm_routing.PATCH,
-        telemetry.PATCH,
-    ]
-
-
-def optional_patches() -> list[Patch]:
-    """The patches `--sglang-unpatch` can leave off (stock SGLang: all of them off)."""
-    return [p for p in all_patches() if not p.always]
-
-
-def by_flag(flag: str) -> Patch:
-    """The patch `--sglang-unpatch FLAG` names; KeyError lists the flags."""
-    patches = {p.flag: p for p in optional_patches()}
-    if flag not in patches:
-        raise KeyError(f"unknown patch {flag!r}; one of {', '.join(patches)}")
-    return patches[flag]
-
-
-def apply_all(names: list[str] | None = None) -> list[str]:
-    """Apply the named patches (all by default) and the `always` ones for this SGLang release;
-    returns the names."""
-    applied = []
-    for p in all_patches():
-        if p.always or names is None or p.name in names:
-            p.apply()
-            applied.append(p.name)
-    return applied
-
-
-def remove_all() -> None:
-    for p in reversed(all_patches()):
-        p.remove()

@@ -10,7 +10,7 @@ import sys
 from collections.abc import Callable
 from typing import NoReturn
 
-from specdash.engine_patches import registry
+from specdash.engine_patches import patch_set
 from specdash.errors import EXIT_INTERRUPTED, EXIT_USAGE, SpecdashError
 
 DESCRIPTION = """\
@@ -153,7 +153,7 @@ def _add_session_flags(p: argparse.ArgumentParser) -> None:
         "--sglang-unpatch",
         action="append",
         default=[],
-        choices=[p.flag for p in registry.optional_patches()],
+        choices=[p.flag for p in patch_set.optional_patches()],
         help="leave one patch off in both engines, to see which fix matters (repeatable)",
     )
 

@@ -166,13 +166,13 @@ def _patch_row() -> str | None:
 
 def applied_patches(options: SGLangOptions) -> list[str]:
     """Names of the patches the scheduler processes apply: all but `--sglang-unpatch`."""
-    from specdash.engine_patches import registry
+    from specdash.engine_patches import patch_set
 
     try:
-        off = {registry.by_flag(flag).name for flag in options.unpatch}
+        off = {patch_set.by_flag(flag).name for flag in options.unpatch}
     except KeyError as e:
         raise UsageError(f"--sglang-unpatch: {e.args[0]}") from None
-    return [p.name for p in registry.all_patches() if p.name not in off]
+    return [p.name for p in patch_set.all_patches() if p.name not in off]
 
 
 class SchedulerFailed(EnvironmentProblem):
@@ -248,10 +248,10 @@ def scheduler_entry(*args: Any, **kwargs: Any) -> Any:
     """SGLang's scheduler process entry with the specdash patches applied first."""
     error_file = _child_process("sglang.srt.managers.scheduler")
     try:
-        from specdash.engine_patches import registry
+        from specdash.engine_patches import patch_set
 
         names = os.environ.get(PATCHES_ENV)
-        registry.apply_all(None if names is None else [n for n in names.split(",") if n])
+        patch_set.apply_all(None if names is None else [n for n in names.split(",") if n])
     except Exception as e:
         if error_file:
             write_reason(error_file, f"specdash patches failed: {type(e).__name__}: {e}")

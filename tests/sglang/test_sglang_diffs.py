@@ -12,7 +12,7 @@ from pathlib import Path
 
 import pytest
 
-from specdash.engine_patches import registry
+from specdash.engine_patches import patch_set, registry
 
 DIFFS = Path(registry.__file__).parent / "diffs"
 EXACTNESS_PATCHES = ("gdn_verify_as_decode", "verify_attention_as_decode_rows", "gemm_routing")
@@ -46,7 +46,7 @@ def patched_tree(run_each_sglang, tmp_path_factory) -> Path:
 
 @pytest.mark.parametrize("row", registry.SUPPORTED_VERSIONS)
 def test_each_exactness_patch_has_a_diff_on_its_replaced_targets(row: str) -> None:
-    patches = {p.name: p for p in registry.all_patches()}
+    patches = {p.name: p for p in patch_set.all_patches()}
     for name in EXACTNESS_PATCHES:
         diff = DIFFS / row / f"{name}.diff"
         touched = {f.removesuffix(".py").replace("/", ".") for f in diff_files(diff)}
@@ -61,7 +61,7 @@ from types import SimpleNamespace
 import sglang
 import torch
 
-from specdash.engine_patches import registry, verify_attention_as_decode_rows as rows_mod
+from specdash.engine_patches import patch_set, verify_attention_as_decode_rows as rows_mod
 from specdash.engine_patches import gemm_routing
 from specdash.engine import gemm_backends as kernels
 
@@ -88,7 +88,7 @@ def kernel_source(kernel):
     return inspect.getsource(kernel.fn)
 
 conv_stock = kernel_source(conv_rt._causal_conv1d_update_kernel)
-registry.apply_all()
+patch_set.apply_all()
 # the conv update kernel: the diff's text is the runtime patch's, character for character
 conv_patched = kernel_source(conv_rt._causal_conv1d_update_kernel)
 out["conv_kernel"] = [kernel_source(conv_disk._causal_conv1d_update_kernel) == conv_patched,

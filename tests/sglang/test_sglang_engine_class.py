@@ -15,7 +15,7 @@ from pathlib import Path
 import sglang
 from sglang.srt.entrypoints.engine import Engine
 from sglang.srt.server_args import ServerArgs
-from specdash.engine_patches import registry
+from specdash.engine_patches import patch_set, registry
 from specdash.settings import SessionSettings
 from specdash.runs import sglang as se
 
@@ -45,11 +45,11 @@ out["unknown_kwargs"] = unknown
 import sglang.srt.managers.scheduler as scheduler
 seen = []
 scheduler.run_scheduler_process = lambda *a, **k: seen.append(
-    sorted(p.name for p in registry.all_patches() if p.applied)) or "ran"
+    sorted(p.name for p in patch_set.all_patches() if p.applied)) or "ran"
 os.environ[se.PATCHES_ENV] = ",".join(
     se.applied_patches(se.SGLangOptions(unpatch=("gdn", "telemetry"))))
 out["entry_returns"] = se.scheduler_entry(1, key=2)
-registry.remove_all()
+patch_set.remove_all()
 os.environ[se.PATCHES_ENV] = ""
 se.scheduler_entry()
 out["applied"] = seen

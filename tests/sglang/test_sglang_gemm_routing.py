@@ -16,7 +16,7 @@ import torch
 import torch.nn.functional as F
 import sglang.srt.batch_invariant_ops.batch_invariant_ops as bio
 from specdash.engine_patches import gemm_routing
-from specdash.engine_patches.registry import by_flag
+from specdash.engine_patches.patch_set import by_flag
 
 bio.get_dispatch_device_backend = lambda: "CPU"  # SGLang registers for the GPU's key
 bio.enable_batch_invariant_mode()

@@ -13,22 +13,22 @@ from pathlib import Path
 import pytest
 
 from specdash.cli import main
-from specdash.engine_patches import check, installed_source, registry
+from specdash.engine_patches import check, installed_source, patch_set, registry
 from specdash.errors import EnvironmentProblem
 
 
 def row_targets(row: str) -> set[str]:
-    return {t.path for p in registry.all_patches() for t in p.variant(row).targets}
+    return {t.path for p in patch_set.all_patches() for t in p.variant(row).targets}
 
 
 ALL_TARGETS = row_targets("0.5.23")
 
 IDENTITY_SCRIPT = """
 from specdash.cli import main
-from specdash.engine_patches import registry
+from specdash.engine_patches import patch_set, registry
 
 print("EXIT", main(["patches", "check"]))
-for path in {t.path for p in registry.all_patches() for t in p.targets}:
+for path in {t.path for p in patch_set.all_patches() for t in p.targets}:
     try:
         registry.resolve(path)
     except Exception as e:
@@ -38,7 +38,7 @@ ABSENT = object()
 
 def snapshot():
     out = {}
-    for p in registry.all_patches():
+    for p in patch_set.all_patches():
         for r in p.variant().rebindings:
             if not isinstance(r, registry.Rebinding):  # lazy_dsa_import's module: its own test
                 continue
@@ -51,18 +51,18 @@ def same(x, y):
     return all(x[key][0] is y[key][0] and x[key][1] is y[key][1] for key in x)
 
 found = snapshot()
-registry.apply_all()
+patch_set.apply_all()
 first = snapshot()
-registry.apply_all()  # idempotent: a second apply changes nothing
+patch_set.apply_all()  # idempotent: a second apply changes nothing
 assert same(first, snapshot()), "second apply_all rebound something"
 assert all(first[key][1] is not found[key][1] for key in found), "a rebinding did not take"
-assert all(p.applied for p in registry.all_patches())
-registry.remove_all()
+assert all(p.applied for p in patch_set.all_patches())
+patch_set.remove_all()
 assert same(found, snapshot()), "remove_all did not restore the original objects"
-registry.remove_all()  # idempotent
-registry.apply_all()
+patch_set.remove_all()  # idempotent
+patch_set.apply_all()
 assert all(snapshot()[key][1] is not found[key][1] for key in found)
-registry.remove_all()
+patch_set.remove_all()
 assert same(found, snapshot()), "re-apply + remove did not restore the original objects"
 print("IDENTITY-OK", len(found))
 """
