@@ -24,8 +24,9 @@ import tempfile
 import threading
 import time
 import uuid
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
+from functools import partial
 from pathlib import Path
 from typing import Any, Literal
 
@@ -47,6 +48,9 @@ from specdash.runs.session_events import (
     divergences_to_report,
     first_divergences,
 )
+from specdash.runs.sglang_host import EngineHost
+from specdash.runs.sglang_preflight import check_can_start, explain_failure
+from specdash.runs.sglang_start import StartWatch
 from specdash.settings import SessionSettings
 
 ALGORITHMS = ("NEXTN", "EAGLE3", "DFLASH", "STANDALONE", "NGRAM")
@@ -67,6 +71,16 @@ CHAIN_ALGORITHMS = ("NEXTN", "EAGLE3", "STANDALONE")
 DFLASH takes its block size from the draft model, NGRAM its own defaults."""
 SPLIT_MEM_FRACTION = 0.4
 """mem_fraction_static of each engine when spec and shadow engines share the GPU."""
+START_DEFAULTS: dict[str, Any] = {
+    "log_level": "info",
+    "cuda_graph_bs_decode": [1],
+    "disable_prefill_cuda_graph": True,
+}
+"""What makes a session start sooner. `log_level=info`: SGLang's start lines, which
+`sglang_start.StartWatch` turns into phases, go to the session's log file. A session sends one
+request at a time, so only batch size 1 is captured (SGLang's default list is 23 to 36 sizes
+per graph set), and no prefill graphs (58 token counts: 46 s cold, 5 s warm on the H200). The
+graph settings apply only where no `--sglang-arg` names a CUDA-graph setting."""
 
 
 @dataclass(frozen=True)
@@ -81,9 +95,9 @@ class SGLangOptions:
     """Patch flags (`gdn`, `attention`, `gemm`, `telemetry`) left off in both engines, to see
     which fix matters on a model: the divergences come back."""
     log_file: Path | None = None
-    """Where SGLang's processes write their output; None: the terminal. The dashboard sets it:
-    a TUI owns the terminal, and the scheduler's logging, tqdm bars and C-level lines would
-    write over it."""
+    """Where SGLang's processes write their output; None: `log_file_beside` the trace. Never
+    the terminal: a TUI owns it, headless prints one line per error, and the start phases are
+    read from the file."""
 
 
 def parse_engine_arg(text: str) -> tuple[str, Any]:
@@ -102,16 +116,22 @@ def parse_engine_arg(text: str) -> tuple[str, Any]:
 
 
 def log_file_beside(settings: SessionSettings) -> Path:
-    """Where a dashboard session's SGLang output goes: beside the trace, else in the temp dir."""
+    """Where a session's SGLang output goes: beside the trace, else in the temp dir."""
     if settings.trace is not None:
         return settings.trace.with_name(settings.trace.name + ".sglang.log")
     return Path(tempfile.gettempdir()) / f"specdash-sglang-{os.getpid()}.log"
 
 
+def shadow_log(log: Path) -> Path:
+    """The shadow engine's log beside the session's: its start runs at the same time."""
+    return log.with_name(log.name.removesuffix(".log") + "-shadow.log")
+
+
 def engine_kwargs(
     settings: SessionSettings, options: SGLangOptions, *, speculative: bool, split: bool
 ) -> dict[str, Any]:
-    """sglang.Engine keyword arguments: exactness defaults < session settings < --sglang-arg."""
+    """sglang.Engine keyword arguments: exactness and start defaults < session settings <
+    --sglang-arg."""
     if settings.model is None:
         raise UsageError("--engine sglang needs --model DIR (an HF checkpoint SGLang can load)")
     kw: dict[str, Any] = {
@@ -145,8 +165,9 @@ def engine_kwargs(
     user = dict(options.engine_args)
     if not speculative:
         user = {k: v for k, v in user.items() if not k.startswith("speculative_")}
-    merged = {**kw, **user}
     graph_choice = any("cuda_graph" in key for key in user)
+    start = {k: v for k, v in START_DEFAULTS.items() if "cuda_graph" not in k or not graph_choice}
+    merged = {**start, **kw, **user}
     eager_rows = _patch_row() == "0.5.23" and "attention" not in options.unpatch
     if speculative and merged["attention_backend"] == "triton" and eager_rows and not graph_choice:
         # 0.5.23's Triton decode-row verify sizes its row index table from the batch (a host
@@ -196,7 +217,7 @@ class _ReasonToFile(logging.Handler):
     def emit(self, record: logging.LogRecord) -> None:
         message = record.getMessage()
         if "hit an exception" in message:
-            write_reason(self.path, _last_line(message))
+            write_reason(self.path, explain_failure(message))
 
 
 def write_reason(path: str, reason: str) -> None:
@@ -290,8 +311,9 @@ def patched_engine_class() -> type:
     return PatchedEngine
 
 
-def check_environment(options: SGLangOptions) -> None:
-    """Install hint, CUDA, patch targets and the algorithm name, before anything is started."""
+def check_environment(options: SGLangOptions, engines: list[dict[str, Any]]) -> None:
+    """Install hint, CUDA, patch targets, the algorithm name and whether each engine's
+    arguments (`engines`) can start on this machine, before anything is started."""
     from specdash.engine_patches.check import ensure_patchable, require_sglang
 
     require_sglang()
@@ -306,17 +328,20 @@ def check_environment(options: SGLangOptions) -> None:
         )
     ensure_patchable(options.force_patches)
     os.environ[PATCHES_ENV] = ",".join(applied_patches(options))
+    for kwargs in engines:
+        check_can_start(kwargs, torch.cuda.device_count())
 
 
-def start_engine(kwargs: dict[str, Any]) -> Any:
-    """A PatchedEngine, with SGLang's own refusal (unknown argument, a speculative algorithm
-    the model does not support, ...) as a one-line error."""
+def start_engine(kwargs: dict[str, Any], engine_class: Callable[[], type] | None = None) -> Any:
+    """A PatchedEngine (`engine_class()`, default `patched_engine_class()`), with SGLang's own
+    refusal (unknown argument, a speculative algorithm the model does not support, ...) as a
+    one-line error."""
     if ERROR_FILE_ENV not in os.environ:  # a session sets (and removes) it; setdefault's
         os.environ[ERROR_FILE_ENV] = new_error_file()  # eager default leaked a file per start
     error_file = os.environ[ERROR_FILE_ENV]
     _start_resource_tracker()
     try:
-        return patched_engine_class()(**kwargs)
+        return (engine_class or patched_engine_class)()(**kwargs)
     except TypeError as e:
         raise UsageError(f"sglang.Engine rejected an argument: {e}") from None
     except (ValueError, NotImplementedError, AssertionError, RuntimeError) as e:
@@ -471,6 +496,7 @@ class SGLangSession:
         self.gemm_backend = "auto"
         self.steps: dict[int, list[int]] = {}
         self.receiver: TelemetryReceiver | None = None
+        self.log_file = options.log_file or log_file_beside(settings)
         self.events = SessionEvents(settings, sink)
         self.stats = self.events.stats
         self.emit = self.events.emit
@@ -478,28 +504,29 @@ class SGLangSession:
     def run(self) -> Summary:
         from specdash.prompts import load_prompts
 
-        check_environment(self.options)
-        prompts = load_prompts(self.settings.prompts)
         spec_on = self.settings.speculation
         compare = self.settings.shadow and spec_on
         split = compare and self.options.shadow_mode == "split"
+        spec_kw = engine_kwargs(self.settings, self.options, speculative=spec_on, split=split)
+        shadow_kw = engine_kwargs(self.settings, self.options, speculative=False, split=split)
+        check_environment(self.options, [spec_kw, shadow_kw] if compare else [spec_kw])
+        prompts = load_prompts(self.settings.prompts)
         with contextlib.ExitStack() as session:
             self.receiver = TelemetryReceiver()
             session.callback(self.receiver.close)
             os.environ[telemetry.ADDRESS_ENV] = self.receiver.address
             os.environ[ERROR_FILE_ENV] = new_error_file()
             session.callback(_remove, os.environ[ERROR_FILE_ENV])
-            if self.options.log_file is not None:
-                os.environ[LOG_FILE_ENV] = str(self.options.log_file)
-                session.callback(os.environ.pop, LOG_FILE_ENV, None)
+            os.environ[LOG_FILE_ENV] = str(self.log_file)
+            session.callback(os.environ.pop, LOG_FILE_ENV, None)
             with contextlib.ExitStack() as engines:
-                spec = engines.enter_context(self._engine(speculative=spec_on, split=split))
-                shadow = None
-                if split:
-                    shadow = engines.enter_context(self._engine(speculative=False, split=True))
+                # split: the shadow starts in its host process while the spec engine starts here
+                shadow_ready = engines.enter_context(self._hosted(shadow_kw)) if split else None
+                spec = engines.enter_context(self._engine(spec_kw, "spec" if spec_on else "plain"))
+                shadow = shadow_ready() if shadow_ready is not None else None
                 spec_outputs = self._run_prompts(prompts, spec, shadow, compare)
             if compare and not split:  # sequential: the spec engine has released the GPU
-                with self._engine(speculative=False, split=False) as shadow:
+                with self._engine(shadow_kw, "shadow") as shadow:
                     if self.gemm_backend != "auto":
                         switch_gemm(shadow, self.gemm_backend)
                     for index, (prompt, out) in enumerate(zip(prompts, spec_outputs, strict=False)):
@@ -532,14 +559,44 @@ class SGLangSession:
         return spec_outputs
 
     @contextlib.contextmanager
-    def _engine(self, *, speculative: bool, split: bool) -> Iterator[Any]:
-        engine = start_engine(
-            engine_kwargs(self.settings, self.options, speculative=speculative, split=split)
-        )
+    def _engine(self, kwargs: dict[str, Any], name: str) -> Iterator[Any]:
+        """An engine of this process, its start phases read from the session's log."""
+        with StartWatch(self.log_file, name, self.emit):
+            engine = start_engine(kwargs)
         try:
             yield engine
         finally:
             engine.shutdown()
+
+    @contextlib.contextmanager
+    def _hosted(self, kwargs: dict[str, Any]) -> Iterator[Callable[[], EngineHost]]:
+        """The shadow engine starting in its host process; the callable waits until it has
+        started and returns it."""
+        log = shadow_log(self.log_file)
+        watch = StartWatch(log, "shadow", self.emit)
+        watch.start()
+        error_file = new_error_file()
+        env = {LOG_FILE_ENV: str(log), ERROR_FILE_ENV: error_file}
+        _start_resource_tracker()  # spawning the host needs it, as spawning SGLang's processes
+        host = EngineHost(
+            kwargs, env, log, partial(start_engine, engine_class=patched_engine_class)
+        )
+
+        def ready() -> EngineHost:
+            try:
+                host.wait_ready()
+            except BaseException:
+                watch.finish(ok=False)
+                raise
+            watch.finish(ok=True)
+            return host
+
+        try:
+            yield ready
+        finally:
+            watch.finish(ok=False)
+            host.shutdown()
+            _remove(error_file)
 
     def _session_start(self) -> None:
         import torch

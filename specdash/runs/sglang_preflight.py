@@ -105,4 +105,3 @@ def explain_failure(traceback_text: str) -> str:
     else:
         line += f"; install {missing['module']} or choose settings that do not need it"
     return line
-

@@ -50,7 +50,8 @@ def phase_of(line: str, current: str | None) -> tuple[str, int | None, int | Non
 
 class StartWatch:
     """While one engine starts: tail `log` from its current end, emit a `StartPhase` per
-    phase (and per new count of a capture's bar), then "ready" when the `with` block exits cleanly.
+    phase (and per new count of a capture's bar), then "ready" when the start succeeded (the
+    `with` block exits cleanly, or `finish(ok=True)`).
 
     `engine` names it ("spec", "shadow"); `clock` is time.monotonic (tests replace it)."""
 
@@ -73,11 +74,24 @@ class StartWatch:
         self._partial = ""
         self._lock = threading.Lock()
 
-    def __enter__(self) -> StartWatch:
+    def start(self) -> None:
         self._t0 = self.clock()
         self._offset = self.log.stat().st_size if self.log.exists() else 0
         self._emit("spawn processes", None, None)
         self._thread.start()
+
+    def finish(self, ok: bool) -> None:
+        """Stop tailing after a last read; "ready" when the start succeeded. Once only."""
+        if self._done.is_set():
+            return
+        self._done.set()
+        self._thread.join()
+        self.read()
+        if ok:
+            self._emit("ready", None, None)
+
+    def __enter__(self) -> StartWatch:
+        self.start()
         return self
 
     def __exit__(
@@ -86,11 +100,7 @@ class StartWatch:
         error: BaseException | None,
         tb: TracebackType | None,
     ) -> None:
-        self._done.set()
-        self._thread.join()
-        self.read()
-        if kind is None:
-            self._emit("ready", None, None)
+        self.finish(ok=kind is None)
 
     def _emit(self, phase: str, done: int | None, total: int | None) -> None:
         self.phase, self._last = phase, (phase, done, total)

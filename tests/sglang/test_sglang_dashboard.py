@@ -41,7 +41,7 @@ class StandInEngine:
         self.kw["shut"] = True
 
 sglang_engine.patched_engine_class = lambda: StandInEngine
-sglang_engine.check_environment = lambda options: None
+sglang_engine.check_environment = lambda options, engines: None
 argv = ["--engine", "sglang", "--model", "/models/m", "--sglang-arg", "mem_fraction_static=0.3",
         "--sglang-shadow", "sequential", "--max-new-tokens", "4"]
 """

@@ -14,65 +14,30 @@ from specdash.errors import UsageError
 from specdash.runs import sglang as sglang_engine
 
 SESSION_SCRIPT = r"""
-import json, os, struct, time
+import json, os, sys
 from pathlib import Path
+sys.path.insert(0, "tests/sglang")  # the shadow's host process imports the stand-in by name
+import standin_engine
 from specdash.runs import sglang as sglang_engine
-from specdash.engine_patches import telemetry
 from specdash.settings import SessionSettings
 
-def next_float(x):
-    bits = struct.unpack("<I", struct.pack("<f", x))[0]
-    return struct.unpack("<f", struct.pack("<I", bits + 1))[0]
-
-IDS = [[5, 6, 7, 8, 9], [1, 2, 3]]
-STEPS = [[(2, [6, 7, 8]), (0, [9])], [(1, [2, 3])]]  # (accepted drafts, emitted) per step
-LOGPROBS = [[-0.5, -1.25, -0.75, -2.0, -0.125], [-0.25, -3.0, -1.5]]
-
-class StandInEngine:
-    def __init__(self, **kw):
-        self.kw = kw
-        self.tokenizer_manager = type("TM", (), {"tokenizer": None})()
-        self.rpcs = []
-        ENGINES.append(self)
-
-    def generate(self, prompt, sampling_params, return_logprob, rid):
-        i = PROMPTS.index(prompt)
-        lps = list(LOGPROBS[i])
-        if "speculative_algorithm" in self.kw:
-            for accepted, emitted in STEPS[i]:
-                telemetry._emit({"rid": rid, "k": 2, "accepted": accepted, "emitted": emitted,
-                                 "drafts": None, "verify_s": 0.002, "draft_s": None})
-            time.sleep(0.2)
-        elif i == 1:
-            lps[2] = next_float(lps[2])  # shadow differs in one logprob's last bit
-        triples = [(lp, t, f"<{t}>") for lp, t in zip(lps, IDS[i])]
-        return {"output_ids": IDS[i], "meta_info": {"output_token_logprobs": triples}}
-
-    def collective_rpc(self, method, **kw):
-        self.rpcs.append((method, kw))
-
-    def shutdown(self):
-        self.kw["shut"] = True
-
-ENGINES = []
-PROMPTS = ["first prompt", "second prompt"]
-prompts = Path(os.environ["WORKDIR"]) / "p.jsonl"
-prompts.write_text("".join(json.dumps({"prompt": p}) + "\n" for p in PROMPTS))
-sglang_engine.patched_engine_class = lambda: StandInEngine
-sglang_engine.check_environment = lambda options: None
+workdir = Path(os.environ["WORKDIR"])
+prompts = workdir / "p.jsonl"
+prompts.write_text("".join(json.dumps({"prompt": p}) + "\n" for p in standin_engine.PROMPTS))
+sglang_engine.patched_engine_class = standin_engine.engine_class
+sglang_engine.check_environment = lambda options, engines: None
 events = []
 settings = SessionSettings(engine="sglang", model=Path("/models/m"), k=2, prompts=prompts,
                            gemm_backend="deepgemm", max_new_tokens=8)
 options = sglang_engine.SGLangOptions(speculative_algorithm="EAGLE3",
                                       engine_args={"mem_fraction_static": 0.3},
-                                      shadow_mode=os.environ["SHADOW_MODE"])
+                                      shadow_mode=os.environ["SHADOW_MODE"],
+                                      log_file=workdir / "sglang.log")
 summary = sglang_engine.SGLangRunner(options).run(settings, events.append)
 print("RESULT " + json.dumps({
     "events": [json.loads(e.model_dump_json()) for e in events],
     "summary": json.loads(summary.model_dump_json()),
-    "engines": [{k: v for k, v in e.kw.items() if k != "custom_sigquit_handler"}
-                for e in ENGINES],
-    "rpcs": [e.rpcs for e in ENGINES],
+    "engines": standin_engine.recorded(workdir),
 }))
 """
 
@@ -82,14 +47,25 @@ def test_session_events_from_a_stand_in_engine(run_sglang, tmp_path, shadow_mode
     proc = run_sglang(SESSION_SCRIPT, env={"WORKDIR": str(tmp_path), "SHADOW_MODE": shadow_mode})
     r = json.loads(next(x for x in proc.stdout.splitlines() if x.startswith("RESULT "))[7:])
     kinds = [e["kind"] for e in r["events"]]
-    assert kinds[0] == "session_start"
-    spec_kw, shadow_kw = r["engines"]
+    starts = [(e["engine"], e["phase"]) for e in r["events"] if e["kind"] == "start_phase"]
+    before = 4 if shadow_mode == "split" else 2  # sequential: the shadow starts after the spec
+    assert kinds[: before + 1] == ["start_phase"] * before + ["session_start"]
+    assert sorted(starts) == [(engine, phase) for engine in ("shadow", "spec")
+                              for phase in ("ready", "spawn processes")]  # fmt: skip
+    if shadow_mode == "split":  # started together: the shadow in its host process
+        assert starts[0] == ("shadow", "spawn processes") and starts[-1] == ("shadow", "ready")
+    spec, shadow = r["engines"]
+    spec_kw, shadow_kw = spec["kw"], shadow["kw"]
+    assert (spec["pid"] == os.getpid()) is False  # the script's process, not pytest's
+    assert (spec["pid"] != shadow["pid"]) is (shadow_mode == "split")
     assert spec_kw["speculative_algorithm"] == "EAGLE3" and spec_kw["speculative_num_steps"] == 2
     assert spec_kw["enable_deterministic_inference"] and spec_kw["mamba_ssm_dtype"] == "float32"
     assert spec_kw["mem_fraction_static"] == 0.3  # --sglang-arg wins over the split default
-    assert "speculative_algorithm" not in shadow_kw and spec_kw["shut"] and shadow_kw["shut"]
+    assert spec_kw["cuda_graph_bs_decode"] == [1] and spec_kw["disable_prefill_cuda_graph"]
+    assert spec_kw["log_level"] == "info"  # the start phases are read from the log
+    assert "speculative_algorithm" not in shadow_kw and spec["shut"] and shadow["shut"]
     switch = [["specdash_set_gemm_backend", {"name": "deepgemm"}]]
-    assert r["rpcs"] == [switch, switch]  # both engines decode with the same GEMM backend
+    assert [spec["rpcs"], shadow["rpcs"]] == [switch, switch]  # the same GEMM backend
 
     steps = [e for e in r["events"] if e["kind"] == "verify_step"]
     assert [(s["prompt_index"], s["step"], s["accepted"], s["emitted_tokens"]) for s in steps] == [

@@ -1,0 +1,68 @@
+"""A stand-in for `sglang.Engine` (the real one needs CUDA), importable by name, so the
+session's shadow engine can be built from it in its spawned host process too. Each engine
+writes what it was given and asked to `$WORKDIR/engine-<pid>-<n>.json` when it shuts down."""
+
+from __future__ import annotations
+
+import json
+import os
+import struct
+import time
+from pathlib import Path
+
+from specdash.engine_patches import telemetry
+
+IDS = [[5, 6, 7, 8, 9], [1, 2, 3]]
+STEPS = [[(2, [6, 7, 8]), (0, [9])], [(1, [2, 3])]]  # (accepted drafts, emitted) per step
+LOGPROBS = [[-0.5, -1.25, -0.75, -2.0, -0.125], [-0.25, -3.0, -1.5]]
+PROMPTS = ["first prompt", "second prompt"]
+
+
+def next_float(x: float) -> float:
+    bits = struct.unpack("<I", struct.pack("<f", x))[0]
+    return struct.unpack("<f", struct.pack("<I", bits + 1))[0]
+
+
+class StandInEngine:
+    made = 0
+
+    def __init__(self, **kw):
+        self.kw = {k: v for k, v in kw.items() if k != "custom_sigquit_handler"}
+        self.tokenizer_manager = type("TM", (), {"tokenizer": None})()
+        self.rpcs = []
+        StandInEngine.made += 1
+        self.record = Path(os.environ["WORKDIR"]) / f"engine-{os.getpid()}-{self.made}.json"
+
+    def generate(self, prompt, sampling_params, return_logprob, rid):
+        i = PROMPTS.index(prompt)
+        lps = list(LOGPROBS[i])
+        if "speculative_algorithm" in self.kw:
+            for accepted, emitted in STEPS[i]:
+                telemetry._emit(
+                    {"rid": rid, "k": 2, "accepted": accepted, "emitted": emitted,
+                     "drafts": None, "verify_s": 0.002, "draft_s": None}
+                )  # fmt: skip
+            time.sleep(0.2)
+        elif i == 1:
+            lps[2] = next_float(lps[2])  # shadow differs in one logprob's last bit
+        triples = [(lp, t, f"<{t}>") for lp, t in zip(lps, IDS[i], strict=True)]
+        return {"output_ids": IDS[i], "meta_info": {"output_token_logprobs": triples}}
+
+    def collective_rpc(self, method, **kw):
+        self.rpcs.append((method, kw))
+
+    def shutdown(self):
+        state = {"kw": self.kw, "rpcs": self.rpcs, "shut": True, "pid": os.getpid()}
+        self.record.write_text(json.dumps(state))
+
+
+def engine_class() -> type:
+    """What the session calls for `patched_engine_class` (a module-level function: it pickles
+    by name into the shadow's host process)."""
+    return StandInEngine
+
+
+def recorded(workdir: Path) -> list[dict]:
+    """The engines' records, the speculative one first."""
+    states = [json.loads(p.read_text()) for p in sorted(workdir.glob("engine-*.json"))]
+    return sorted(states, key=lambda s: "speculative_algorithm" not in s["kw"])
