@@ -29,19 +29,15 @@ from specdash.events import PromptDone, SessionStart, StartPhase
 from specdash.trace.jsonl import read_trace
 
 
-def phase_table(phases: list[StartPhase], end_ns: dict[str, int]) -> list[dict[str, Any]]:
-    """(engine, phase, seconds) per phase: from its first event to the next phase's first."""
+def phase_table(phases: list[StartPhase]) -> list[dict[str, Any]]:
+    """(engine, phase, seconds) per phase of each engine: from the phase's first event to its
+    engine's next phase (the two engines start at the same time, their events interleave)."""
     rows: list[dict[str, Any]] = []
-    firsts = [
-        p
-        for i, p in enumerate(phases)
-        if i == 0 or (p.engine, p.phase) != (phases[i - 1].engine, phases[i - 1].phase)
-    ]
-    for i, p in enumerate(firsts):
-        if p.phase == "ready":
-            continue
-        nxt = firsts[i + 1].t_ns if i + 1 < len(firsts) else end_ns[p.engine]
-        rows.append({"engine": p.engine, "phase": p.phase, "seconds": (nxt - p.t_ns) / 1e9})
+    for engine in dict.fromkeys(p.engine for p in phases):
+        own = [p for p in phases if p.engine == engine]
+        firsts = [p for i, p in enumerate(own) if i == 0 or p.phase != own[i - 1].phase]
+        for p, nxt in zip(firsts, firsts[1:], strict=False):
+            rows.append({"engine": engine, "phase": p.phase, "seconds": (nxt.t_ns - p.t_ns) / 1e9})
     return rows
 
 
@@ -66,7 +62,6 @@ def one_run(args: argparse.Namespace, label: str, extra: list[str]) -> dict[str,
         return result
     _, events, _ = read_trace(trace)
     phases = [e for e in events if isinstance(e, StartPhase)]
-    ready = {p.engine: p.t_ns for p in phases if p.phase == "ready"}
     header = next(e for e in events if isinstance(e, SessionStart))
     first = next(e for e in events if isinstance(e, PromptDone))
     result.update(
@@ -74,7 +69,7 @@ def one_run(args: argparse.Namespace, label: str, extra: list[str]) -> dict[str,
         first_verified_token_s=(first.t_ns - t0) / 1e9,
         to_first_phase_s=(phases[0].t_ns - t0) / 1e9 if phases else None,
         session_header_s=(header.t_ns - t0) / 1e9,
-        phases=phase_table(phases, ready),
+        phases=phase_table(phases),
         sglang_log=str(trace) + ".sglang.log",
     )
     return result

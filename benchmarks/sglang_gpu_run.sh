@@ -2,13 +2,15 @@
 # One device call on the H200: real SGLang 0.5.17 (carried wheels) with specdash's patches.
 # Installs .carry/sglang/*.whl and .carry/ui/*.whl to /tmp/site, builds the benchmark pair
 # (benchmarks/sglang_checkpoint.py), then runs, in order, what STEPS names (default below):
+#   start     benchmarks/bench_sglang_start.py: NGRAM and STANDALONE sessions, start phases
 #   cli       specdash run --headless --engine sglang (NGRAM k=3, --json), once per CLI_RUNS entry
 #   bench     benchmarks/bench_sglang.py --phases $PHASES
 #   tests     pytest -m sglang_gpu ($TEST_ARGS added, e.g. -k STANDALONE)
 #   dashboard benchmarks/sglang_dashboard_shot.py (Textual headless, SVG)
 # Results under $OUT; SGLang's own log lines go to $OUT/*.log, not to stdout.
 # Triton's cache travels between calls: read from .carry/triton-cache.tgz when carried, written
-# back to $OUT/triton-cache.tgz (a fresh machine otherwise spends ~70 s compiling per call).
+# back to $OUT/triton-cache.tgz unless NO_CACHE_OUT=1 (a fresh machine otherwise spends ~70 s
+# compiling per call).
 set -u
 T0=$(date +%s)
 BUDGET=${BUDGET:-560}
@@ -53,6 +55,11 @@ for step in ${STEPS:-cli bench}; do
           > "$OUT/cli-$n.json" 2> >(python3 benchmarks/stamp_lines.py > "$OUT/cli-$n.log"); echo "exit $?"
         cut -c1-600 "$OUT/cli-$n.json"; grep -a "specdash: error" "$OUT/cli-$n.log" | tail -3
       done ;;
+    start)  # time to the first verified token, phase by phase (benchmarks/bench_sglang_start.py)
+      timeout $(( l - 15 )) python3 benchmarks/bench_sglang_start.py --target $CK/target \
+        --json "$OUT/start.json" --run ngram \
+        --run "standalone:--speculative-algorithm STANDALONE --draft $CK/draft" ${START_ARGS:-} \
+        -- $BOX 2>&1 | tee "$OUT/start.log" ;;
     bench)
       timeout $(( l - 15 )) python3 benchmarks/bench_sglang.py --target $CK/target --draft $CK/draft \
         --json "$OUT/bench.json" --phases "${PHASES:-anchor,matrix}" --budget-s $(( l - 30 )) \
@@ -71,5 +78,5 @@ for step in ${STEPS:-cli bench}; do
         --out "$OUT" $BOX > "$OUT/dashboard.log" 2>&1; echo "exit $?"; tail -8 "$OUT/dashboard.log" ;;
   esac
 done
-tar -czf "$OUT/triton-cache.tgz" -C $TRITON_CACHE_DIR . && du -h "$OUT/triton-cache.tgz"
+[ -z "${NO_CACHE_OUT:-}" ] && tar -czf "$OUT/triton-cache.tgz" -C $TRITON_CACHE_DIR . && du -h "$OUT/triton-cache.tgz"
 echo "== done $(( $(date +%s) - T0 ))s"

@@ -54,7 +54,7 @@ def test_watch_emits_each_phase_and_bar_count_in_order(tmp_path: Path) -> None:
     got = [(e.engine, e.phase, e.done, e.total) for e in events]
     capture = "capture target decode CUDA graphs"
     assert got == [
-        ("spec", "spawn processes", None, None),
+        ("spec", "imports, spawn processes", None, None),
         ("spec", "init torch distributed", None, None),
         ("spec", "load weights", None, None),
         ("spec", "allocate KV cache", None, None),
@@ -75,4 +75,27 @@ def test_failed_start_has_no_ready(tmp_path: Path) -> None:
     with pytest.raises(RuntimeError), StartWatch(log, "shadow", events.append):
         log.write_text(LOG[2])
         raise RuntimeError("scheduler died")
-    assert [e.phase for e in events] == ["spawn processes", "load weights"]
+    assert [e.phase for e in events] == ["imports, spawn processes", "load weights"]
+
+
+def test_start_phases_before_the_header_are_kept_in_the_trace(tmp_path: Path) -> None:
+    from specdash.events import SessionStart, Summary
+    from specdash.trace.jsonl import TraceWriter, read_trace
+    from specdash.trace.recorder import TraceRecorder
+
+    recorder = TraceRecorder(TraceWriter(tmp_path / "t.jsonl"))
+    phases = [
+        StartPhase(engine="shadow", phase="imports, spawn processes", since_start_s=0.0),
+        StartPhase(engine="spec", phase="load weights", since_start_s=20.5),
+    ]
+    for event in phases:
+        recorder.consume(event)
+    recorder.consume(SessionStart(config={}, versions={}, device="cuda", gemm_backend="auto"))
+    summary = Summary(
+        prompts=0, exact_prompts=0, new_tokens=0, seconds=0.0, tokens_per_s=0.0,
+        mean_accepted_length=0.0, acceptance_rate=0.0, verify_steps=0, divergences=0,
+    )  # fmt: skip
+    recorder.consume(summary)
+    header, events, problems = read_trace(tmp_path / "t.jsonl")
+    assert problems == [] and header.kind == "session_start"
+    assert events[:2] == phases and events[-1].kind == "summary"

@@ -77,7 +77,7 @@ class StartWatch:
     def start(self) -> None:
         self._t0 = self.clock()
         self._offset = self.log.stat().st_size if self.log.exists() else 0
-        self._emit("spawn processes", None, None)
+        self._emit("imports, spawn processes", None, None)
         self._thread.start()
 
     def finish(self, ok: bool) -> None:

@@ -51,9 +51,12 @@ def test_session_events_from_a_stand_in_engine(run_sglang, tmp_path, shadow_mode
     before = 4 if shadow_mode == "split" else 2  # sequential: the shadow starts after the spec
     assert kinds[: before + 1] == ["start_phase"] * before + ["session_start"]
     assert sorted(starts) == [(engine, phase) for engine in ("shadow", "spec")
-                              for phase in ("ready", "spawn processes")]  # fmt: skip
+                              for phase in ("imports, spawn processes", "ready")]  # fmt: skip
     if shadow_mode == "split":  # started together: the shadow in its host process
-        assert starts[0] == ("shadow", "spawn processes") and starts[-1] == ("shadow", "ready")
+        assert starts[0] == ("shadow", "imports, spawn processes") and starts[-1] == (
+            "shadow",
+            "ready",
+        )
     spec, shadow = r["engines"]
     spec_kw, shadow_kw = spec["kw"], shadow["kw"]
     assert (spec["pid"] == os.getpid()) is False  # the script's process, not pytest's
