@@ -74,10 +74,18 @@ class _Sender:
 _sender: _Sender | None = None
 
 
+def reports_here() -> bool:
+    """Whether this scheduler reports: with tensor parallelism every rank resolves the same
+    batch, and only the first sends it (else each verify step would arrive tp_size times)."""
+    import torch.distributed as dist
+
+    return not dist.is_initialized() or dist.get_rank() == 0
+
+
 def _emit(record: dict[str, Any]) -> None:
     global _sender
     address = os.environ.get(ADDRESS_ENV)
-    if not address:
+    if not address or not reports_here():
         return
     if _sender is None or _sender.address != address:
         _sender = _Sender(address)
