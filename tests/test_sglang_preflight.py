@@ -62,3 +62,25 @@ def test_a_kernel_module_the_install_lacks_is_refused_with_the_default_to_use() 
         "(specdash's default)"
     )
     assert refusal({"attention_backend": "triton"}, gpus=1) is None
+
+
+def test_headless_refuses_before_any_engine_starts(monkeypatch, capsys, tmp_path) -> None:
+    """The session's own check: both engines' arguments judged, one line, exit 4, no start."""
+    import torch
+
+    from specdash.cli import main
+    from specdash.engine_patches import check
+    from specdash.runs import sglang as se
+
+    monkeypatch.delenv("CUDA_VISIBLE_DEVICES", raising=False)
+    monkeypatch.setattr(check, "require_sglang", lambda: "0.5.17")
+    monkeypatch.setattr(check, "ensure_patchable", lambda force: [])
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
+    monkeypatch.setattr(torch.cuda, "device_count", lambda: 1)
+    monkeypatch.setattr(se, "start_engine", lambda *a, **k: pytest.fail("an engine started"))
+    argv = ["run", "--headless", "--engine", "sglang", "--model", str(tmp_path)]
+    assert main([*argv, "--sglang-arg", "tp_size=2"]) == 4
+    assert capsys.readouterr().err == (
+        "specdash: error: sglang cannot start here: tp_size=2 needs 2 GPUs; torch sees 1: "
+        "use --sglang-arg tp_size=1 or a machine with 2 GPUs\n"
+    )
