@@ -50,7 +50,7 @@ class StartPhase(_Event):
 
     kind: Literal["start_phase"] = "start_phase"
     engine: str
-    """Which engine of the session: "spec" or "shadow"."""
+    """Which engine of the session: "spec", "shadow", or "plain" (speculation off)."""
     phase: str
     done: int | None = None
     total: int | None = None
