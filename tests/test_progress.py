@@ -120,4 +120,6 @@ def test_session_progress_names_the_engine_start_phase() -> None:
     shown(
         StartPhase(engine="spec", phase="capture (batch sizes)", done=2, total=8, since_start_s=9)
     )
-    assert progress.tasks[0].description == "starting · spec engine: capture (batch sizes) 2/8"
+    assert progress.tasks[0].description == (
+        "starting · shadow engine: load weights · spec engine: capture (batch sizes) 2/8"
+    )

@@ -61,3 +61,35 @@ def test_help_screen_minimum_size(snap_compare):
     assert snap_compare(
         dashboard(), press=["question_mark"], terminal_size=MINIMUM, run_before=settle
     )
+
+
+class StartingSGLang:
+    """A live SGLang session whose two engines are still starting: start phases, no header."""
+
+    def __init__(self) -> None:
+        from pathlib import Path
+
+        from specdash.controls import Controls
+        from specdash.settings import SessionSettings
+
+        self.settings = SessionSettings(
+            engine="sglang", model=Path("/models/Qwen3.5-27B"), trace=Path("/tmp/session.jsonl")
+        )
+        self.controls = Controls.from_settings(self.settings)
+
+    def start(self, sink) -> None:
+        from specdash.events import StartPhase
+
+        sink(StartPhase(engine="shadow", phase="load weights", since_start_s=20.1))
+        sink(StartPhase(engine="spec", phase="capture target verify CUDA graphs", done=3,
+                        total=8, since_start_s=24.0))  # fmt: skip
+
+    def stop(self) -> None:
+        pass
+
+
+def test_sglang_engines_starting(snap_compare):
+    app = SpecdashApp(StartingSGLang())
+    app.clock = lambda: 142.0
+    app._phase = ("loading", 100.0)
+    assert snap_compare(app, terminal_size=SIZE, run_before=settle)

@@ -71,6 +71,8 @@ class SessionProgress:
         self.done = 0
         self.tokens = 0
         self.t0 = 0.0
+        self.starting: dict[str, str] = {}
+        """Each starting engine's latest phase (the spec and shadow engines start together)."""
         self.task: TaskID = progress.add_task(prefix + waiting, total=None, rate="")
 
     def _describe(self, doing: str) -> None:
@@ -81,7 +83,9 @@ class SessionProgress:
     def __call__(self, event: Event) -> None:
         p = self.progress
         if isinstance(event, StartPhase):
-            p.update(self.task, description=f"{self.prefix}starting · {event.text}")
+            self.starting[event.engine] = event.text
+            starting = " · ".join(self.starting.values())
+            p.update(self.task, description=f"{self.prefix}starting · {starting}")
         elif isinstance(event, SessionStart):
             self.t0 = time.perf_counter()
             p.reset(self.task, total=self.total)

@@ -77,8 +77,9 @@ class DashboardModel:
     # status
     started: bool = False
     """SessionStart seen: the weights are loaded. Before it, the dashboard says it is loading."""
-    start_phase: StartPhase | None = None
-    """The engine start's latest phase, until SessionStart (SGLang: weights, graph captures)."""
+    start_phases: dict[str, StartPhase] = field(default_factory=dict)
+    """Each starting engine's latest phase, until SessionStart (SGLang: weights, graph
+    captures); the spec and shadow engines start at the same time."""
     prefill: str | None = None
     """What is being prefilled now ("prompt 3, 4,512 tokens"), None once its first token is out."""
     shadow: bool = True
@@ -198,7 +199,7 @@ class DashboardModel:
 
     def _on_start_phase(self, e: StartPhase) -> None:
         if not self.started:  # a trace holds them after its header: a replay starts there
-            self.start_phase = e
+            self.start_phases[e.engine] = e
 
     def _on_session_start(self, e: SessionStart) -> None:
         c = e.config

@@ -61,8 +61,8 @@ class StatusBar(Readout):
         if not m.started:
             text.append(" LOADING ", style=NEUTRAL)
             text.append(f"  {loading} … {phase_s:.0f} s\n", style="bold")
-            if m.start_phase is not None:
-                text.append(f"{m.start_phase.text} · ", style="bold")
+            for phase in m.start_phases.values():
+                text.append(f"{phase.text} · ", style="bold")
             text.append("the verdict and the numbers appear once the first prompt runs", "dim")
             self.show_text(text)
             return
