@@ -28,7 +28,7 @@ from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from functools import partial
 from pathlib import Path
-from typing import Any, Literal
+from typing import Any, Literal, TextIO
 
 from specdash.controls import Controls
 from specdash.engine_patches import telemetry
@@ -497,6 +497,7 @@ class SGLangSession:
         self.steps: dict[int, list[int]] = {}
         self.receiver: TelemetryReceiver | None = None
         self.log_file = options.log_file or log_file_beside(settings)
+        self._parent_log: TextIO | None = None
         self.events = SessionEvents(settings, sink)
         self.stats = self.events.stats
         self.emit = self.events.emit
@@ -560,8 +561,16 @@ class SGLangSession:
 
     @contextlib.contextmanager
     def _engine(self, kwargs: dict[str, Any], name: str) -> Iterator[Any]:
-        """An engine of this process, its start phases read from the session's log."""
-        with StartWatch(self.log_file, name, self.emit):
+        """An engine of this process, its start phases read from the session's log. SGLang's
+        logging in this process goes to that log too: its `basicConfig` handler binds the
+        `sys.stderr` of the moment, here the log file, which stays open for the process's
+        life (the handler writes to it after the engine has shut down)."""
+        if self._parent_log is None:
+            self._parent_log = self.log_file.open("a", encoding="utf-8", buffering=1)
+        with (
+            StartWatch(self.log_file, name, self.emit),
+            contextlib.redirect_stderr(self._parent_log),
+        ):
             engine = start_engine(kwargs)
         try:
             yield engine

@@ -74,6 +74,7 @@ def test_dashboard_starts_the_real_engine(run_each_sglang, tmp_path) -> None:
     # (a missing module's line goes on with who imported it and what to do: sglang_preflight)
     reason = error.split(", imported by ")[0].rsplit(": ", 2)[-2:]
     assert "hit an exception" in log and ": ".join(reason) in log, (error, log[-2000:])
+    assert "server_args=" in log and "server_args=" not in proc.stderr  # this process's too
     assert r["alive"]
     assert f"SGLang's log: {tmp_path / 't.jsonl.sglang.log'}" in r["loading"].replace("\n", "")
     assert (tmp_path / "t.jsonl").exists()
