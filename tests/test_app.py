@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import dataclasses
 import sys
 import threading
 import types
@@ -440,16 +439,15 @@ def test_dashboard_gets_the_sglang_options_headless_gets(fake_engine, prefix):
     from specdash.cli import build_parser
     from specdash.cli.dashboard import dashboard_app
     from specdash.cli.session_args import session_options, settings_from_args
-    from specdash.runs.sglang import SGLangOptions, log_file_beside
+    from specdash.runs.sglang import SGLangOptions
 
     args = build_parser().parse_args([*prefix, *SGLANG_FLAGS])
     expected = SGLangOptions("EAGLE3", {"mem_fraction_static": 0.3}, "sequential", True)
     headless_args = build_parser().parse_args(["run", "--headless", *SGLANG_FLAGS])
     assert session_options(settings_from_args(headless_args), headless_args) == expected
     source = dashboard_app(args).source
-    # The dashboard owns the terminal, so SGLang's own output goes to a log file.
-    settings = settings_from_args(args)
-    dashboard_options = dataclasses.replace(expected, log_file=log_file_beside(settings))
+    # SGLang's own output goes to a log file (the session's default) in both
+    dashboard_options = expected
     assert source.sglang_options == dashboard_options
     received = []
     fake_engine.run_engine = lambda settings, sink, controls, stop, options: received.append(

@@ -3,11 +3,9 @@
 from __future__ import annotations
 
 import argparse
-import dataclasses
 import sys
 
 from specdash.cli.session_args import session_options, settings_from_args
-from specdash.runs.sglang import log_file_beside
 from specdash.trace.jsonl import TraceWriter
 from specdash.ui.app import SpecdashApp
 from specdash.ui.sources import LiveSession
@@ -17,9 +15,7 @@ def dashboard_app(args: argparse.Namespace) -> SpecdashApp:
     """The dashboard `specdash [flags]` asks for, not yet running: bad flags, bad SGLang
     options and an unwritable `--trace` fail here, before the UI takes the terminal."""
     settings = settings_from_args(args)
-    options = session_options(settings, args)
-    if options is not None:  # the TUI owns the terminal: SGLang's processes write to a file
-        options = dataclasses.replace(options, log_file=log_file_beside(settings))
+    options = session_options(settings, args)  # SGLang's output: a log file (the session's)
     source = LiveSession(settings, sglang_options=options)
     if settings.trace is None:
         return SpecdashApp(source)
