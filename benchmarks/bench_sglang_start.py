@@ -65,7 +65,7 @@ def one_run(args: argparse.Namespace, label: str, extra: list[str]) -> dict[str,
     header = next(e for e in events if isinstance(e, SessionStart))
     first = next(e for e in events if isinstance(e, PromptDone))
     result.update(
-        summary=json.loads(proc.stdout),
+        summary=json.loads(proc.stdout.strip().splitlines()[-1]),  # the --json object
         first_verified_token_s=(first.t_ns - t0) / 1e9,
         to_first_phase_s=(phases[0].t_ns - t0) / 1e9 if phases else None,
         session_header_s=(header.t_ns - t0) / 1e9,
