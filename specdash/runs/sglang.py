@@ -49,7 +49,7 @@ from specdash.runs.session_events import (
     first_divergences,
 )
 from specdash.runs.sglang_host import EngineHost
-from specdash.runs.sglang_preflight import check_can_start, explain_failure
+from specdash.runs.sglang_preflight import check_can_start, explain_failure, last_line
 from specdash.runs.sglang_start import StartWatch
 from specdash.settings import SessionSettings
 
@@ -201,11 +201,6 @@ class SchedulerFailed(EnvironmentProblem):
     An EnvironmentProblem, so headless prints that line and exits 4, not a traceback."""
 
 
-def _last_line(text: str) -> str:
-    lines = [ln.strip() for ln in text.strip().splitlines() if ln.strip()]
-    return lines[-1] if lines else text.strip()
-
-
 class _ReasonToFile(logging.Handler):
     """In the scheduler (and detokenizer): SGLang logs "Scheduler hit an exception: <traceback>"
     before it sends SIGQUIT to the parent; keep the traceback's last line for the parent."""
@@ -345,7 +340,7 @@ def start_engine(kwargs: dict[str, Any], engine_class: Callable[[], type] | None
     except TypeError as e:
         raise UsageError(f"sglang.Engine rejected an argument: {e}") from None
     except (ValueError, NotImplementedError, AssertionError, RuntimeError) as e:
-        reason = read_reason(error_file) or _last_line(str(e)) or type(e).__name__
+        reason = read_reason(error_file) or last_line(str(e)) or type(e).__name__
         algo = kwargs.get("speculative_algorithm")
         what = f"with --speculative-algorithm {algo}" if algo else "(shadow, no speculation)"
         raise UsageError(f"sglang could not start {what}: {reason}") from None

@@ -83,15 +83,20 @@ def _sglang_module(path: str) -> str | None:
     return ".".join(tail)[: -len(".py")]
 
 
+def last_line(text: str) -> str:
+    """The last non-blank line of `text`, stripped (a traceback's exception line)."""
+    lines = [ln.strip() for ln in text.strip().splitlines() if ln.strip()]
+    return lines[-1] if lines else text.strip()
+
+
 def explain_failure(traceback_text: str) -> str:
     """A dead scheduler's traceback as one line: its last line and, for a missing module,
     which SGLang module imported it and what avoids it."""
-    lines = [ln.strip() for ln in traceback_text.strip().splitlines() if ln.strip()]
-    last = lines[-1] if lines else traceback_text.strip()
+    last = last_line(traceback_text)
     missing = _MISSING.search(last)
     if missing is None:
         return last
-    frames = [m for ln in lines if (m := _FRAME.search(ln))]
+    frames = [m for ln in traceback_text.splitlines() if (m := _FRAME.search(ln))]
     importer = next(
         (mod for m in reversed(frames) if (mod := _sglang_module(m["file"])) is not None), None
     )
