@@ -63,7 +63,6 @@ class StartWatch:
         clock: Callable[[], float] = time.monotonic,
     ) -> None:
         self.log, self.engine, self.sink, self.clock = log, engine, sink, clock
-        self.phase: str | None = None
         self._last: tuple[str, int | None, int | None] | None = None
         self._done = threading.Event()
         self._thread = threading.Thread(
@@ -73,6 +72,11 @@ class StartWatch:
         self._offset = 0
         self._partial = ""
         self._lock = threading.Lock()
+
+    @property
+    def phase(self) -> str | None:
+        """The phase emitted last."""
+        return self._last[0] if self._last else None
 
     def start(self) -> None:
         self._t0 = self.clock()
@@ -103,7 +107,7 @@ class StartWatch:
         self.finish(ok=kind is None)
 
     def _emit(self, phase: str, done: int | None, total: int | None) -> None:
-        self.phase, self._last = phase, (phase, done, total)
+        self._last = (phase, done, total)
         self.sink(
             StartPhase(
                 engine=self.engine,
