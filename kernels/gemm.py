@@ -14,7 +14,8 @@ from __future__ import annotations
 
 import os
 import warnings
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
+from typing import ClassVar
 
 import torch
 import torch.nn.functional as F
@@ -23,7 +24,9 @@ import triton.language as tl
 from triton.tools.tensor_descriptor import TensorDescriptor
 
 from specdash.kernels import pdl
+from specdash.kernels.elementwise import sigmoid_gate_rows, swiglu_rows
 from specdash.kernels.pdl import let_successor_launch, start_after_predecessor
+from specdash.kernels.rmsnorm import gated_rms_norm_rows
 
 BLOCK_M = 16
 _SUPPORTED_DTYPES = (torch.bfloat16, torch.float16, torch.float32)
@@ -84,6 +87,54 @@ def gemm_config(n: int, k: int, dtype: torch.dtype) -> GemmConfig:
     return _heuristic_config(n, k, dtype)
 
 
+@triton.jit
+def _x_tile(
+    x_src,
+    p1_ptr,
+    p2_ptr,
+    offs_m,
+    m_mask,
+    kk,
+    offs_k,
+    K,
+    stride_xm,
+    stride_p1m,
+    stride_p1h,
+    eps,
+    out_dtype: tl.constexpr,
+    BLOCK_M: tl.constexpr,
+    BLOCK_K: tl.constexpr,
+    X_TMA: tl.constexpr,
+    PROLOGUE: tl.constexpr,
+    HEAD: tl.constexpr,
+):
+    """Columns kk..kk+BLOCK_K of the GEMM's x operand: loaded, or computed by the prologue from
+    the op before the GEMM in fp32 and rounded once to the output's dtype, with that op's row
+    kernel's arithmetic (`Prologue`). Rows beyond M are zeros."""
+    if X_TMA:
+        xt = x_src.load([tl.program_id(0) * BLOCK_M, kk])
+    else:
+        cols = kk + offs_k
+        rows = offs_m[:, None] * stride_xm
+        xt = tl.load(x_src + rows + cols[None, :], mask=m_mask, other=0.0)
+        if PROLOGUE == 1:  # SwiGLU: x holds [gate | up]; silu(gate) * up
+            g = xt.to(tl.float32)
+            up = tl.load(x_src + rows + (K + cols)[None, :], mask=m_mask, other=0.0)
+            xt = (g / (1.0 + tl.exp(-g)) * up.to(tl.float32)).to(out_dtype)
+        elif PROLOGUE == 2:  # the attention output gate: x * sigmoid(gate), gate in head rows
+            at = offs_m[:, None] * stride_p1m + (cols // HEAD * stride_p1h + cols % HEAD)[None, :]
+            g = tl.load(p1_ptr + at, mask=m_mask, other=0.0).to(tl.float32)
+            xt = (xt.to(tl.float32) / (1.0 + tl.exp(-g))).to(out_dtype)
+        elif PROLOGUE == 3:  # GDN's gated norm of one head (BLOCK_K == HEAD): w*rmsnorm(x)*silu(z)
+            at = offs_m[:, None] * stride_p1m + (kk // HEAD) * stride_p1h + offs_k[None, :]
+            z = tl.load(p1_ptr + at, mask=m_mask, other=0.0).to(tl.float32)
+            w = tl.load(p2_ptr + offs_k).to(tl.float32)
+            x = xt.to(tl.float32)
+            y = x / tl.sqrt(tl.sum(x * x, axis=1) / HEAD + eps)[:, None]
+            xt = (y * w[None, :] * (z / (1.0 + tl.exp(-z)))).to(out_dtype)
+    return xt
+
+
 @triton.jit(do_not_specialize=["M"])
 def _gemm_kernel(
     x_src,
@@ -91,17 +142,25 @@ def _gemm_kernel(
     out_ptr,
     part_ptr,
     ticket_ptr,
+    p1_ptr,
+    p2_ptr,
     M,
     N,
     K_PER_SPLIT,
     stride_xm,
     stride_wn,
+    stride_p1m,
+    stride_p1h,
+    eps,
     BLOCK_M: tl.constexpr,
     BLOCK_N: tl.constexpr,
     BLOCK_K: tl.constexpr,
     SPLIT_K: tl.constexpr,
     EVEN_N: tl.constexpr,
-    TMA: tl.constexpr,
+    X_TMA: tl.constexpr,
+    W_TMA: tl.constexpr,
+    PROLOGUE: tl.constexpr,
+    HEAD: tl.constexpr,
     IEEE: tl.constexpr,
     PDL: tl.constexpr,
 ):
@@ -119,13 +178,14 @@ def _gemm_kernel(
     m_mask = offs_m[:, None] < M
     acc = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
     for kk in range(k_start, k_start + K_PER_SPLIT, BLOCK_K):
-        if TMA:
-            xt = x_src.load([pid_m * BLOCK_M, kk])
+        xt = _x_tile(
+            x_src, p1_ptr, p2_ptr, offs_m, m_mask, kk, offs_k, K_PER_SPLIT * SPLIT_K, stride_xm,
+            stride_p1m, stride_p1h, eps, out_ptr.dtype.element_ty, BLOCK_M, BLOCK_K, X_TMA,
+            PROLOGUE, HEAD,
+        )  # fmt: skip
+        if W_TMA:
             wt = w_src.load([pid_n * BLOCK_N, kk])
         else:
-            xt = tl.load(
-                x_src + offs_m[:, None] * stride_xm + (kk + offs_k)[None, :], mask=m_mask, other=0.0
-            )
             w_ptrs = w_src + offs_n[:, None] * stride_wn + (kk + offs_k)[None, :]
             if EVEN_N:  # noqa: SIM108 (a constexpr branch inside a Triton kernel)
                 wt = tl.load(w_ptrs)
@@ -169,6 +229,49 @@ def _ticket_counters(device: torch.device, count: int) -> torch.Tensor:
     return buf
 
 
+@dataclass(frozen=True)
+class SwiGLU:
+    """The operand is `silu(gate) * up` of x = [gate | up] rows [M, 2K]: `swiglu_rows` inside
+    the down projection's operand loads (one launch fewer per MLP)."""
+
+    code: ClassVar[int] = 1
+
+    def rows(self, x: torch.Tensor) -> torch.Tensor:
+        return swiglu_rows(x)
+
+
+@dataclass(frozen=True)
+class SigmoidGate:
+    """The operand is `x * sigmoid(gate)`, gate [M, H, D] head rows with any row and head
+    strides: `sigmoid_gate_rows` (gated attention's output gate) inside o_proj's loads."""
+
+    gate: torch.Tensor
+    code: ClassVar[int] = 2
+
+    def rows(self, x: torch.Tensor) -> torch.Tensor:
+        return sigmoid_gate_rows(x.view(self.gate.shape), self.gate).view(x.shape)
+
+
+@dataclass(frozen=True)
+class GatedRmsNorm:
+    """The operand is `weight * rmsnorm(x) * silu(z)` per head of width D, z [M, H, D]:
+    `gated_rms_norm_rows` (GDN's output norm) inside out_proj's loads. A K tile is one head,
+    whose norm is reduced inside the tile: a shape fixed by D, so M never reaches it."""
+
+    z: torch.Tensor
+    weight: torch.Tensor
+    eps: float
+    code: ClassVar[int] = 3
+
+    def rows(self, x: torch.Tensor) -> torch.Tensor:
+        out = gated_rms_norm_rows(x.view(self.z.shape), self.z, self.weight, self.eps)
+        return out.view(x.shape)
+
+
+Prologue = SwiGLU | SigmoidGate | GatedRmsNorm
+"""The row op before a GEMM, computed in the GEMM's x-operand loads instead of its own launch."""
+
+
 def _unsupported_reason(x: torch.Tensor, w: torch.Tensor) -> str | None:
     """Why valid F.linear inputs cannot take the Triton path (None: they can)."""
     if x.dtype not in _SUPPORTED_DTYPES:
@@ -197,63 +300,81 @@ def _aligned(t: torch.Tensor) -> torch.Tensor:
     return t
 
 
+def _operand_width(x: torch.Tensor, prologue: Prologue | None) -> int:
+    return x.shape[-1] // 2 if isinstance(prologue, SwiGLU) else x.shape[-1]
+
+
+def _head_config(cfg: GemmConfig, head: int, k: int) -> GemmConfig:
+    """`cfg` with one head per K tile (the gated norm reduces a head inside its tile)."""
+    split = cfg.split_k if k % (cfg.split_k * head) == 0 else 1
+    return replace(cfg, block_k=head, split_k=split, tma=False)
+
+
 def matmul_batch_invariant(
-    x: torch.Tensor, w: torch.Tensor, *, config: GemmConfig | None = None
+    x: torch.Tensor,
+    w: torch.Tensor,
+    *,
+    prologue: Prologue | None = None,
+    config: GemmConfig | None = None,
 ) -> torch.Tensor:
     """``F.linear(x, w)`` whose every output row is bit-identical whatever M and the other rows are.
 
-    ``config`` overrides the (N, K) table; only benchmarks use it.
+    With a `prologue`, the operand is `prologue.rows(x)`, computed per row inside the tile loads
+    with that row kernel's arithmetic: still one configuration per (N, K) and per-row work in
+    tiles of fixed shape, so still batch-invariant. ``config`` overrides the (N, K) table; only
+    benchmarks use it.
     """
-    if w.dim() != 2 or x.shape[-1] != w.shape[1] or x.dtype != w.dtype or x.device != w.device:
-        return F.linear(x, w)  # invalid inputs: F.linear raises its own clear error
+    k_in = _operand_width(x, prologue)
+    if w.dim() != 2 or k_in != w.shape[1] or x.dtype != w.dtype or x.device != w.device:
+        return F.linear(x if prologue is None else prologue.rows(x), w)  # F.linear's own error
     reason = _unsupported_reason(x, w)
     if reason is not None:
         _warn_once(reason)
-        return F.linear(x, w)
+        return F.linear(x if prologue is None else prologue.rows(x), w)
     lead_shape = x.shape[:-1]
-    x2 = _aligned(x.reshape(-1, x.shape[-1]))
-    w = _aligned(w)
-    m, k = x2.shape
-    n = w.shape[0]
-    cfg = config or gemm_config(n, k, w.dtype)
+    x2 = x.reshape(-1, x.shape[-1])
+    x2 = _aligned(x2) if prologue is None else x2 if x2.stride(-1) == 1 else x2.contiguous()
+    out = launch(x2, _aligned(w), config or gemm_config(w.shape[0], k_in, w.dtype), prologue)
+    return out.reshape(*lead_shape, w.shape[0])
+
+
+def launch(
+    x: torch.Tensor, w: torch.Tensor, cfg: GemmConfig, prologue: Prologue | None
+) -> torch.Tensor:
+    """The kernel launch for rows x [M, K] (or [M, 2K] for SwiGLU) and a contiguous weight w."""
+    m, (n, k) = x.shape[0], w.shape
+    p1 = p2 = w  # unused pointers
+    stride_p1, eps, head = (0, 0), 0.0, 1
+    if isinstance(prologue, SigmoidGate | GatedRmsNorm):
+        z = prologue.gate if isinstance(prologue, SigmoidGate) else prologue.z
+        head = z.shape[-1]
+        if z.shape[0] != m or z.shape[1] * head != k or z.stride(-1) != 1:
+            raise ValueError(f"prologue rows {tuple(z.shape)} do not pair with x {tuple(x.shape)}")
+        p1, stride_p1 = z, (z.stride(0), z.stride(1))
+    if isinstance(prologue, GatedRmsNorm):
+        p2, eps = prologue.weight.contiguous(), prologue.eps
+        cfg = _head_config(cfg, head, k)
     if k % (cfg.split_k * cfg.block_k):
         raise ValueError(f"config {cfg} does not divide K={k}")
     out = torch.empty((m, n), device=x.device, dtype=x.dtype)
     if m == 0:
-        return out.reshape(*lead_shape, n)
+        return out
     grid = (triton.cdiv(m, BLOCK_M), triton.cdiv(n, cfg.block_n), cfg.split_k)
     if cfg.split_k == 1:
         partials, tickets = out, out  # unused
     else:
         partials = torch.empty((cfg.split_k, m, n), device=x.device, dtype=torch.float32)
         tickets = _ticket_counters(x.device, grid[0] * grid[1])
-    if cfg.tma:
-        x_src = TensorDescriptor.from_tensor(x2, [BLOCK_M, cfg.block_k])
-        w_src = TensorDescriptor.from_tensor(w, [cfg.block_n, cfg.block_k])
-    else:
-        x_src, w_src = x2, w
+    x_tma = cfg.tma and prologue is None
+    x_src = TensorDescriptor.from_tensor(x, [BLOCK_M, cfg.block_k]) if x_tma else x
+    w_src = TensorDescriptor.from_tensor(w, [cfg.block_n, cfg.block_k]) if cfg.tma else w
     pdl_on = pdl.use_pdl(x.device)
     _gemm_kernel[grid](
-        x_src,
-        w_src,
-        out,
-        partials,
-        tickets,
-        m,
-        n,
-        k // cfg.split_k,
-        k,
-        k,
-        BLOCK_M=BLOCK_M,
-        BLOCK_N=cfg.block_n,
-        BLOCK_K=cfg.block_k,
-        SPLIT_K=cfg.split_k,
-        EVEN_N=n % cfg.block_n == 0,
-        TMA=cfg.tma,
-        IEEE=x.dtype == torch.float32,
-        PDL=pdl_on,
-        num_warps=cfg.num_warps,
-        num_stages=cfg.num_stages,
-        launch_pdl=pdl_on,
-    )
-    return out.reshape(*lead_shape, n)
+        x_src, w_src, out, partials, tickets, p1, p2, m, n, k // cfg.split_k, x.stride(0), k,
+        *stride_p1, eps, BLOCK_M=BLOCK_M, BLOCK_N=cfg.block_n, BLOCK_K=cfg.block_k,
+        SPLIT_K=cfg.split_k, EVEN_N=n % cfg.block_n == 0, X_TMA=x_tma, W_TMA=cfg.tma,
+        PROLOGUE=0 if prologue is None else prologue.code, HEAD=head,
+        IEEE=x.dtype == torch.float32, PDL=pdl_on, num_warps=cfg.num_warps,
+        num_stages=cfg.num_stages, launch_pdl=pdl_on,
+    )  # fmt: skip
+    return out

@@ -80,7 +80,7 @@ def main() -> int:
 
 
 def launch_all() -> None:
-    from specdash.kernels import pdl
+    from specdash.kernels import gemm
     from specdash.kernels.decode_attention import verify_as_decode_rows
     from specdash.kernels.elementwise import (
         causal_conv_silu_in_place,
@@ -89,7 +89,7 @@ def launch_all() -> None:
         swiglu_rows,
     )
     from specdash.kernels.gdn import gdn_steps_in_place, gdn_verify_steps
-    from specdash.kernels.gemm import BLOCK_M, GemmConfig, _gemm_kernel
+    from specdash.kernels.gemm import GemmConfig
     from specdash.kernels.rmsnorm import add_rms_norm_rows, gated_rms_norm_rows, rms_norm_rows
     from specdash.kernels.rope import qk_norm_rope_rows
 
@@ -124,25 +124,21 @@ def launch_all() -> None:
             torch.randn(hv),
             torch.zeros(1, hv, dk, dv),
         )
-    # the GEMM wrapper refuses a CPU device outside the interpreter: launch its kernel as it
-    # does, for a pointer-load config and a TMA one with split-K
+    # the GEMM wrapper refuses a CPU device outside the interpreter: call its launch, for a
+    # pointer-load config and a TMA one with split-K, plain and with each prologue
+    wt = torch.randn(192, 512, dtype=bf)
+    heads = torch.randn(3, 4, 128, dtype=bf)
     for cfg in (GemmConfig(64, 128, 1), GemmConfig(64, 128, 2, num_stages=3, tma=True)):
-        wt, xt = torch.randn(192, 512, dtype=bf), torch.randn(3, 512, dtype=bf)
-        on = pdl.use_pdl(xt.device)
-        src = (
-            (
-                TensorDescriptor.from_tensor(xt, [BLOCK_M, cfg.block_k]),
-                TensorDescriptor.from_tensor(wt, [cfg.block_n, cfg.block_k]),
-            )
-            if cfg.tma
-            else (xt, wt)
-        )
-        _gemm_kernel[(3, cfg.split_k, 1)](
-            *src, xt, torch.empty(cfg.split_k, 3, 192), torch.zeros(8, dtype=torch.int32),
-            3, 192, 512 // cfg.split_k, 512, 512, BLOCK_M=BLOCK_M, BLOCK_N=cfg.block_n,
-            BLOCK_K=cfg.block_k, SPLIT_K=cfg.split_k, EVEN_N=True, TMA=cfg.tma, IEEE=False,
-            PDL=on, num_warps=cfg.num_warps, num_stages=cfg.num_stages, launch_pdl=on,
-        )  # fmt: skip
+        gemm.launch(torch.randn(3, 512, dtype=bf), wt, cfg, None)
+        gemm.launch(torch.randn(3, 1024, dtype=bf), wt, cfg, gemm.SwiGLU())
+        gemm.launch(heads.view(3, 512), wt, cfg, gemm.SigmoidGate(heads))
+        gemm.launch(heads.view(3, 512), wt, cfg, gemm.GatedRmsNorm(heads, w[:128], 1e-6))
+    # causal prefill attention at the 27B head shape, every config the GPU benchmark sweeps
+    from specdash.kernels.prefill_attention import CANDIDATES, causal_prefill_attention
+
+    kv = torch.randn(4, 8, 256, dtype=bf)
+    for cfg in CANDIDATES:
+        causal_prefill_attention(torch.randn(3, 24, 256, dtype=bf), kv, kv, 5, 256**-0.5, cfg)
 
 
 if __name__ == "__main__":

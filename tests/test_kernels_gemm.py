@@ -159,3 +159,99 @@ def test_gpu_split_and_tma_variants_rows_invariant(config):
     fn = lambda a, b: matmul_batch_invariant(a, b, config=config)  # noqa: E731
     assert _rel_err(fn(x, w), x, w) < 5e-3
     assert_rows_invariant(fn, x, w)
+
+
+# ---------------------------------------------------------------- prologues: the row op fused in
+
+
+def _prologue_rows(kind: str, m: int, heads: int, d: int, dtype, device, seed: int = 0):
+    """x and a function of a row index giving (x rows, their Prologue), the prologue's inputs
+    laid out as the model has them: the gate interleaved with q, z a slice of a projection."""
+    g = torch.Generator().manual_seed(seed)
+
+    def rand(*shape):
+        return torch.randn(*shape, generator=g).to(dtype).to(device)
+
+    if kind == "swiglu":
+        x = rand(m, 2 * heads * d)
+        return x, lambda idx: (x[idx], gemm.SwiGLU())
+    x = rand(m, heads * d)
+    if kind == "sigmoid_gate":
+        gate = rand(m, heads, 2 * d)[..., d:]
+        return x, lambda idx: (x[idx], gemm.SigmoidGate(gate[idx]))
+    z = rand(m, 3 * heads * d)[:, heads * d : 2 * heads * d].view(m, heads, d)
+    weight = rand(d)
+    return x, lambda idx: (x[idx], gemm.GatedRmsNorm(z[idx], weight, 1e-6))
+
+
+def _assert_prologue_rows_invariant(rows, w, config=None) -> None:
+    m = rows(slice(None))[0].shape[0]
+    mm = lambda idx: matmul_batch_invariant(  # noqa: E731
+        rows(idx)[0], w, prologue=rows(idx)[1], config=config
+    )
+    full = mm(slice(None))
+    for n in range(1, m + 1):
+        assert torch.equal(mm(slice(0, n)), full[:n]), f"M={n}"
+    for i in range(m):
+        assert torch.equal(mm(slice(i, i + 1)), full[i : i + 1]), f"row {i} alone"
+    perm = torch.randperm(m, generator=torch.Generator().manual_seed(1)).to(w.device)
+    assert torch.equal(mm(perm), full[perm])
+
+
+PROLOGUES = ["swiglu", "sigmoid_gate", "gated_norm"]
+
+
+@pytest.mark.skipif(torch.cuda.is_available(), reason="interpreter shapes; the GPU test below")
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float32])
+@pytest.mark.parametrize("config", [None, GemmConfig(32, 64, 2), GemmConfig(32, 64, 1, tma=True)])
+@pytest.mark.parametrize("kind", PROLOGUES)
+def test_prologue_rows_are_batch_invariant(kind, config, dtype):
+    x, rows = _prologue_rows(kind, 16, 4, 32, dtype, DEVICE)
+    w = torch.randn(48, 128, generator=torch.Generator().manual_seed(3)).to(dtype)
+    _assert_prologue_rows_invariant(rows, w, config)
+
+
+def _fused_and_unfused(kind, m, heads, d, n, dtype, device):
+    x, rows = _prologue_rows(kind, m, heads, d, dtype, device)
+    w = torch.randn(n, heads * d, generator=torch.Generator().manual_seed(4)).to(dtype).to(device)
+    x, prologue = rows(slice(None))
+    fused = matmul_batch_invariant(x, w, prologue=prologue)
+    return fused, matmul_batch_invariant(prologue.rows(x), w), prologue.rows(x), w
+
+
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float32])
+@pytest.mark.parametrize("kind", PROLOGUES)
+def test_prologue_computes_the_row_kernel_then_the_gemm(kind, dtype):
+    """SwiGLU and the output gate are the row kernel's own formula with one rounding, so the
+    operand has its bits and the fused GEMM equals the two launches bit for bit; the gated
+    norm reduces its head in another tile shape than the row kernel: the same model, close."""
+    fused, unfused, operand, w = _fused_and_unfused(kind, 5, 4, 32, 48, dtype, DEVICE)
+    if kind == "gated_norm":
+        assert _rel_err(fused, operand, w) < (1e-2 if dtype == torch.bfloat16 else 1e-6)
+    else:
+        assert torch.equal(fused, unfused)
+
+
+def test_prologue_inputs_must_pair_with_x():
+    x = torch.randn(3, 128)
+    with pytest.raises(ValueError, match="do not pair"):
+        matmul_batch_invariant(
+            x, torch.randn(8, 128), prologue=gemm.SigmoidGate(torch.randn(2, 4, 32))
+        )
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")
+@pytest.mark.parametrize(
+    "kind,heads,d,n",
+    [("swiglu", 1, 17408, 5120), ("sigmoid_gate", 24, 256, 5120), ("gated_norm", 48, 128, 5120)],
+)
+def test_gpu_27b_prologues_rows_invariant(kind, heads, d, n):
+    """The 27B shape's down_proj, o_proj and out_proj with their row ops fused in: rows
+    invariant across M, and next to the two-launch path (equal bits where the test above
+    says so; on the GPU the gated norm's other reduction tree may differ in the last bit)."""
+    x, rows = _prologue_rows(kind, 16, heads, d, torch.bfloat16, "cuda")
+    w = torch.randn(n, heads * d, device="cuda", dtype=torch.bfloat16) * (heads * d) ** -0.5
+    _assert_prologue_rows_invariant(rows, w)
+    fused, unfused, operand, _ = _fused_and_unfused(kind, 16, heads, d, n, torch.bfloat16, "cuda")
+    assert _rel_err(fused, operand, w) < 1e-2

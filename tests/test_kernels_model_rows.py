@@ -10,6 +10,7 @@ from dataclasses import replace
 import pytest
 import torch
 
+from specdash.engine import gemm_backends
 from specdash.engine.config import preset
 from specdash.engine.model import Model, random_tensors
 from specdash.engine.rows import BatchedRows, Run, TritonRows, row_implementations
@@ -30,6 +31,15 @@ CUDA = torch.device("cuda")
 def model() -> Model:
     m = Model.from_tensors(CFG, random_tensors(CFG, 5))
     m.rows = row_implementations(CFG, m.rope, CUDA)  # the GPU route, through the interpreter
+    return m
+
+
+@pytest.fixture(scope="module")
+def tile_model() -> Model:
+    """The GPU route with the GEMMs on the Triton tile too, whose exact rows fuse the row op
+    before down_proj, o_proj and out_proj into the GEMM (`gemm_backends.FusedGemms`)."""
+    m = Model.from_tensors(CFG, random_tensors(CFG, 5), gemm_backends.gpu_backends()["triton"])
+    m.rows = row_implementations(CFG, m.rope, CUDA)
     return m
 
 
@@ -252,3 +262,60 @@ def test_engine_batch_on_a_pool_equals_one_at_a_time(model: Model) -> None:
         assert_same(plain, runs[batch])
     accepted = {st.accepted for s in runs[3].values() for st in s.steps}
     assert len(accepted) > 1 and max(accepted) > 0
+
+
+def test_fused_gemms_keep_verify_rows_equal_decode_rows(tile_model: Model, monkeypatch) -> None:
+    """Exact rows on the tile run SwiGLU, the output gate and the gated norm inside the GEMMs
+    (and prefill and fast verify do not); verify rows still equal decode rows bit for bit, and
+    the fused forward equals the unfused one here, where the interpreter reduces a head the
+    same way in both (on the GPU: test_gpu_engine, with the GEMM tests' closeness)."""
+    from specdash.kernels import gemm
+
+    seen: list[str] = []
+    launch = gemm.launch
+    monkeypatch.setattr(gemm, "launch", lambda *a: seen.append(type(a[3]).__name__) or launch(*a))
+    gen = torch.Generator().manual_seed(4)
+    prompt = torch.randint(0, CFG.vocab_size, (9,), generator=gen)
+    tokens = torch.randint(0, CFG.vocab_size, (4,), generator=gen)
+    verify_state = _prefilled(tile_model, prompt)
+    assert seen == [], "prefill takes F.linear"
+    verify = tile_model.forward(tokens, verify_state, "exact")
+    assert {"SwiGLU", "SigmoidGate", "GatedRmsNorm"} <= set(seen)
+    decode_state = _prefilled(tile_model, prompt)
+    for r in range(4):
+        row = tile_model.forward(tokens[r : r + 1], decode_state, "exact")
+        decode_state.commit(1)
+        assert torch.equal(row[0], verify[r]), f"row {r}"
+    verify_state.commit(4)
+    for i, g in decode_state.gdn.items():
+        assert torch.equal(g.ssm, verify_state.gdn[i].ssm)
+    tile_model.gemm = replace(tile_model.gemm, name="triton, unfused", fused=None)
+    try:
+        seen.clear()
+        unfused = tile_model.forward(tokens, _prefilled(tile_model, prompt), "exact")
+        assert set(seen) == {"NoneType"}
+    finally:
+        tile_model.gemm = gemm_backends.gpu_backends()["triton"]
+    assert torch.equal(unfused, verify)
+
+
+def test_speculation_through_the_fused_gemms_equals_plain_greedy(tile_model: Model) -> None:
+    """Drafts replayed from the plain run with every third token spoiled, so verify steps
+    accept some rows and reject others."""
+    from tiny_models import plain_greedy
+
+    from specdash.engine.drafters import ReplayDrafter
+    from specdash.engine.engine import Engine
+
+    prompt = torch.randint(0, CFG.vocab_size, (8,), generator=torch.Generator().manual_seed(6))
+    ids, lps = plain_greedy(tile_model, prompt.tolist(), 10)
+    drafts = [(t + 1) % CFG.vocab_size if j % 3 == 2 else t for j, t in enumerate(ids.tolist())]
+    engine = Engine(tile_model, lambda: ReplayDrafter({tuple(prompt.tolist()): drafts}), [])
+    seq, _ = engine.start(0, prompt.tolist(), 10, 3, shadow=True)
+    while not seq.done:
+        engine.spec_step(seq, 3, "exact", 10)
+    assert seq.ids == ids.tolist() and seq.diverged_at is None
+    assert torch.equal(torch.tensor(seq.logprobs, dtype=torch.float32), lps)
+    assert any(s.accepted > 0 for s in seq.steps) and any(
+        s.accepted < len(s.rows) - 1 for s in seq.steps
+    ), "drafts were all accepted or all rejected"

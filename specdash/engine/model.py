@@ -29,7 +29,15 @@ import torch
 
 from specdash.engine import gemm_backends, ops
 from specdash.engine.config import ModelConfig
-from specdash.engine.rows import Mode, Rope, Rows, Run, cat_rows, row_implementations
+from specdash.engine.rows import (
+    Mode,
+    Rope,
+    Rows,
+    Run,
+    attention_gate,
+    cat_rows,
+    row_implementations,
+)
 from specdash.engine.state import SeqState
 from specdash.engine.weights import AttentionWeights, GdnWeights, LayerWeights
 from specdash.errors import UsageError
@@ -285,7 +293,12 @@ class Model:
             at = ((i, "mixer_residual"), (i, "post_norm"))
             x, h = self._residual_norm(x, a, lw.post_norm, rows, obs, *at)
             gu = obs(i, "gate_up_proj", self._linear(h, lw.gate_up, mode))
-            m = obs(i, "down_proj", self._linear(rows.swiglu(gu), lw.down, mode))
+            fused = self._fused(mode)
+            if fused is not None:
+                m = fused.swiglu(gu, lw.down)
+            else:
+                m = self._linear(rows.swiglu(gu), lw.down, mode)
+            m = obs(i, "down_proj", m)
             at = ((i, "output"), (i + 1, "input_norm") if i + 1 < head else (head, "final_norm"))
             x, h = self._residual_norm(x, m, norms[i], rows, obs, *at)
         if mode == "prefill":
@@ -326,6 +339,11 @@ class Model:
             return torch.nn.functional.linear(x, w)
         return self.gemm(x, w, mode == "exact")
 
+    def _fused(self, mode: Mode) -> gemm_backends.FusedGemms | None:
+        """The backend's GEMMs with the row op before them computed in their operand loads, for
+        exact rows (decode and verify alike); prefill and fast verify keep the unfused ops."""
+        return self.gemm.fused if mode == "exact" else None
+
     def _attention(
         self, i: int, w: AttentionWeights, h: Tensor, runs: list[Run], mode: Mode, obs: Observer
     ) -> Tensor:
@@ -334,6 +352,9 @@ class Model:
         parts = qkv.split([r.size for r in runs])
         o = cat_rows([rows.attention_run(p, w, i, r) for p, r in zip(parts, runs, strict=True)])
         o = obs(i, "attention", o)
+        fused = self._fused(mode)
+        if fused is not None and self.cfg.gated_attention:
+            return obs(i, "o_proj", fused.sigmoid_gate(o, attention_gate(qkv, self.cfg), w.o))
         return obs(i, "o_proj", self._linear(rows.output_gate(o, qkv), w.o, mode))
 
     def _gdn(
@@ -357,8 +378,12 @@ class Model:
                 for qkvab, r, (_, cs) in zip(per_run, runs, convs, strict=True)
             ]
         )
-        o = rows.gated_norm(obs(i, "recurrent", o), z.view(t_len, nv, dv), w.norm)
-        o = obs(i, "gated_norm", o.reshape(t_len, nv * dv))
+        o, z = obs(i, "recurrent", o), z.view(t_len, nv, dv)
+        fused = self._fused(mode)
+        if fused is not None:
+            o = o.reshape(t_len, nv * dv).to(z.dtype)
+            return obs(i, "out_proj", fused.gated_norm(o, z, w.norm, cfg.rms_norm_eps, w.out))
+        o = rows.gated_norm(o, z, w.norm).reshape(t_len, nv * dv)
         return obs(i, "out_proj", self._linear(o, w.out, mode))
 
 

@@ -75,6 +75,13 @@ class Run:
         return len(self.states) * self.rows
 
 
+def attention_gate(qkv: Tensor, cfg: ModelConfig) -> Tensor:
+    """Gated attention's output gate [T, Hq, D]: a view of the q projection, whose head rows
+    interleave each head's q and gate."""
+    t_len, d, hq = qkv.shape[0], cfg.head_dim, cfg.num_attention_heads
+    return qkv[:, : 2 * hq * d].view(t_len, hq, 2 * d)[..., d:]
+
+
 def cat_rows(parts: list[Tensor]) -> Tensor:
     """The row blocks of several sequences (or runs) as one tensor; one block is returned as is."""
     return parts[0] if len(parts) == 1 else torch.cat(parts)
@@ -224,9 +231,7 @@ class _TorchOps(Rows):
     def output_gate(self, o: Tensor, qkv: Tensor) -> Tensor:
         if not self.cfg.gated_attention:
             return o
-        t_len, d, hq = qkv.shape[0], self.cfg.head_dim, self.cfg.num_attention_heads
-        gate = qkv[:, : 2 * hq * d].view(t_len, hq, 2 * d)[..., d:].reshape(t_len, hq * d)
-        return o * ops.sigmoid(gate)
+        return o * ops.sigmoid(attention_gate(qkv, self.cfg).reshape(o.shape))
 
     def conv(self, window: Tensor, qkv: Tensor, w: Tensor) -> tuple[Tensor, Tensor]:
         return ops.causal_conv_silu(window, qkv, w), torch.cat((window, qkv), dim=0)
@@ -358,9 +363,8 @@ class _TritonElementwise(Rows):
             return o
         from specdash.kernels.elementwise import sigmoid_gate_rows
 
-        t_len, d, hq = qkv.shape[0], self.cfg.head_dim, self.cfg.num_attention_heads
-        gate = qkv[:, : 2 * hq * d].view(t_len, hq, 2 * d)[..., d:]
-        return sigmoid_gate_rows(o.view(t_len, hq, d), gate).view(t_len, hq * d)
+        gate = attention_gate(qkv, self.cfg)
+        return sigmoid_gate_rows(o.view(gate.shape), gate).view(o.shape)
 
     def conv(self, window: Tensor, qkv: Tensor, w: Tensor) -> tuple[Tensor, Tensor]:
         from specdash.kernels.elementwise import causal_conv_silu_rows
