@@ -2,7 +2,8 @@
 # One device call on the H200: real SGLang 0.5.17 (carried wheels) with specdash's patches.
 # Installs .carry/sglang/*.whl and .carry/ui/*.whl to /tmp/site, builds the benchmark pair
 # (benchmarks/sglang_checkpoint.py), then runs, in order, what STEPS names (default below):
-#   start     benchmarks/bench_sglang_start.py: NGRAM and STANDALONE sessions, start phases
+#   start     benchmarks/bench_sglang_start.py: the sessions START_RUNS names (default: NGRAM,
+#             STANDALONE), start phases
 #   cli       specdash run --headless --engine sglang (NGRAM k=3, --json), once per CLI_RUNS entry
 #   bench     benchmarks/bench_sglang.py --phases $PHASES
 #   tests     pytest -m sglang_gpu ($TEST_ARGS added, e.g. -k STANDALONE)
@@ -56,10 +57,12 @@ for step in ${STEPS:-cli bench}; do
         cut -c1-600 "$OUT/cli-$n.json"; grep -a "specdash: error" "$OUT/cli-$n.log" | tail -3
       done ;;
     start)  # time to the first verified token, phase by phase (benchmarks/bench_sglang_start.py)
+      # START_RUNS: the labels to run, in order (a label run twice: cold, then warm cache)
+      RUNS=(); for r in ${START_RUNS:-ngram standalone}; do
+        case $r in standalone*) RUNS+=(--run "$r:--speculative-algorithm STANDALONE --draft $CK/draft");;
+          *) RUNS+=(--run "$r");; esac; done
       timeout $(( l - 15 )) python3 benchmarks/bench_sglang_start.py --target $CK/target \
-        --json "$OUT/start.json" --run ngram \
-        --run "standalone:--speculative-algorithm STANDALONE --draft $CK/draft" ${START_ARGS:-} \
-        -- $BOX 2>&1 | tee "$OUT/start.log" ;;
+        --json "$OUT/start.json" "${RUNS[@]}" ${START_ARGS:-} -- $BOX 2>&1 | tee "$OUT/start.log" ;;
     bench)
       timeout $(( l - 15 )) python3 benchmarks/bench_sglang.py --target $CK/target --draft $CK/draft \
         --json "$OUT/bench.json" --phases "${PHASES:-anchor,matrix}" --budget-s $(( l - 30 )) \
