@@ -3,7 +3,8 @@
 # batches and plain greedy, 27B shape at B = 1/8/32), then bench_batch.py on the 27B shape
 # (plain decode at 2k, and with PROFILE=1 a torch.profiler pass at B = 32); step `spec`:
 # bench_spec_gpu.py's single-sequence numbers (decode t/s, exact/fast, step profiles, verify/decode)
-# with SPEC_ARGS (default: no 128k prefill, 2k context only, a short spec envelope).
+# with SPEC_ARGS (default: no 128k prefill, 2k context only, a short spec envelope); step `attn`:
+# bench_prefill_attention.py (torch's flash attention vs specdash's Triton prefill kernel).
 # Needs pydantic (the settings models) from .carry/sglang, installed to /tmp/pyd (and FLA from
 # .carry/whl when there).
 # Usage on the GPU machine, from the repo root: [STEPS="tests bench"] bash benchmarks/batch_gpu_run.sh
@@ -41,5 +42,10 @@ if [[ " $STEPS " == *" spec "* ]]; then
   read -r -a SPEC <<< "${SPEC_ARGS:---long-prefill 0 --contexts 2048 --prompts 4 --spec-tokens 20}"
   timeout ${SPEC_TIMEOUT:-300} python3 benchmarks/bench_spec_gpu.py "${SPEC[@]}" \
     --json "$OUT/spec_gpu.json" 2>&1 | grep --line-buffered -v Warning | tee "$OUT/spec_gpu.txt"
+fi
+if [[ " $STEPS " == *" attn "* ]]; then
+  echo "== prefill attention $(date -u +%T)"
+  timeout ${ATTN_TIMEOUT:-150} python3 benchmarks/bench_prefill_attention.py \
+    --json "$OUT/prefill_attn.json" 2>&1 | grep --line-buffered -v Warning | tee "$OUT/prefill_attn.txt"
 fi
 echo "== done $(date -u +%T)"
