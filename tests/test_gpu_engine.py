@@ -149,6 +149,27 @@ def test_chunked_prefill_on_cuda(monkeypatch) -> None:
     assert (out[1].argmax(-1) == out[0].argmax(-1)).float().mean() > 0.95
 
 
+def test_prefill_attention_kernel_computes_what_sdpa_does(monkeypatch) -> None:
+    """The shipped CUDA prefill (kernels.prefill_attention) next to the same prefill with torch's
+    SDPA, in one pass and in chunks whose later ones are lower-right causal."""
+    from specdash.engine.rows import TritonPrefillRows
+
+    m = _model(0)
+    prompt = torch.randint(0, m.cfg.vocab_size, (300,), generator=torch.Generator().manual_seed(6))
+    shipped = m.rows["prefill"]
+    assert isinstance(shipped, TritonPrefillRows) and shipped.attention_kernel
+    for chunk in (1 << 20, 64):
+        monkeypatch.setattr(model_module, "PREFILL_CHUNK", chunk)
+        out = []
+        for rows in (shipped, TritonPrefillRows(m.cfg, m.rope, attention_kernel=False)):
+            m.rows["prefill"] = rows
+            state = SeqState.empty(m.cfg, 310, m.dtype, m.device)
+            out.append(m.forward(prompt.cuda(), state, "prefill", all_logits=True))
+        m.rows["prefill"] = shipped
+        torch.testing.assert_close(out[0], out[1], rtol=0, atol=0.1)  # bf16 model
+        assert (out[0].argmax(-1) == out[1].argmax(-1)).float().mean() > 0.95
+
+
 @pytest.fixture(scope="module")
 def model_27b() -> Model:
     """The Qwen3.5-27B shape with random bf16 weights (51 GB), Triton GEMM backend."""

@@ -378,9 +378,22 @@ class _TritonElementwise(Rows):
 
 
 class TritonPrefillRows(_TritonElementwise, PrefillRows):
-    """Prefill on CUDA: PrefillRows' SDPA attention and chunked GDN, with the fused row kernels
-    for everything row-wise, where torch would make several full passes over 16k-row
-    activations per op (5.8 s of a 128k prefill's kernels, docs/PERF.md)."""
+    """Prefill on CUDA: chunked GDN, the fused row kernels for everything row-wise, where torch
+    would make several full passes over 16k-row activations per op (5.8 s of a 128k prefill's
+    kernels, docs/PERF.md), and with `attention_kernel` the causal attention of
+    `kernels.prefill_attention` (bf16/fp16) instead of torch's SDPA."""
+
+    def __init__(self, cfg: ModelConfig, rope: Rope, attention_kernel: bool = True) -> None:
+        super().__init__(cfg, rope, gdn_kernel=True)
+        self.attention_kernel = attention_kernel
+
+    def _attend(self, q: Tensor, cache: KVCache, state: SeqState, pos: slice | Tensor) -> Tensor:
+        if not self.attention_kernel or q.dtype == torch.float32:
+            return super()._attend(q, cache, state, pos)
+        from specdash.kernels.prefill_attention import causal_prefill_attention
+
+        scale = self.cfg.head_dim**-0.5
+        return causal_prefill_attention(q, cache.k, cache.v, state.length, scale)
 
 
 class TritonRows(_TritonElementwise):
@@ -527,7 +540,7 @@ def row_implementations(cfg: ModelConfig, rope: Rope, device: torch.device) -> d
     cuda = device.type == "cuda"
     kernels = cuda and _triton_rows_supported(cfg)
     return {
-        "prefill": TritonPrefillRows(cfg, rope, True) if kernels else PrefillRows(cfg, rope, False),
+        "prefill": TritonPrefillRows(cfg, rope) if kernels else PrefillRows(cfg, rope, False),
         "exact": TritonRows(cfg, rope) if kernels else TorchRows(cfg, rope),
         "fast": BatchedRows(cfg, rope, device_positions=cuda),
     }
