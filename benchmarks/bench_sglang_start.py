@@ -25,7 +25,7 @@ import time
 from pathlib import Path
 from typing import Any
 
-from specdash.events import PromptDone, SessionStart, StartPhase
+from specdash.events import PromptDone, StartPhase
 from specdash.trace.jsonl import read_trace
 
 
@@ -60,19 +60,26 @@ def one_run(args: argparse.Namespace, label: str, extra: list[str]) -> dict[str,
     if proc.returncode != 0:
         result["stderr"] = proc.stderr[-2000:]
         return result
-    _, events, _ = read_trace(trace)
-    phases = [e for e in events if isinstance(e, StartPhase)]
-    header = next(e for e in events if isinstance(e, SessionStart))
-    first = next(e for e in events if isinstance(e, PromptDone))
     result.update(
         summary=json.loads(proc.stdout.strip().splitlines()[-1]),  # the --json object
-        first_verified_token_s=(first.t_ns - t0) / 1e9,
-        to_first_phase_s=(phases[0].t_ns - t0) / 1e9 if phases else None,
-        session_header_s=(header.t_ns - t0) / 1e9,
-        phases=phase_table(phases),
+        **trace_timings(trace, t0),
         sglang_log=str(trace) + ".sglang.log",
     )
     return result
+
+
+def trace_timings(trace: Path, t0_ns: int) -> dict[str, Any]:
+    """Seconds from `t0_ns` (CLOCK_MONOTONIC) to the first start phase, the session header and
+    the first verified token (the first `PromptDone`), and the phase table, from a trace."""
+    header, events, _ = read_trace(trace)
+    phases = [e for e in events if isinstance(e, StartPhase)]
+    first = next(e for e in events if isinstance(e, PromptDone))
+    return {
+        "first_verified_token_s": (first.t_ns - t0_ns) / 1e9,
+        "to_first_phase_s": (phases[0].t_ns - t0_ns) / 1e9 if phases else None,
+        "session_header_s": (header.t_ns - t0_ns) / 1e9,
+        "phases": phase_table(phases),
+    }
 
 
 def main() -> int:

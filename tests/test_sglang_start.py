@@ -99,3 +99,26 @@ def test_start_phases_before_the_header_are_kept_in_the_trace(tmp_path: Path) ->
     header, events, problems = read_trace(tmp_path / "t.jsonl")
     assert problems == [] and header.kind == "session_start"
     assert events[:2] == phases and events[-1].kind == "summary"
+
+
+def test_start_benchmark_reads_a_real_session_trace(tmp_path: Path) -> None:
+    """benchmarks/bench_sglang_start.py's timings from the trace of a real headless run (the
+    native engine: no start phases; the header comes back from `read_trace` on its own)."""
+    import sys
+    import time
+
+    from specdash.cli import main
+    from specdash.prompts import default_prompts_path
+
+    sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "benchmarks"))
+    from bench_sglang_start import trace_timings
+
+    prompts = tmp_path / "p.jsonl"
+    prompts.write_text(default_prompts_path().read_text().splitlines()[0] + "\n")
+    trace = tmp_path / "t.jsonl"
+    t0 = time.monotonic_ns()
+    argv = ["run", "--headless", "--prompts", str(prompts), "--max-new-tokens", "4"]
+    assert main([*argv, "--trace", str(trace)]) == 0
+    timings = trace_timings(trace, t0)
+    assert 0 < timings["session_header_s"] < timings["first_verified_token_s"]
+    assert timings["phases"] == [] and timings["to_first_phase_s"] is None
