@@ -64,6 +64,33 @@ CANDIDATES = (
 
 
 @triton.jit
+def _kv_block(
+    src,
+    off,
+    stride_n,
+    kv_head,
+    n0,
+    keys,
+    n_keys,
+    HEAD_DIM: tl.constexpr,
+    BLOCK_N: tl.constexpr,
+    MASKED: tl.constexpr,
+    TMA: tl.constexpr,
+):
+    """Keys (or values) n0..n0+BLOCK_N of one kv head, [BLOCK_N, HEAD_DIM]: a TMA tile, or
+    pointer loads, masked to zeros past n_keys on the diagonal."""
+    if TMA:
+        block = src.load([kv_head, n0, 0]).reshape([BLOCK_N, HEAD_DIM])
+    else:
+        ptrs = src + off + keys[:, None] * stride_n + tl.arange(0, HEAD_DIM)[None, :]
+        if MASKED:  # noqa: SIM108 (a constexpr branch inside a Triton kernel)
+            block = tl.load(ptrs, mask=keys[:, None] < n_keys, other=0.0)
+        else:
+            block = tl.load(ptrs)
+    return block
+
+
+@triton.jit
 def _attend(
     acc,
     l_i,
@@ -89,17 +116,11 @@ def _attend(
     """Online softmax over keys lo..hi (BLOCK_N at a time); MASKED: the causal diagonal, whose
     last block may run past the n_keys keys (zeros there, and masked)."""
     offs_n = tl.arange(0, BLOCK_N)
-    offs_d = tl.arange(0, HEAD_DIM)
     for n0 in range(lo, hi, BLOCK_N):
         n0 = tl.multiple_of(n0, BLOCK_N)
         keys = n0 + offs_n
-        if TMA:
-            k = k_src.load([kv_head, n0, 0]).reshape([BLOCK_N, HEAD_DIM])
-        elif MASKED:
-            k_ptrs = k_src + kv_off_k + keys[:, None] * stride_kn + offs_d[None, :]
-            k = tl.load(k_ptrs, mask=keys[:, None] < n_keys, other=0.0)
-        else:
-            k = tl.load(k_src + kv_off_k + keys[:, None] * stride_kn + offs_d[None, :])
+        k = _kv_block(k_src, kv_off_k, stride_kn, kv_head, n0, keys, n_keys, HEAD_DIM, BLOCK_N,
+                      MASKED, TMA)  # fmt: skip
         qk = tl.dot(q, tl.trans(k))
         if MASKED:
             qk = tl.where(q_pos[:, None] >= keys[None, :], qk, float("-inf"))
@@ -108,13 +129,8 @@ def _attend(
         alpha = tl.math.exp2(m_i - m_ij)
         l_i = l_i * alpha + tl.sum(p, 1)
         acc = acc * alpha[:, None]
-        if TMA:
-            v = v_src.load([kv_head, n0, 0]).reshape([BLOCK_N, HEAD_DIM])
-        elif MASKED:
-            v_ptrs = v_src + kv_off_v + keys[:, None] * stride_vn + offs_d[None, :]
-            v = tl.load(v_ptrs, mask=keys[:, None] < n_keys, other=0.0)
-        else:
-            v = tl.load(v_src + kv_off_v + keys[:, None] * stride_vn + offs_d[None, :])
+        v = _kv_block(v_src, kv_off_v, stride_vn, kv_head, n0, keys, n_keys, HEAD_DIM, BLOCK_N,
+                      MASKED, TMA)  # fmt: skip
         acc = tl.dot(p.to(v.dtype), v, acc)
         m_i = m_ij
     return acc, l_i, m_i
