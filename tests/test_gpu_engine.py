@@ -150,18 +150,18 @@ def test_chunked_prefill_on_cuda(monkeypatch) -> None:
 
 
 def test_prefill_attention_kernel_computes_what_sdpa_does(monkeypatch) -> None:
-    """The shipped CUDA prefill (kernels.prefill_attention) next to the same prefill with torch's
-    SDPA, in one pass and in chunks whose later ones are lower-right causal."""
+    """The CUDA prefill with kernels.prefill_attention next to the shipped one (torch's SDPA),
+    in one pass and in chunks whose later ones are lower-right causal."""
     from specdash.engine.rows import TritonPrefillRows
 
     m = _model(0)
     prompt = torch.randint(0, m.cfg.vocab_size, (300,), generator=torch.Generator().manual_seed(6))
     shipped = m.rows["prefill"]
-    assert isinstance(shipped, TritonPrefillRows) and shipped.attention_kernel
+    assert isinstance(shipped, TritonPrefillRows) and not shipped.attention_kernel
     for chunk in (1 << 20, 64):
         monkeypatch.setattr(model_module, "PREFILL_CHUNK", chunk)
         out = []
-        for rows in (shipped, TritonPrefillRows(m.cfg, m.rope, attention_kernel=False)):
+        for rows in (TritonPrefillRows(m.cfg, m.rope, attention_kernel=True), shipped):
             m.rows["prefill"] = rows
             state = SeqState.empty(m.cfg, 310, m.dtype, m.device)
             out.append(m.forward(prompt.cuda(), state, "prefill", all_logits=True))

@@ -319,3 +319,23 @@ def test_speculation_through_the_fused_gemms_equals_plain_greedy(tile_model: Mod
     assert any(s.accepted > 0 for s in seq.steps) and any(
         s.accepted < len(s.rows) - 1 for s in seq.steps
     ), "drafts were all accepted or all rejected"
+
+
+def test_prefill_with_the_attention_kernel_computes_what_sdpa_does(monkeypatch) -> None:
+    """A bf16 prefill on the CUDA route with `kernels.prefill_attention` next to the same prefill
+    with SDPA (the shipped attention), in chunks: the first causal, the later ones lower-right
+    causal after cached keys; the kernel's wiring (positions, the cache's used keys) on the CPU."""
+    from specdash.engine import model as model_module
+    from specdash.engine.rows import TritonPrefillRows
+
+    m = Model.from_tensors(CFG, random_tensors(CFG, 5, torch.bfloat16))
+    m.rows = row_implementations(CFG, m.rope, CUDA)
+    prompt = torch.randint(0, CFG.vocab_size, (40,), generator=torch.Generator().manual_seed(7))
+    monkeypatch.setattr(model_module, "PREFILL_CHUNK", 16)
+    out = []
+    for kernel in (True, False):
+        m.rows["prefill"] = TritonPrefillRows(CFG, m.rope, attention_kernel=kernel)
+        state = SeqState.empty(CFG, 64, torch.bfloat16, torch.device("cpu"))
+        out.append(m.forward(prompt, state, "prefill", all_logits=True))
+    torch.testing.assert_close(out[0], out[1], rtol=0, atol=0.1)  # bf16 model
+    assert (out[0].argmax(-1) == out[1].argmax(-1)).float().mean() > 0.95

@@ -380,10 +380,12 @@ class _TritonElementwise(Rows):
 class TritonPrefillRows(_TritonElementwise, PrefillRows):
     """Prefill on CUDA: chunked GDN, the fused row kernels for everything row-wise, where torch
     would make several full passes over 16k-row activations per op (5.8 s of a 128k prefill's
-    kernels, docs/PERF.md), and with `attention_kernel` the causal attention of
-    `kernels.prefill_attention` (bf16/fp16) instead of torch's SDPA."""
+    kernels, docs/PERF.md), and torch's SDPA (flash) for attention. With `attention_kernel`,
+    the causal attention of `kernels.prefill_attention` (bf16/fp16) instead: the candidate FA3-
+    style kernel, timed beside SDPA by `bench_spec_gpu.py --prefill-kernel-too`; it becomes the
+    default only once a GPU run measures it faster (not yet, docs/PERF.md)."""
 
-    def __init__(self, cfg: ModelConfig, rope: Rope, attention_kernel: bool = True) -> None:
+    def __init__(self, cfg: ModelConfig, rope: Rope, attention_kernel: bool = False) -> None:
         super().__init__(cfg, rope, gdn_kernel=True)
         self.attention_kernel = attention_kernel
 
