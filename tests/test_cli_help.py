@@ -41,7 +41,7 @@ def test_help_shows_defaults_and_choices(capsys) -> None:
         main(["run", "--help"])
     text = " ".join(capsys.readouterr().out.split())  # unwrapped
     for expected in (
-        "--gemm-backend {auto,torch,cublas,triton,deepgemm}",
+        "--gemm-backend {auto,torch,cublas,triton,triton-fused,deepgemm}",
         "auto: torch on the CPU, triton on CUDA (default: auto)",
         "--verify {exact,fast}",
         "(default: exact)",

@@ -105,9 +105,11 @@ def test_backend_table_lists_reasons_and_refuses_unavailable(monkeypatch):
     backends = gemm_backends.available_backends()
     assert backends["triton"] is None
     assert gemm_backends.get_backend("triton") is matmul_batch_invariant
-    assert list(backends) == ["cublas", "triton", "deepgemm"]
+    assert list(backends) == ["cublas", "triton", "deepgemm"]  # SGLang's routes: no fused one
+    assert list(gemm_backends.gpu_backends()) == ["cublas", "triton", "triton-fused", "deepgemm"]
     assert [b.batch_invariant for b in gemm_backends.gpu_backends().values()] == [
         False,
+        True,
         True,
         False,
     ]

@@ -36,9 +36,10 @@ def model() -> Model:
 
 @pytest.fixture(scope="module")
 def tile_model() -> Model:
-    """The GPU route with the GEMMs on the Triton tile too, whose exact rows fuse the row op
-    before down_proj, o_proj and out_proj into the GEMM (`gemm_backends.FusedGemms`)."""
-    m = Model.from_tensors(CFG, random_tensors(CFG, 5), gemm_backends.gpu_backends()["triton"])
+    """The GPU route with the GEMMs on the `triton-fused` backend, whose exact rows fuse the row
+    op before down_proj, o_proj and out_proj into the GEMM (`gemm_backends.FusedGemms`)."""
+    fused = gemm_backends.gpu_backends()["triton-fused"]
+    m = Model.from_tensors(CFG, random_tensors(CFG, 5), fused)
     m.rows = row_implementations(CFG, m.rope, CUDA)
     return m
 
@@ -289,13 +290,13 @@ def test_fused_gemms_keep_verify_rows_equal_decode_rows(tile_model: Model, monke
     verify_state.commit(4)
     for i, g in decode_state.gdn.items():
         assert torch.equal(g.ssm, verify_state.gdn[i].ssm)
-    tile_model.gemm = replace(tile_model.gemm, name="triton, unfused", fused=None)
+    tile_model.gemm = gemm_backends.gpu_backends()["triton"]
     try:
         seen.clear()
         unfused = tile_model.forward(tokens, _prefilled(tile_model, prompt), "exact")
         assert set(seen) == {"NoneType"}
     finally:
-        tile_model.gemm = gemm_backends.gpu_backends()["triton"]
+        tile_model.gemm = gemm_backends.gpu_backends()["triton-fused"]
     assert torch.equal(unfused, verify)
 
 

@@ -24,7 +24,7 @@ checked bit for bit (the session flags below apply to it).
 """
 
 # the names specdash.engine.gemm_backends knows, without importing torch for --help
-GEMM_BACKENDS = ("auto", "torch", "cublas", "triton", "deepgemm")
+GEMM_BACKENDS = ("auto", "torch", "cublas", "triton", "triton-fused", "deepgemm")
 
 
 class _Formatter(argparse.RawDescriptionHelpFormatter):
