@@ -27,7 +27,7 @@ pytestmark = [
 ]
 
 
-def _model(seed: int, noise: float = 0.0) -> Model:
+def _model(seed: int, noise: float = 0.0, gemm: str = "triton") -> Model:
     # small, but inside the Triton kernels' shapes (pow2 head dims, Dv a multiple of 32)
     cfg = replace(
         preset("tiny-hybrid"),
@@ -48,12 +48,14 @@ def _model(seed: int, noise: float = 0.0) -> Model:
             else t
             for n, t in tensors.items()
         }
-    return Model.from_tensors(cfg, tensors, gemm_backends.resolve("triton", torch.device("cuda")))
+    return Model.from_tensors(cfg, tensors, gemm_backends.resolve(gemm, torch.device("cuda")))
 
 
-@pytest.mark.parametrize("k", [1, 4, 9])
-def test_graphed_spec_equals_eager_plain_greedy(k: int) -> None:
-    target, draft = _model(0), _model(1, noise=0.05)
+@pytest.mark.parametrize(
+    "k,gemm", [(1, "triton"), (4, "triton"), (9, "triton"), (4, "triton-fused")]
+)
+def test_graphed_spec_equals_eager_plain_greedy(k: int, gemm: str) -> None:
+    target, draft = _model(0, gemm=gemm), _model(1, noise=0.05)
     engine = Engine(target, lambda: ModelDrafter(draft), [])
     assert engine.cuda_graphs and isinstance(target.rows["exact"], TritonRows)
     gen = torch.Generator().manual_seed(k)
@@ -70,7 +72,7 @@ def test_graphed_spec_equals_eager_plain_greedy(k: int) -> None:
         engine.release(seq)
     assert accepted > 0
     # the engine replayed its own graphs: verify steps of k+1 rows and the shadow's decode
-    assert {key[2:] for key in engine._graphs} == {("triton", "exact")}
+    assert {key[2:] for key in engine._graphs} == {(gemm, "exact")}
     assert {1, k + 1} <= {key[1] for key in engine._graphs}
 
 
