@@ -156,7 +156,9 @@ def test_fast_mode_reports_what_it_finds(pair, reference, dtype) -> None:  # noq
     assert summary.exact_prompts == sum(d.exact for d in r.done.values())
 
 
-@pytest.mark.parametrize("layer,sub_op", [(1, "output"), (3, "qkv_proj"), (0, "recurrent")])
+@pytest.mark.parametrize(
+    "layer,sub_op", [(1, "output"), (3, "qkv_proj"), (0, "recurrent"), (0, "gated_norm")]
+)
 def test_one_ulp_fault_is_flagged_at_its_token_with_its_layer(
     pair, reference, layer, sub_op
 ) -> None:  # noqa: ANN001

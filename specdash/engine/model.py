@@ -383,7 +383,7 @@ class Model:
         if fused is not None:
             o = o.reshape(t_len, nv * dv).to(z.dtype)
             return obs(i, "out_proj", fused.gated_norm(o, z, w.norm, cfg.rms_norm_eps, w.out))
-        o = rows.gated_norm(o, z, w.norm).reshape(t_len, nv * dv)
+        o = obs(i, "gated_norm", rows.gated_norm(o, z, w.norm).reshape(t_len, nv * dv))
         return obs(i, "out_proj", self._linear(o, w.out, mode))
 
 
