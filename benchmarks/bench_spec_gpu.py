@@ -12,8 +12,9 @@ mode, all through `specdash.engine.engine.Engine` (the code `specdash run` uses)
 3. plain-decode t/s, all graphed, interleaved repeats, each configuration on its own engine:
    exact mode (Triton tile) with programmatic dependent launch on and off, the tile with the
    row ops before down_proj / o_proj / out_proj in its loads (`triton-fused`), fast mode
-   (cuBLAS); the exact variants must give the same ids and logprob bits; then the device
-   time by kernel of one eager decode and verify step;
+   (cuBLAS); each exact variant's ids and logprob bits are compared with the shipped path's
+   (PDL off must match; `triton-fused`'s in-tile gated norm may round differently); then the
+   device time by kernel of one eager decode and verify step;
 4. a verify step of k+1 rows vs a decode step (graph replay, median of repeats);
 5. speculative decoding at k with an oracle drafter (replays the plain run's tokens of the
    same mode: 100% acceptance in exact mode; fast verify is not fast decode, so less there)
