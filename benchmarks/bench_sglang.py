@@ -39,7 +39,7 @@ from specdash.runs.sglang import (
     SGLangOptions,
     applied_patches,
     engine_kwargs,
-    new_error_file,
+    new_shared_file,
     parse_engine_arg,
     start_engine,
 )
@@ -321,7 +321,7 @@ def main() -> int:
     args.speed_graphs = args.speed_graphs == "on"
     args.skip_cells = args.skip_cells.split(",")
     args.no_graph_algorithms = args.no_graph_algorithms.split(",")
-    os.environ.setdefault(ERROR_FILE_ENV, new_error_file())
+    os.environ.setdefault(ERROR_FILE_ENV, new_shared_file())
     texts = [pr.text for pr in load_prompts(None)][: args.prompts]
     res = Results(args.json, args.budget_s)
     import sglang

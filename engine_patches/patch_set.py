@@ -1,4 +1,4 @@
-"""The patches specdash applies to SGLang, in order: the start-up fix, then the four that
+"""The patches specdash applies to SGLang, in order: the two start-up fixes, then the four that
 `--sglang-unpatch` can leave off; one looked up by its flag; applying and removing them together.
 
 Each patch is its own module, built from `registry`'s bookkeeping (targets, rebindings,
@@ -11,6 +11,7 @@ from specdash.engine_patches import (
     gdn_verify_as_decode,
     gemm_routing,
     lazy_dsa_import,
+    memory_pools_in_turn,
     telemetry,
     verify_attention_as_decode_rows,
 )
@@ -18,10 +19,11 @@ from specdash.engine_patches.registry import Patch
 
 
 def all_patches() -> list[Patch]:
-    """Every patch, in the order they are applied: the start-up fix, then the four that can
+    """Every patch, in the order they are applied: the start-up fixes, then the four that can
     be left off."""
     return [
         lazy_dsa_import.PATCH,
+        memory_pools_in_turn.PATCH,
         gdn_verify_as_decode.PATCH,
         verify_attention_as_decode_rows.PATCH,
         gemm_routing.PATCH,

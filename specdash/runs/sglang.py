@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import ast
 import contextlib
+import inspect
 import logging
 import os
 import sys
@@ -31,7 +32,7 @@ from pathlib import Path
 from typing import Any, Literal, TextIO
 
 from specdash.controls import Controls
-from specdash.engine_patches import telemetry
+from specdash.engine_patches import memory_pools_in_turn, telemetry
 from specdash.engine_patches.registry import patch_row, sglang_version
 from specdash.errors import EnvironmentProblem, UsageError
 from specdash.events import (
@@ -230,8 +231,9 @@ def read_reason(path: str | None) -> str | None:
         return None
 
 
-def new_error_file() -> str:
-    fd, path = tempfile.mkstemp(prefix="specdash-sglang-error-")
+def new_shared_file(kind: str = "error") -> str:
+    """An empty temp file for SGLang's processes to share (a failure reason, a lock)."""
+    fd, path = tempfile.mkstemp(prefix=f"specdash-sglang-{kind}-")
     os.close(fd)
     return path
 
@@ -274,7 +276,16 @@ def scheduler_entry(*args: Any, **kwargs: Any) -> Any:
         raise
     from sglang.srt.managers.scheduler import run_scheduler_process
 
+    if not first_rank(run_scheduler_process, args, kwargs):  # see memory_pools_in_turn
+        os.environ.pop(memory_pools_in_turn.TURN_ENV, None)
     return run_scheduler_process(*args, **kwargs)
+
+
+def first_rank(entry: Callable[..., Any], args: tuple, kwargs: dict[str, Any]) -> bool:
+    """Whether a scheduler process (`entry(*args, **kwargs)`) is its engine's first: tensor,
+    pipeline and data parallel rank 0 (the releases' entries take different arguments)."""
+    bound = inspect.signature(entry).bind_partial(*args, **kwargs).arguments
+    return not any(bound.get(rank) for rank in ("tp_rank", "pp_rank", "dp_rank"))
 
 
 def scheduler_failed(signum: int, frame: Any) -> None:
@@ -332,7 +343,7 @@ def start_engine(kwargs: dict[str, Any], engine_class: Callable[[], type] | None
     refusal (unknown argument, a speculative algorithm the model does not support, ...) as a
     one-line error."""
     if ERROR_FILE_ENV not in os.environ:  # a session sets (and removes) it; setdefault's
-        os.environ[ERROR_FILE_ENV] = new_error_file()  # eager default leaked a file per start
+        os.environ[ERROR_FILE_ENV] = new_shared_file()  # eager default leaked a file per start
     error_file = os.environ[ERROR_FILE_ENV]
     _start_resource_tracker()
     try:
@@ -511,10 +522,14 @@ class SGLangSession:
             self.receiver = TelemetryReceiver()
             session.callback(self.receiver.close)
             os.environ[telemetry.ADDRESS_ENV] = self.receiver.address
-            os.environ[ERROR_FILE_ENV] = new_error_file()
+            os.environ[ERROR_FILE_ENV] = new_shared_file()
             session.callback(_remove, os.environ[ERROR_FILE_ENV])
             os.environ[LOG_FILE_ENV] = str(self.log_file)
             session.callback(os.environ.pop, LOG_FILE_ENV, None)
+            if split:  # both engines start now: their memory pools are sized in turn
+                os.environ[memory_pools_in_turn.TURN_ENV] = new_shared_file("pool-turn")
+                session.callback(_remove, os.environ[memory_pools_in_turn.TURN_ENV])
+                session.callback(os.environ.pop, memory_pools_in_turn.TURN_ENV, None)
             with contextlib.ExitStack() as engines:
                 # split: the shadow starts in its host process while the spec engine starts here
                 shadow_ready = engines.enter_context(self._hosted(shadow_kw)) if split else None
@@ -579,7 +594,7 @@ class SGLangSession:
         log = shadow_log(self.log_file)
         watch = StartWatch(log, "shadow", self.emit)
         watch.start()
-        error_file = new_error_file()
+        error_file = new_shared_file()
         env = {LOG_FILE_ENV: str(log), ERROR_FILE_ENV: error_file}
         _start_resource_tracker()  # spawning the host needs it, as spawning SGLang's processes
         host = EngineHost(

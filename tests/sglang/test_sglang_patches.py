@@ -94,9 +94,9 @@ def test_targets_resolve_and_patches_restore_sglang_exactly(run_each_sglang) -> 
         ), unresolved
     else:
         assert unresolved == []
-    # every rebinding of the four patches (GDN's conv kernel included): 0.5.17 has no
+    # every rebinding of the five patches (GDN's conv kernel included): 0.5.17 has no
     # launch-config pin
-    assert f"IDENTITY-OK {13 if version == '0.5.23' else 12}" in out
+    assert f"IDENTITY-OK {15 if version == '0.5.23' else 14}" in out
 
 
 RENAMED = (
