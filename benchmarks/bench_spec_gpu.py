@@ -4,9 +4,9 @@ Random weights of `--preset` (default qwen3.5-27b-shape, bf16), Triton GEMM back
 mode, all through `specdash.engine.engine.Engine` (the code `specdash run` uses). In one run:
 
 1. prefill time of a `--long-prefill`-token prompt (first, before any graph pool exists), and
-   side by side the same prefill with the Triton prefill attention instead of torch's flash
-   attention (`--prefill-kernel-too`) and with torch's row-wise ops instead of the fused row
-   kernels (`--prefill-torch-too`) (`--prefill-only` stops there);
+   side by side the same prefill with torch's flash attention instead of the Triton prefill
+   attention shipped on Hopper (`--prefill-sdpa-too`) and with torch's row-wise ops instead of
+   the fused row kernels (`--prefill-torch-too`) (`--prefill-only` stops there);
 2. plain greedy decode (the shadow's path) at each `--contexts` length: t/s and the weight
    bytes / step time, next to NVML GPM DRAM bandwidth sampled during the decode;
 3. plain-decode t/s, all graphed, interleaved repeats, each configuration on its own engine:
@@ -182,9 +182,7 @@ def main() -> int:
     ap.add_argument("--spec-tokens", type=int, default=40)
     ap.add_argument("--long-prefill", type=int, default=131072)
     ap.add_argument("--prefill-torch-too", action="store_true", help="and with torch row ops")
-    ap.add_argument(
-        "--prefill-kernel-too", action="store_true", help="and with kernels.prefill_attention"
-    )
+    ap.add_argument("--prefill-sdpa-too", action="store_true", help="and with torch's SDPA")
     ap.add_argument("--prefill-only", action="store_true", help="stop after the long prefill")
     ap.add_argument("--json")
     args = ap.parse_args()
@@ -211,9 +209,9 @@ def main() -> int:
         torch.cuda.empty_cache()
         shipped = model.rows["prefill"]
         variants = {"long_prefill": shipped}
-        if args.prefill_kernel_too:  # side by side: the same prefill with the Triton attention
-            kernel = TritonPrefillRows(cfg, model.rope, attention_kernel=True)
-            variants["long_prefill_triton_attention"] = kernel
+        if args.prefill_sdpa_too:  # side by side: the same prefill with torch's flash attention
+            sdpa = TritonPrefillRows(cfg, model.rope, attention_kernel=False)
+            variants["long_prefill_sdpa_attention"] = sdpa
         if args.prefill_torch_too:  # side by side: the same prefill with torch's row-wise ops
             variants["long_prefill_torch_rows"] = PrefillRows(cfg, model.rope, gdn_kernel=True)
         p = torch.tensor(rand_prompt(args.long_prefill), device=dev)

@@ -152,18 +152,19 @@ def test_chunked_prefill_on_cuda(monkeypatch) -> None:
 
 
 def test_prefill_attention_kernel_computes_what_sdpa_does(monkeypatch) -> None:
-    """The CUDA prefill with kernels.prefill_attention next to the shipped one (torch's SDPA),
-    in one pass and in chunks whose later ones are lower-right causal."""
+    """The CUDA prefill with kernels.prefill_attention (shipped on Hopper) next to torch's
+    SDPA, in one pass and in chunks whose later ones are lower-right causal."""
     from specdash.engine.rows import TritonPrefillRows
 
     m = _model(0)
     prompt = torch.randint(0, m.cfg.vocab_size, (300,), generator=torch.Generator().manual_seed(6))
     shipped = m.rows["prefill"]
-    assert isinstance(shipped, TritonPrefillRows) and not shipped.attention_kernel
+    hopper = torch.cuda.get_device_capability()[0] >= 9
+    assert isinstance(shipped, TritonPrefillRows) and shipped.attention_kernel == hopper
     for chunk in (1 << 20, 64):
         monkeypatch.setattr(model_module, "PREFILL_CHUNK", chunk)
         out = []
-        for rows in (TritonPrefillRows(m.cfg, m.rope, attention_kernel=True), shipped):
+        for rows in (TritonPrefillRows(m.cfg, m.rope, attention_kernel=x) for x in (True, False)):
             m.rows["prefill"] = rows
             state = SeqState.empty(m.cfg, 310, m.dtype, m.device)
             out.append(m.forward(prompt.cuda(), state, "prefill", all_logits=True))

@@ -380,10 +380,10 @@ class _TritonElementwise(Rows):
 class TritonPrefillRows(_TritonElementwise, PrefillRows):
     """Prefill on CUDA: chunked GDN, the fused row kernels for everything row-wise, where torch
     would make several full passes over 16k-row activations per op (5.8 s of a 128k prefill's
-    kernels, docs/PERF.md), and torch's SDPA (flash) for attention. With `attention_kernel`,
-    the causal attention of `kernels.prefill_attention` (bf16/fp16) instead: the candidate FA3-
-    style kernel, timed beside SDPA by `bench_spec_gpu.py --prefill-kernel-too`; it becomes the
-    default only once a GPU run measures it faster (not yet, docs/PERF.md)."""
+    kernels, docs/PERF.md). Attention: with `attention_kernel` (the default on Hopper) the
+    causal attention of `kernels.prefill_attention` (bf16/fp16), 1.74x / 1.89x torch's flash
+    attention on a first / last 16k chunk of a 128k prompt at the 27B shape (H100, docs/PERF.md);
+    else torch's SDPA, whose flash kernel is the one left for older GPUs."""
 
     def __init__(self, cfg: ModelConfig, rope: Rope, attention_kernel: bool = False) -> None:
         super().__init__(cfg, rope, gdn_kernel=True)
@@ -541,8 +541,12 @@ def row_implementations(cfg: ModelConfig, rope: Rope, device: torch.device) -> d
     batched pass on every device, so it diverges the usual way on a GPU too."""
     cuda = device.type == "cuda"
     kernels = cuda and _triton_rows_supported(cfg)
+    # (the CPU tests take the CUDA route through the interpreter, with no CUDA to ask)
+    hopper = cuda and torch.cuda.is_available() and torch.cuda.get_device_capability(device)[0] >= 9
     return {
-        "prefill": TritonPrefillRows(cfg, rope) if kernels else PrefillRows(cfg, rope, False),
+        "prefill": TritonPrefillRows(cfg, rope, attention_kernel=hopper)
+        if kernels
+        else PrefillRows(cfg, rope, False),
         "exact": TritonRows(cfg, rope) if kernels else TorchRows(cfg, rope),
         "fast": BatchedRows(cfg, rope, device_positions=cuda),
     }
