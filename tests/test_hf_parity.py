@@ -49,7 +49,8 @@ def test_logits_and_greedy_tokens_match_transformers(family: str, tmp_path: Path
     hf = transformers.AutoModelForCausalLM.from_pretrained(str(tmp_path), dtype=torch.float32)
     hf.eval()
     loaded_cfg = config_from_hf(tmp_path)
-    ours = Model.from_tensors(loaded_cfg, load_tensors(tmp_path, loaded_cfg, torch.float32, "cpu"))
+    tensors = load_tensors(tmp_path, loaded_cfg, torch.float32, "cpu")
+    ours = Model.from_tensors(loaded_cfg, tensors, consume=True)  # as `specdash run` loads
 
     prompt = torch.randint(0, cfg.vocab_size, (12,), generator=torch.Generator().manual_seed(0))
     with torch.no_grad():
@@ -94,3 +95,17 @@ def test_sharded_checkpoint_loads_like_single_file(tmp_path: Path) -> None:
     _, b, _ = load_checkpoint(tmp_path / "sharded", torch.float32, "cpu")
     assert a.keys() == b.keys()
     assert all(torch.equal(a[n], b[n]) for n in a)
+
+
+def test_consuming_the_tensors_frees_each_layers_and_builds_the_same_model() -> None:
+    cfg = _config("qwen3_5")
+    tensors = _perturbed_tensors(cfg, seed=4)
+    kept = Model.from_tensors(cfg, dict(tensors))
+    consumed = Model.from_tensors(cfg, tensors, consume=True)
+    assert not [k for k in tensors if ".layers." in k] and tensors  # embed, final norm remain
+    prompt = torch.randint(0, cfg.vocab_size, (9,), generator=torch.Generator().manual_seed(1))
+    logits = [
+        m.forward(prompt, SeqState.empty(cfg, 16, torch.float32, torch.device("cpu")), "prefill")
+        for m in (kept, consumed)
+    ]
+    assert torch.equal(logits[0], logits[1])

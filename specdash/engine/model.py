@@ -146,8 +146,15 @@ class Model:
 
     @classmethod
     def from_tensors(
-        cls, cfg: ModelConfig, t: dict[str, Tensor], gemm: gemm_backends.GemmBackend | None = None
+        cls,
+        cfg: ModelConfig,
+        t: dict[str, Tensor],
+        gemm: gemm_backends.GemmBackend | None = None,
+        consume: bool = False,
     ) -> Model:
+        """`consume`: drop each layer's tensors from `t` once its fused copies exist, so the
+        unfused projections are freed layer by layer (the 27B shape's 51 GB of weights peaked
+        near 80 GB with every unfused copy alive: an H100 ran out)."""
         p = cfg.weight_prefix
         layers = []
         for i, lt in enumerate(cfg.layer_types):
@@ -180,6 +187,9 @@ class Model:
                     down=t[f"{lp}mlp.down_proj.weight"],
                 )
             )
+            if consume:
+                for key in [k for k in t if k.startswith(lp)]:
+                    del t[key]
         embed = t[f"{p}embed_tokens.weight"]
         lm_head = embed if cfg.tie_word_embeddings else t["lm_head.weight"]
         gemm = gemm or gemm_backends.resolve("auto", embed.device)
@@ -195,7 +205,8 @@ class Model:
         gemm: gemm_backends.GemmBackend | None = None,
     ) -> Model:
         """Random weights of `cfg` (a shape preset) built on `device`; for benchmarks."""
-        model = cls.from_tensors(cfg, random_tensors(cfg, seed, dtype, str(device)), gemm)
+        tensors = random_tensors(cfg, seed, dtype, str(device))
+        model = cls.from_tensors(cfg, tensors, gemm, consume=True)
         if device.type == "cuda":
             torch.cuda.empty_cache()  # the unfused copies are gone
         return model

@@ -99,7 +99,7 @@ def _load_one(
         raise CheckpointError(
             f"{path}: tokenizer has {tok.vocab_size} tokens but the model only {cfg.vocab_size}"
         )
-    return Model.from_tensors(cfg, tensors, gemm), tok, cfg.eos_token_ids
+    return Model.from_tensors(cfg, tensors, gemm, consume=True), tok, cfg.eos_token_ids
 
 
 def load_models(settings: SessionSettings) -> Loaded:
