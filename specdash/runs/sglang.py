@@ -283,8 +283,12 @@ def scheduler_entry(*args: Any, **kwargs: Any) -> Any:
 
 def first_rank(entry: Callable[..., Any], args: tuple, kwargs: dict[str, Any]) -> bool:
     """Whether a scheduler process (`entry(*args, **kwargs)`) is its engine's first: tensor,
-    pipeline and data parallel rank 0 (the releases' entries take different arguments)."""
-    bound = inspect.signature(entry).bind_partial(*args, **kwargs).arguments
+    pipeline and data parallel rank 0 (the releases' entries take different arguments). A call
+    that does not bind says no: without the turn an engine starts as SGLang's own would."""
+    try:
+        bound = inspect.signature(entry).bind_partial(*args, **kwargs).arguments
+    except TypeError:
+        return False
     return not any(bound.get(rank) for rank in ("tp_rank", "pp_rank", "dp_rank"))
 
 

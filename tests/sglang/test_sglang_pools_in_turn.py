@@ -87,10 +87,18 @@ print(json.dumps({
     "tp1": first_rank(run_scheduler_process, args(tp_rank=1), {}),
     "pp1": first_rank(run_scheduler_process, args(pp_rank=1), {}),
     "tp1_keyword": first_rank(run_scheduler_process, args()[:3], {"tp_rank": 1}),
+    "unbound": first_rank(run_scheduler_process, args() + (1, 2, 3, 4, 5), {}),
 }))
 """
 
 
 def test_only_an_engines_first_rank_takes_a_turn(run_each_sglang) -> None:
     r = json.loads(run_each_sglang(FIRST_RANK).stdout.splitlines()[-1])
-    assert r == {"first": True, "dp_none": True, "tp1": False, "pp1": False, "tp1_keyword": False}
+    assert r == {
+        "first": True,
+        "dp_none": True,
+        "tp1": False,
+        "pp1": False,
+        "tp1_keyword": False,
+        "unbound": False,
+    }
