@@ -30,6 +30,7 @@ class StandInEngine:
         self.kw = {k: v for k, v in kw.items() if k != "custom_sigquit_handler"}
         self.tokenizer_manager = type("TM", (), {"tokenizer": None})()
         self.rpcs = []
+        self.pool_turn = os.environ.get("SPECDASH_SGLANG_POOL_TURN")  # what its scheduler inherits
         StandInEngine.made += 1
         self.record = Path(os.environ["WORKDIR"]) / f"engine-{os.getpid()}-{self.made}.json"
 
@@ -53,6 +54,7 @@ class StandInEngine:
 
     def shutdown(self):
         state = {"kw": self.kw, "rpcs": self.rpcs, "shut": True, "pid": os.getpid()}
+        state["pool_turn"] = self.pool_turn
         self.record.write_text(json.dumps(state))
 
 

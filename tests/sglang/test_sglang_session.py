@@ -61,6 +61,11 @@ def test_session_events_from_a_stand_in_engine(run_sglang, tmp_path, shadow_mode
     spec_kw, shadow_kw = spec["kw"], shadow["kw"]
     assert (spec["pid"] == os.getpid()) is False  # the script's process, not pytest's
     assert (spec["pid"] != shadow["pid"]) is (shadow_mode == "split")
+    # started together, the two size their memory pools in turn (memory_pools_in_turn)
+    turn = spec["pool_turn"] if shadow_mode == "split" else None
+    assert spec["pool_turn"] == shadow["pool_turn"] == turn and (turn is None) is (
+        shadow_mode == "sequential"
+    )
     assert spec_kw["speculative_algorithm"] == "EAGLE3" and spec_kw["speculative_num_steps"] == 2
     assert spec_kw["enable_deterministic_inference"] and spec_kw["mamba_ssm_dtype"] == "float32"
     assert spec_kw["mem_fraction_static"] == 0.3  # --sglang-arg wins over the split default
