@@ -10,7 +10,7 @@ import struct
 import time
 from pathlib import Path
 
-from specdash.engine_patches import telemetry
+from specdash.engine_patches import memory_pools_in_turn, telemetry
 
 IDS = [[5, 6, 7, 8, 9], [1, 2, 3]]
 STEPS = [[(2, [6, 7, 8]), (0, [9])], [(1, [2, 3])]]  # (accepted drafts, emitted) per step
@@ -30,7 +30,7 @@ class StandInEngine:
         self.kw = {k: v for k, v in kw.items() if k != "custom_sigquit_handler"}
         self.tokenizer_manager = type("TM", (), {"tokenizer": None})()
         self.rpcs = []
-        self.pool_turn = os.environ.get("SPECDASH_SGLANG_POOL_TURN")  # what its scheduler inherits
+        self.pool_turn = os.environ.get(memory_pools_in_turn.TURN_ENV)  # its schedulers inherit it
         StandInEngine.made += 1
         self.record = Path(os.environ["WORKDIR"]) / f"engine-{os.getpid()}-{self.made}.json"
 

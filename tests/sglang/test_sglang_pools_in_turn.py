@@ -11,6 +11,8 @@ import sys
 import time
 from pathlib import Path
 
+from specdash.engine_patches import memory_pools_in_turn as turn
+
 REPO = Path(__file__).resolve().parents[2]
 
 ENGINE = """
@@ -34,7 +36,7 @@ print(json.dumps(times), flush=True)
 
 
 def start(lock: Path, hold_s: float, mode: str = "live") -> subprocess.Popen[str]:
-    env = {**os.environ, "SPECDASH_SGLANG_POOL_TURN": str(lock), "PYTHONPATH": str(REPO)}
+    env = {**os.environ, turn.TURN_ENV: str(lock), "PYTHONPATH": str(REPO)}
     argv = [sys.executable, "-c", ENGINE, str(hold_s), mode]
     return subprocess.Popen(argv, stdout=subprocess.PIPE, text=True, env=env)
 
@@ -64,9 +66,7 @@ def test_a_process_that_dies_in_its_turn_frees_it(tmp_path) -> None:
     assert after["measured"] - t0 < 30
 
 
-def test_without_the_variable_nothing_waits(tmp_path, monkeypatch) -> None:
-    from specdash.engine_patches import memory_pools_in_turn as turn
-
+def test_without_the_variable_nothing_waits(monkeypatch) -> None:
     monkeypatch.delenv(turn.TURN_ENV, raising=False)
     assert turn.take_turn() == 0.0 and turn._held is None
 
