@@ -250,11 +250,11 @@ def nvml_during(fn, ws, x, seconds: float = 2.0) -> dict:
 
 
 def without_pdl(fn, a: torch.Tensor, b: torch.Tensor, cfg: GemmConfig) -> torch.Tensor:
-    pdl.ENABLED = False
+    mode, pdl.MODE = pdl.MODE, pdl.OFF
     try:
         return fn(a, b, config=cfg)
     finally:
-        pdl.ENABLED = True
+        pdl.MODE = mode
 
 
 def main() -> None:

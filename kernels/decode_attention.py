@@ -209,7 +209,7 @@ def _attention_rows(
     lse_sum = torch.empty_like(m)
     acc = torch.empty((rows, hq, max_splits, d), device=dev, dtype=torch.float32)
     seq_lens = seq_lens.to(device=dev, dtype=torch.int32)
-    pdl_on = pdl.use_pdl(dev)
+    pdl_mode = pdl.use_pdl(dev)
     _split_kernel[(bsz * triton.cdiv(rows_per_seq, tile_rows), hkv, max_splits)](
         q,
         k_cache,
@@ -239,10 +239,10 @@ def _attention_rows(
         BLOCK_T=cfg.block_t,
         IEEE=q.dtype == torch.float32,
         HAS_CACHE_SLOTS=slots is not None,
-        PDL=pdl_on,
+        PDL=pdl_mode,
         num_warps=cfg.num_warps,
         num_stages=cfg.num_stages,
-        launch_pdl=pdl_on,
+        launch_pdl=pdl_mode > 0,
     )
     out = torch.empty_like(q)
     _merge_kernel[(rows, hq)](
@@ -257,8 +257,8 @@ def _attention_rows(
         HQ=hq,
         D=d,
         SPLIT=split_size,
-        PDL=pdl_on,
-        launch_pdl=pdl_on,
+        PDL=pdl_mode,
+        launch_pdl=pdl_mode > 0,
     )
     return out
 

@@ -67,7 +67,7 @@ def _gated(x: torch.Tensor, g: torch.Tensor, silu: bool) -> torch.Tensor:
         raise ValueError(f"x {tuple(x.shape)} and gate {tuple(g.shape)} do not pair up")
     m = x2.shape[0]
     out = torch.empty((m, n), device=x.device, dtype=x.dtype)
-    pdl_on = pdl.use_pdl(x.device)
+    pdl_mode = pdl.use_pdl(x.device)
     _gated_kernel[(m, triton.cdiv(n, _BLOCK))](
         x2,
         g,
@@ -79,9 +79,9 @@ def _gated(x: torch.Tensor, g: torch.Tensor, silu: bool) -> torch.Tensor:
         stride_gi,
         SILU=silu,
         BLOCK=_BLOCK,
-        PDL=pdl_on,
+        PDL=pdl_mode,
         num_warps=4,
-        launch_pdl=pdl_on,
+        launch_pdl=pdl_mode > 0,
     )
     return out.reshape(x.shape)
 
@@ -196,10 +196,10 @@ def _conv(
     seq = None
     if not in_place:
         seq = torch.empty((seqs, w - 1 + t // seqs, c), device=x.device, dtype=x.dtype)
-    pdl_on = pdl.use_pdl(x.device)
+    pdl_mode = pdl.use_pdl(x.device)
     _conv_kernel[(t, triton.cdiv(c, _BLOCK))](
         window, x, weight, out, window if seq is None else seq, window if slots is None else slots,
         c, t // seqs, x.stride(0), W=w, BLOCK=_BLOCK, HAS_WINDOW_SLOTS=slots is not None,
-        IN_PLACE=in_place, PDL=pdl_on, num_warps=4, launch_pdl=pdl_on,
+        IN_PLACE=in_place, PDL=pdl_mode, num_warps=4, launch_pdl=pdl_mode > 0,
     )  # fmt: skip
     return out, seq

@@ -171,7 +171,7 @@ def _launch(
     states = None
     if not in_place:
         states = torch.empty((bsz, t, hv, dk, dv), device=v.device, dtype=torch.float32)
-    pdl_on = pdl.use_pdl(v.device)
+    pdl_mode = pdl.use_pdl(v.device)
     _gdn_steps_kernel[(bsz * hv, dv // BLOCK_V)](
         q,
         k,
@@ -205,9 +205,9 @@ def _launch(
         BV=BLOCK_V,
         HAS_STATE_SLOTS=slots is not None,
         IN_PLACE=in_place,
-        PDL=pdl_on,
+        PDL=pdl_mode,
         num_warps=_NUM_WARPS,
-        launch_pdl=pdl_on,
+        launch_pdl=pdl_mode > 0,
     )
     return o, states
 

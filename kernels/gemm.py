@@ -25,7 +25,7 @@ from triton.tools.tensor_descriptor import TensorDescriptor
 
 from specdash.kernels import pdl
 from specdash.kernels.elementwise import sigmoid_gate_rows, swiglu_rows
-from specdash.kernels.pdl import let_successor_launch, start_after_predecessor
+from specdash.kernels.pdl import let_successor_launch, prefetch_rows_to_l2, wait_for_predecessor
 from specdash.kernels.rmsnorm import gated_rms_norm_rows
 
 BLOCK_M = 16
@@ -139,6 +139,7 @@ def _x_tile(
 def _gemm_kernel(
     x_src,
     w_src,
+    w_ptr,
     out_ptr,
     part_ptr,
     ticket_ptr,
@@ -163,6 +164,7 @@ def _gemm_kernel(
     HEAD: tl.constexpr,
     IEEE: tl.constexpr,
     PDL: tl.constexpr,
+    PREFETCH_BYTES: tl.constexpr,
 ):
     # M tiles vary fastest: the programs that read one weight tile for different rows run side
     # by side, so a batch of many rows streams the weight from DRAM about once (L2 serves the
@@ -174,7 +176,10 @@ def _gemm_kernel(
     offs_n = pid_n * BLOCK_N + tl.arange(0, BLOCK_N)
     offs_k = tl.arange(0, BLOCK_K)
     k_start = pid_s * K_PER_SPLIT
-    start_after_predecessor(PDL)
+    if PDL == 2:  # EARLY: launched while the row kernel before runs; the weight is ready now
+        w_rows = w_ptr + tl.minimum(offs_n, N - 1) * stride_wn + k_start
+        prefetch_rows_to_l2(w_rows, tl.full([BLOCK_N], PREFETCH_BYTES, tl.int32))
+    wait_for_predecessor(PDL)
     m_mask = offs_m[:, None] < M
     acc = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
     for kk in range(k_start, k_start + K_PER_SPLIT, BLOCK_K):
@@ -368,13 +373,16 @@ def launch(
     x_tma = cfg.tma and prologue is None
     x_src = TensorDescriptor.from_tensor(x, [BLOCK_M, cfg.block_k]) if x_tma else x
     w_src = TensorDescriptor.from_tensor(w, [cfg.block_n, cfg.block_k]) if cfg.tma else w
-    pdl_on = pdl.use_pdl(x.device)
+    pdl_mode = pdl.use_pdl(x.device)
+    prefetch = 0  # EARLY PDL: each weight row's first pipeline fill, prefetched while it waits
+    if pdl_mode == pdl.EARLY:
+        prefetch = min(cfg.num_stages * cfg.block_k, k // cfg.split_k) * w.element_size()
     _gemm_kernel[grid](
-        x_src, w_src, out, partials, tickets, p1, p2, m, n, k // cfg.split_k, x.stride(0), k,
+        x_src, w_src, w, out, partials, tickets, p1, p2, m, n, k // cfg.split_k, x.stride(0), k,
         *stride_p1, eps, BLOCK_M=BLOCK_M, BLOCK_N=cfg.block_n, BLOCK_K=cfg.block_k,
         SPLIT_K=cfg.split_k, EVEN_N=n % cfg.block_n == 0, X_TMA=x_tma, W_TMA=cfg.tma,
         PROLOGUE=0 if prologue is None else prologue.code, HEAD=head,
-        IEEE=x.dtype == torch.float32, PDL=pdl_on, num_warps=cfg.num_warps,
-        num_stages=cfg.num_stages, launch_pdl=pdl_on,
+        IEEE=x.dtype == torch.float32, PDL=pdl_mode, PREFETCH_BYTES=prefetch,
+        num_warps=cfg.num_warps, num_stages=cfg.num_stages, launch_pdl=pdl_mode > 0,
     )  # fmt: skip
     return out

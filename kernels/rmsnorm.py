@@ -104,7 +104,7 @@ def _launch(
     out = torch.empty(x.shape, device=x.device, dtype=out_dtype)
     res_out = None if residual is None else torch.empty_like(out)
     block = triton.next_power_of_2(n)
-    pdl_on = pdl.use_pdl(x.device)
+    pdl_mode = pdl.use_pdl(x.device)
     _rms_norm_kernel[(x.numel() // n,)](
         xv,
         rv,
@@ -124,9 +124,9 @@ def _launch(
         HAS_WEIGHT=weight is not None,
         ZERO_CENTRED=zero_centred,
         BLOCK=block,
-        PDL=pdl_on,
+        PDL=pdl_mode,
         num_warps=min(max(block // 512, 1), 16),  # a function of the row width only
-        launch_pdl=pdl_on,
+        launch_pdl=pdl_mode > 0,
     )
     return out, res_out
 

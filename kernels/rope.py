@@ -122,7 +122,7 @@ def qk_norm_rope_rows(
     if k_cache.stride(-1) != 1 or k_cache.stride(-2) != d or v_cache.stride() != k_cache.stride():
         raise ValueError("k/v caches need the [Hkv, cap, D] contiguous layout")
     q = torch.empty((t, num_heads, d), device=qkv.device, dtype=qkv.dtype)
-    pdl_on = pdl.use_pdl(qkv.device)
+    pdl_mode = pdl.use_pdl(qkv.device)
     _qk_norm_rope_kernel[(t, num_heads + num_kv_heads)](
         qkv,
         q_norm,
@@ -146,8 +146,8 @@ def qk_norm_rope_rows(
         Q_STRIDE=q_stride,
         ZERO_CENTRED=zero_centred,
         HAS_CACHE_SLOTS=slots is not None,
-        PDL=pdl_on,
+        PDL=pdl_mode,
         num_warps=1 if d <= 128 else 2,
-        launch_pdl=pdl_on,
+        launch_pdl=pdl_mode > 0,
     )
     return q

@@ -48,7 +48,7 @@ def _type(value: object) -> str:
 
 
 def offline_run(self: JITFunction, *args, grid, warmup, **kwargs):
-    name = self.fn.__name__ + (" (PDL)" if kwargs.get("launch_pdl") else "")
+    name = self.fn.__name__ + ("", " (PDL)", " (early PDL)")[kwargs.get("PDL", 0)]
     options = {k: kwargs.pop(k) for k in OPTIONS if k in kwargs}
     bound = dict(zip(self.arg_names[: len(args)], args, strict=True)) | kwargs
     signature, constexprs = {}, {}
@@ -70,8 +70,8 @@ def main() -> int:
     JITFunction.run = offline_run
     from specdash.kernels import pdl
 
-    for on in (False, True):  # plain launches, then with programmatic dependent launch
-        pdl.use_pdl = lambda device, on=on: on
+    for mode in (pdl.OFF, pdl.LATE, pdl.EARLY):  # plain launches, then each PDL mode
+        pdl.use_pdl = lambda device, mode=mode: mode
         launch_all()
     for name, result in sorted(compiled.items()):
         print(f"{name}: {result}")

@@ -127,15 +127,17 @@ def test_fast_verify_diverges_from_exact_on_cuda() -> None:
 )
 def test_pdl_launches_give_the_same_bits(monkeypatch) -> None:
     """With PDL a row kernel launches before its predecessor ends: a missing wait would read
-    stale inputs. Graphed exact speculation must agree bit for bit with PDL on and off."""
+    stale inputs, and EARLY launches GEMMs while a row kernel still runs. Graphed exact
+    speculation must agree bit for bit in every mode: EARLY, LATE and off."""
     target, draft = _model(0), _model(1, noise=0.05)
     runs = []
-    for on in (True, False):
-        monkeypatch.setattr(pdl, "ENABLED", on)
+    for mode in (pdl.EARLY, pdl.LATE, pdl.OFF):
+        monkeypatch.setattr(pdl, "MODE", mode)
         engine = Engine(target, lambda: ModelDrafter(draft), [])
-        assert pdl.use_pdl(target.device) is on
+        assert pdl.use_pdl(target.device) == mode
         runs.append(_decode_prompts(engine, 4, "exact", 4))
-    _same_bits(*runs)
+    _same_bits(runs[0], runs[1])
+    _same_bits(runs[0], runs[2])
 
 
 def test_chunked_prefill_on_cuda(monkeypatch) -> None:

@@ -1,5 +1,5 @@
 """The row kernels and the GEMM compile for a Hopper GPU (sm_90, cubin via ptxas) on this
-GPU-less machine, as launched plainly and with programmatic dependent launch.
+GPU-less machine, as launched plainly and in both programmatic dependent launch modes.
 
 The interpreter tests check arithmetic but never run Triton's GPU compiler, which rejects
 things the interpreter accepts (a loop variable re-bound with another type, say). This is the
@@ -26,4 +26,5 @@ def test_row_kernels_compile_for_sm90() -> None:
                "_gdn_steps_kernel", "_split_kernel", "_merge_kernel", "_gemm_kernel")  # fmt: skip
     for kernel in kernels:
         assert f"{kernel}: ok" in run.stdout
-        assert f"{kernel} (PDL): ok" in run.stdout  # programmatic dependent launch variant
+        assert f"{kernel} (PDL): ok" in run.stdout  # programmatic dependent launch variants
+        assert f"{kernel} (early PDL): ok" in run.stdout
