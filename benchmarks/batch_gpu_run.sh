@@ -4,7 +4,8 @@
 # (plain decode at 2k, and with PROFILE=1 a torch.profiler pass at B = 32); step `spec`:
 # bench_spec_gpu.py's single-sequence numbers (decode t/s, exact/fast, step profiles, verify/decode)
 # with SPEC_ARGS (default: no 128k prefill, 2k context only, a short spec envelope); step `attn`:
-# bench_prefill_attention.py (torch's flash attention vs specdash's Triton prefill kernel).
+# bench_prefill_attention.py (torch's flash attention vs specdash's Triton prefill kernel); step
+# `split`: the decode attention config sweep with SPLITS split sizes.
 # Needs pydantic (the settings models) from .carry/sglang, installed to /tmp/pyd (and FLA from
 # .carry/whl when there).
 # Usage on the GPU machine, from the repo root: [STEPS="tests bench"] bash benchmarks/batch_gpu_run.sh
@@ -47,5 +48,11 @@ if [[ " $STEPS " == *" attn "* ]]; then
   echo "== prefill attention $(date -u +%T)"
   timeout ${ATTN_TIMEOUT:-150} python3 benchmarks/bench_prefill_attention.py \
     --json "$OUT/prefill_attn.json" 2>&1 | grep --line-buffered -v Warning | tee "$OUT/prefill_attn.txt"
+fi
+if [[ " $STEPS " == *" split "* ]]; then
+  echo "== decode attention split sweep $(date -u +%T)"
+  timeout ${SPLIT_TIMEOUT:-200} python3 benchmarks/bench_attention_gdn.py --attention-sweep \
+    --splits ${SPLITS:-64,128,256} --json "$OUT/attn_sweep.json" 2>&1 | grep --line-buffered -v Warning \
+    | tail -60 > "$OUT/attn_sweep.txt"
 fi
 echo "== done $(date -u +%T)"

@@ -1,6 +1,6 @@
 """Decode attention and GDN step timings on the Qwen3.5-27B shapes, plus the decode == verify check.
 
-Attention: 24 q heads, 4 kv heads, head_dim 256, split 256; decode row vs a k=9 verify (10 rows
+Attention: 24 q heads, 4 kv heads, head_dim 256, pinned split; decode row vs a k=9 verify (10 rows
 issued as decode rows). GDN: 16 k-heads, 48 v-heads, 128 x 128 fp32 state; one decode step vs a
 10-token verify writing every step's state. Prefill: the torch chunked GDN (and FLA's, if it
 imports) at a few lengths. Times: median of do_bench (L2 flushed) and of CUDA-graph replays.
@@ -81,21 +81,24 @@ def attention_at(ctx: int) -> dict:
     }
 
 
-def attention_sweep(results: dict) -> None:
+def attention_sweep(results: dict, splits: list[int]) -> None:
     """Decode and verify graph times of each split-kernel config, to pick the pinned one."""
     import itertools
 
     from specdash.kernels import decode_attention as da
 
     rows = []
-    for tile_m, block_t, warps, stages in itertools.product((16, 32), (32, 64), (4, 8), (2, 3)):
-        da.CONFIG = da.AttentionConfig(block_t, tile_m, warps, stages)
+    configs = itertools.product(splits, (16, 32), (32, 64), (4, 8), (2, 3))
+    for split, tile_m, block_t, warps, stages in configs:
+        if split % block_t:
+            continue
+        da.CONFIG = da.AttentionConfig(split, block_t, tile_m, warps, stages)
         try:
             per_ctx = {ctx: attention_at(ctx) for ctx in (2048, 32768)}
         except Exception as exc:
             print("config", da.CONFIG, "failed:", str(exc)[:120], flush=True)
             continue
-        row = {"config": [block_t, tile_m, warps, stages]}
+        row = {"config": [split, block_t, tile_m, warps, stages]}
         for ctx, r in per_ctx.items():
             row[f"decode_{ctx}_us"] = r["decode_graph_us"]
             row[f"verify_{ctx}_us"] = r["verify10_graph_us"]
@@ -187,6 +190,7 @@ def main() -> None:
     ap = argparse.ArgumentParser()
     ap.add_argument("--json", default=None)
     ap.add_argument("--attention-sweep", action="store_true", help="only sweep attention configs")
+    ap.add_argument("--splits", default="256", help="split sizes the sweep tries (tokens)")
     args = ap.parse_args()
     results = {
         "info": {
@@ -198,7 +202,7 @@ def main() -> None:
         }
     }
     if args.attention_sweep:
-        attention_sweep(results)
+        attention_sweep(results, [int(s) for s in args.splits.split(",")])
     else:
         attention(results)
         gdn(results)

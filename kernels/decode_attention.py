@@ -34,6 +34,7 @@ class AttentionConfig:
     Chosen by benchmarks/bench_attention_gdn.py --attention-sweep on an H200 (docs/PERF.md).
     """
 
+    split: int = 256  # KV tokens per split (a multiple of block_t): sets decode's parallelism
     block_t: int = 64  # KV tokens per online-softmax block inside a split
     tile_m: int = 32  # MMA rows per program: GQA-group heads x rows of one sequence
     num_warps: int = 4
@@ -181,7 +182,7 @@ def _attention_rows(
     seq_lens: torch.Tensor,
     rows_per_seq: int,
     scale: float,
-    split_size: int,
+    split_size: int | None,
     slots: torch.Tensor | None = None,
 ) -> torch.Tensor:
     """Rows q[B*T,Hq,D] (T = rows_per_seq per sequence, sequence-major), row r over cache batch
@@ -196,6 +197,7 @@ def _attention_rows(
     if d & (d - 1) or d < 16:
         raise ValueError(f"head_dim {d} must be a power of two >= 16")
     cfg = CONFIG
+    split_size = split_size or cfg.split
     if split_size % cfg.block_t:
         raise ValueError(f"split_size {split_size} must be a multiple of {cfg.block_t}")
     if q.stride(-1) != 1 or k_cache.stride(-1) != 1 or v_cache.stride(-1) != 1:
@@ -269,7 +271,7 @@ def decode_attention(
     v_cache: torch.Tensor,
     seq_lens: torch.Tensor,
     scale: float,
-    split_size: int = 256,
+    split_size: int | None = None,
 ) -> torch.Tensor:
     """One decode row per sequence: q[B,Hq,D] over k/v_cache[B,Hkv,Lmax,D][:, :, :seq_lens[b]].
 
@@ -284,7 +286,7 @@ def verify_as_decode_rows(
     v_cache: torch.Tensor,
     seq_lens_before: torch.Tensor,
     scale: float,
-    split_size: int = 256,
+    split_size: int | None = None,
     slots: torch.Tensor | None = None,
 ) -> torch.Tensor:
     """Verify attention q[B,T,Hq,D] as B*T decode rows of lengths L+1, ..., L+T.
