@@ -61,3 +61,15 @@ def test_spec_after_chunked_prefill_equals_its_shadow(monkeypatch) -> None:
                 engine.spec_step(seq, 4, "exact", 24)
         assert seq.diverged_at is None and seq.compared == len(seq.ids) == 24
         engine.release(seq)
+
+
+def test_a_prefilled_state_keeps_no_chunk_buffer_alive() -> None:
+    """After prefill each GDN layer's conv window and state own their storage: a view into the
+    chunk's conv sequence (T + 3 rows) would pin that buffer per layer (16 GB at a 16k chunk of
+    the 27B shape, which ran an 80 GB H100 out of memory at 128k)."""
+    m = _model(0)
+    _, state = _prefill(m, list(range(40)))
+    assert state.gdn
+    for g in state.gdn.values():
+        for t in (g.conv, g.ssm):
+            assert t.untyped_storage().nbytes() == t.numel() * t.element_size()

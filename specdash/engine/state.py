@@ -82,12 +82,16 @@ class SeqState:
             self.position.fill_(length)
 
     def store_gdn(self, i: int, conv: Tensor, ssm: Tensor) -> None:
+        """Keep layer i's conv window and recurrent state. They arrive as views of bigger
+        buffers (a prefill chunk's whole conv sequence, every verify step's state), so they are
+        copied out: a kept view would pin its buffer for the state's life (16 GB over the 48 GDN
+        layers after one 16k-token chunk at the 27B shape)."""
         st = self.gdn[i]
         if self.in_place:
             st.conv.copy_(conv)
             st.ssm.copy_(ssm)
         else:
-            st.conv, st.ssm = conv, ssm
+            st.conv, st.ssm = conv.clone(), ssm.clone()
 
     def reset(self) -> None:
         """Empty again, keeping the buffers (and so any CUDA graph captured on them)."""
