@@ -7,9 +7,9 @@ the next kernel may launch once every program of this one has signalled
 ``griddepcontrol.wait`` returns, which is after the previous grid completed and its memory is
 visible. The arithmetic is unchanged, so are the bits. Two modes:
 
-* ``LATE`` (default): the GEMM signals after its K loop, so the next kernel launches while the
-  GEMM's epilogue runs; row kernels do not signal.
-* ``EARLY``: in addition, each row kernel signals as soon as its own wait returns, so the GEMM
+* ``LATE``: the GEMM signals after its K loop, so the next kernel launches while the GEMM's
+  epilogue runs; row kernels do not signal.
+* ``EARLY`` (default): in addition, each row kernel signals as soon as its wait returns, so the GEMM
   after it launches while it runs and, before waiting, prefetches the first K tiles of its
   weight (never written by a predecessor) into L2: the weight stream's ramp overlaps the row
   kernel instead of following it.
@@ -19,10 +19,11 @@ kernel n+1's wait returns only after kernel n completed, which itself waited for
 torch kernel in between never signals, so the next kernel waits for it in full. A row kernel
 signals only after its wait, so at most one kernel runs ahead of the one that is working.
 
-Measured on an H200 (docs/PERF.md): LATE +1-2 % on back-to-back GEMMs, within noise on the whole
-decode step. Signalling at every kernel's start, GEMMs included (the next kernel's programs then
-sit resident beside the GEMM's), cost 6-12 %, with or without the L2 prefetch.
-``SPECDASH_PDL=0`` turns it off, ``SPECDASH_PDL=early`` selects EARLY.
+Measured (docs/PERF.md): LATE +1-2 % on back-to-back GEMMs and within noise on the whole decode
+step (H200); EARLY +0.9 % over LATE on the 27B-shape decode step (H100, same run). Signalling at
+every kernel's start, GEMMs included (the next kernel's programs then sit resident beside the
+GEMM's), cost 6-12 %, with or without the L2 prefetch (H200).
+``SPECDASH_PDL=0`` turns it off, ``SPECDASH_PDL=late`` selects LATE.
 """
 
 from __future__ import annotations
@@ -36,7 +37,7 @@ import triton.language as tl
 from triton.language.extra.cuda import gdc_launch_dependents, gdc_wait
 
 OFF, LATE, EARLY = 0, 1, 2
-MODE = {"0": OFF, "early": EARLY}.get(os.environ.get("SPECDASH_PDL", "1"), LATE)
+MODE = {"0": OFF, "late": LATE}.get(os.environ.get("SPECDASH_PDL", ""), EARLY)
 
 
 @cache
