@@ -45,7 +45,7 @@ from specdash.engine.graphs import CapturedForward
 from specdash.engine.model import PREFILL_CHUNK, Model
 from specdash.engine.rows import PrefillRows, TritonPrefillRows
 from specdash.engine.state import SeqState
-from specdash.kernels import pdl
+from specdash.kernels import gemm, pdl
 
 
 class GpmSampler(threading.Thread):
@@ -249,24 +249,26 @@ def main() -> int:
     # each on its own engine, so each captures its own graphs
     exact_gemm, cublas = model.gemm, gemm_backends.resolve("cublas", dev)
     fused = gemm_backends.resolve("triton-fused", dev)
-    variants = {  # name: (backend, mode, PDL mode)
-        "exact/triton": (exact_gemm, "exact", pdl.MODE),
-        "exact/triton, late PDL": (exact_gemm, "exact", pdl.LATE),  # no weight prefetch
-        "exact/triton-fused": (fused, "exact", pdl.MODE),  # row ops in the GEMMs' operand loads
-        "exact/triton, no PDL": (exact_gemm, "exact", pdl.OFF),
-        "fast/cublas": (cublas, "fast", pdl.MODE),
+    variants = {  # name: (backend, mode, PDL mode, pipeline fills of weights prefetched)
+        "exact/triton": (exact_gemm, "exact", pdl.MODE, gemm.PREFETCH_FILLS),
+        "exact/triton, 2 fills prefetched": (exact_gemm, "exact", pdl.EARLY, 2),
+        "exact/triton, 4 fills prefetched": (exact_gemm, "exact", pdl.EARLY, 4),
+        "exact/triton, late PDL": (exact_gemm, "exact", pdl.LATE, 0),  # no weight prefetch
+        "exact/triton-fused": (fused, "exact", pdl.MODE, gemm.PREFETCH_FILLS),  # row ops in loads
+        "exact/triton, no PDL": (exact_gemm, "exact", pdl.OFF, 0),
+        "fast/cublas": (cublas, "fast", pdl.MODE, gemm.PREFETCH_FILLS),
     }
-    shipped_pdl = pdl.MODE
+    shipped = pdl.MODE, gemm.PREFETCH_FILLS
     engines = {name: Engine(model, plain.make_drafter, []) for name in variants}
     ratio_prompt, runs = rand_prompt(2048), {name: [] for name in variants}
     outputs: dict[str, tuple[list[int], list[float]]] = {}
     for _ in range(3):
-        for name, (backend, mode, on) in variants.items():
-            model.gemm, pdl.MODE = backend, on
+        for name, (backend, mode, pdl_mode, fills) in variants.items():
+            model.gemm, pdl.MODE, gemm.PREFETCH_FILLS = backend, pdl_mode, fills
             ids, lps, tps = plain_decode(engines[name], ratio_prompt, args.decode_tokens, mode=mode)
             runs[name].append(tps)
             outputs.setdefault(name, (ids, lps))
-    model.gemm, pdl.MODE = exact_gemm, shipped_pdl
+    model.gemm, (pdl.MODE, gemm.PREFETCH_FILLS) = exact_gemm, shipped
     engines = None
     med = {name: statistics.median(r) for name, r in runs.items()}
     exact_names = [n for n in variants if n.startswith("exact")]
@@ -276,6 +278,9 @@ def main() -> int:
         "ratio": med["exact/triton"] / med["fast/cublas"],
         "pdl_on_over_off": med["exact/triton"] / med["exact/triton, no PDL"],
         "shipped_over_late_pdl": med["exact/triton"] / med["exact/triton, late PDL"],
+        "prefetch_2_4_fills_over_shipped": [
+            med[f"exact/triton, {n} fills prefetched"] / med["exact/triton"] for n in (2, 4)
+        ],
         "fused_over_unfused": med["exact/triton-fused"] / med["exact/triton"],
         "same_ids_and_logprob_bits_as_shipped": {
             n: outputs[n][0] == outputs["exact/triton"][0]

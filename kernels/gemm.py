@@ -58,6 +58,10 @@ TUNED_BF16: dict[tuple[int, int], GemmConfig] = {
     (248320, 5120): GemmConfig(128, 128, 1, num_warps=4, num_stages=4),  # lm_head
 }
 
+PREFETCH_FILLS = 1
+"""EARLY PDL: how many pipeline fills (num_stages x block_k columns) of each weight row a GEMM
+prefetches into L2 while the row kernel before it runs (bench_spec_gpu.py compares others)."""
+
 # Below this many output tiles, K is split so that about this many programs stream the weight
 # (the sweep found no split worth it above ~80 tiles on 132 SMs).
 _MIN_PROGRAMS = 64
@@ -376,7 +380,8 @@ def launch(
     pdl_mode = pdl.use_pdl(x.device)
     prefetch = 0  # EARLY PDL: each weight row's first pipeline fill, prefetched while it waits
     if pdl_mode == pdl.EARLY:
-        prefetch = min(cfg.num_stages * cfg.block_k, k // cfg.split_k) * w.element_size()
+        fill = PREFETCH_FILLS * cfg.num_stages * cfg.block_k
+        prefetch = min(fill, k // cfg.split_k) * w.element_size()
     _gemm_kernel[grid](
         x_src, w_src, w, out, partials, tickets, p1, p2, m, n, k // cfg.split_k, x.stride(0), k,
         *stride_p1, eps, BLOCK_M=BLOCK_M, BLOCK_N=cfg.block_n, BLOCK_K=cfg.block_k,
