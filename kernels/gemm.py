@@ -60,7 +60,9 @@ TUNED_BF16: dict[tuple[int, int], GemmConfig] = {
 
 PREFETCH_FILLS = 1
 """EARLY PDL: how many pipeline fills (num_stages x block_k columns) of each weight row a GEMM
-prefetches into L2 while the row kernel before it runs (bench_spec_gpu.py compares others)."""
+prefetches into L2 while the row kernel before it runs. One is best: two gave 0.97x and four
+0.92x the decode rate on an H100, the longer prefetch competing with the GEMM's own stream
+(bench_spec_gpu.py, docs/PERF.md)."""
 
 # Below this many output tiles, K is split so that about this many programs stream the weight
 # (the sweep found no split worth it above ~80 tiles on 132 SMs).
