@@ -9,10 +9,10 @@ visible. The arithmetic is unchanged, so are the bits. Two modes:
 
 * ``LATE``: the GEMM signals after its K loop, so the next kernel launches while the GEMM's
   epilogue runs; row kernels do not signal.
-* ``EARLY`` (default): in addition, each row kernel signals as soon as its wait returns, so the GEMM
-  after it launches while it runs and, before waiting, prefetches the first K tiles of its
-  weight (never written by a predecessor) into L2: the weight stream's ramp overlaps the row
-  kernel instead of following it.
+* ``EARLY`` (default): in addition, each row kernel signals as soon as its wait returns, so
+  the GEMM after it launches while it runs and, before waiting, prefetches its first pipeline
+  fill of weights (never written by a predecessor) into L2 (`gemm.PREFETCH_FILLS`): the weight
+  stream's ramp overlaps the row kernel instead of following it.
 
 Every kernel waits before its first load or store of activations, so ordering is transitive:
 kernel n+1's wait returns only after kernel n completed, which itself waited for kernel n-1. A
@@ -20,9 +20,9 @@ torch kernel in between never signals, so the next kernel waits for it in full. 
 signals only after its wait, so at most one kernel runs ahead of the one that is working.
 
 Measured (docs/PERF.md): LATE +1-2 % on back-to-back GEMMs and within noise on the whole decode
-step (H200); EARLY +0.9 % over LATE on the 27B-shape decode step (H100, same run). Signalling at
-every kernel's start, GEMMs included (the next kernel's programs then sit resident beside the
-GEMM's), cost 6-12 %, with or without the L2 prefetch (H200).
+step (H200); EARLY +0.75-0.9 % over LATE on the 27B-shape decode step (H100, three runs, each
+side by side). Signalling at every kernel's start, GEMMs included (the next kernel's programs
+then sit resident beside the GEMM's), cost 6-12 %, with or without the L2 prefetch (H200).
 ``SPECDASH_PDL=0`` turns it off, ``SPECDASH_PDL=late`` selects LATE.
 """
 
