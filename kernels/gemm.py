@@ -182,7 +182,7 @@ def _gemm_kernel(
     offs_n = pid_n * BLOCK_N + tl.arange(0, BLOCK_N)
     offs_k = tl.arange(0, BLOCK_K)
     k_start = pid_s * K_PER_SPLIT
-    if PDL == 2:  # EARLY: launched while the row kernel before runs; the weight is ready now
+    if PREFETCH_BYTES:  # EARLY PDL: launched while the row kernel before runs; weights are ready
         w_rows = w_ptr + tl.minimum(offs_n, N - 1) * stride_wn + k_start
         prefetch_rows_to_l2(w_rows, tl.full([BLOCK_N], PREFETCH_BYTES, tl.int32))
     wait_for_predecessor(PDL)
