@@ -98,6 +98,33 @@ def sigmoid_gate_rows(x: torch.Tensor, gate: torch.Tensor) -> torch.Tensor:
     return _gated(x, gate, silu=False)
 
 
+@triton.jit
+def conv_silu_row(win, x_row, w_ptr, ch, C, W: tl.constexpr, N: tl.constexpr):
+    """One kept row's causal conv + SiLU at channels ch [N]: the window's W-1 rows then x_row,
+    taps in ascending order in fp32 and rounded to x's dtype, as `_conv_kernel` computes and
+    stores it, so a kernel that fuses the conv reads the same bits. Returned in fp32."""
+    acc = tl.zeros((N,), dtype=tl.float32)
+    for j in tl.static_range(W):
+        if j < W - 1:  # noqa: SIM108 (a constexpr branch inside a Triton kernel)
+            val = tl.load(win + j * C + ch)
+        else:
+            val = tl.load(x_row + ch)
+        acc += val.to(tl.float32) * tl.load(w_ptr + ch * W + j).to(tl.float32)
+    return _silu(acc).to(x_row.dtype.element_ty).to(tl.float32)
+
+
+@triton.jit
+def shift_window(win, x_row, ch, C, W: tl.constexpr, mask):
+    """Move a conv window on by the kept row x_row at channels ch: each lane loads a row before
+    it stores over it, so no other program may still read these channels."""
+    for r in tl.static_range(W - 1):
+        if r + 1 < W - 1:  # noqa: SIM108 (a constexpr branch inside a Triton kernel)
+            nxt = tl.load(win + (r + 1) * C + ch, mask=mask)
+        else:
+            nxt = tl.load(x_row + ch, mask=mask)
+        tl.store(win + r * C + ch, nxt, mask=mask)
+
+
 @triton.jit(do_not_specialize=["rows_per_seq"])
 def _conv_kernel(
     win_ptr,
@@ -137,15 +164,10 @@ def _conv_kernel(
         tap = tl.load(w_ptr + offs * W + j, mask=mask, other=0.0)
         acc += val.to(tl.float32) * tap.to(tl.float32)
     tl.store(out_ptr + row * C + offs, _silu(acc).to(out_ptr.dtype.element_ty), mask=mask)
-    x_t = tl.load(x_seq + t * stride_x + offs, mask=mask, other=0.0)
-    if IN_PLACE:  # one row, kept: the window moves on by it (each lane loads before it stores)
-        for r in tl.static_range(W - 1):
-            if r + 1 < W - 1:  # noqa: SIM108 (a constexpr branch inside a Triton kernel)
-                nxt = tl.load(win + (r + 1) * C + offs, mask=mask)
-            else:
-                nxt = x_t
-            tl.store(win + r * C + offs, nxt, mask=mask)
+    if IN_PLACE:  # one row, kept: the window moves on by it
+        shift_window(win, x_seq, offs, C, W, mask)
     else:
+        x_t = tl.load(x_seq + t * stride_x + offs, mask=mask, other=0.0)
         tl.store(seq_out + (t + W - 1) * C + offs, x_t, mask=mask)
         if t == 0:
             for r in tl.static_range(W - 1):

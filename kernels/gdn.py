@@ -18,7 +18,9 @@ import triton
 import triton.language as tl
 
 from specdash.kernels import pdl
+from specdash.kernels.elementwise import conv_silu_row, shift_window
 from specdash.kernels.pdl import start_after_predecessor
+from specdash.kernels.tickets import counters
 
 BLOCK_V = 32  # pinned: the state tile per program, [Dk, BLOCK_V]
 _NUM_WARPS = 4  # pinned
@@ -38,8 +40,12 @@ def _gdn_steps_kernel(
     slot_ptr,
     o_ptr,
     hs_ptr,
+    win_ptr,
+    conv_w_ptr,
+    ticket_ptr,
     T,
     HV,
+    C,
     stride_qb,
     stride_qt,
     stride_kb,
@@ -59,6 +65,7 @@ def _gdn_steps_kernel(
     BV: tl.constexpr,
     HAS_STATE_SLOTS: tl.constexpr,
     IN_PLACE: tl.constexpr,
+    CONV_W: tl.constexpr,
     PDL: tl.constexpr,
 ):
     start_after_predecessor(PDL)
@@ -72,18 +79,29 @@ def _gdn_steps_kernel(
     tile = offs_k[:, None] * DV + offs_v[None, :]
     # with a pool, sequence b's state is slot slots[b]
     if HAS_STATE_SLOTS:  # noqa: SIM108 (a constexpr branch inside a Triton kernel)
-        h0_at = tl.load(slot_ptr + b).to(tl.int64) * HV + hv
+        seq_at = tl.load(slot_ptr + b).to(tl.int64)
     else:
-        h0_at = pid_bh.to(tl.int64)
+        seq_at = b.to(tl.int64)
+    h0_at = seq_at * HV + hv
     h = tl.load(h0_ptr + h0_at * DK * DV + tile)
+    # with CONV_W, q/k/v are the causal conv + SiLU of the raw in_proj row at q_ptr (T == 1)
+    key_dim = HV // V_PER_K * DK
+    ch_q, ch_v = hk * DK + offs_k, 2 * key_dim + hv * DV + offs_v
+    win = win_ptr + seq_at * (CONV_W - 1) * C
     neg_a = -tl.exp(tl.load(a_log_ptr + hv).to(tl.float32))
     dt_bias = tl.load(dt_bias_ptr + hv).to(tl.float32)
     hs_step = HV * DK * DV
     hs_ptrs = hs_ptr + (b.to(tl.int64) * T * HV + hv) * DK * DV + tile
     for t in range(T):
-        q = tl.load(q_ptr + b * stride_qb + t * stride_qt + hk * DK + offs_k).to(tl.float32)
-        k = tl.load(k_ptr + b * stride_kb + t * stride_kt + hk * DK + offs_k).to(tl.float32)
-        v = tl.load(v_ptr + b * stride_vb + t * stride_vt + hv * DV + offs_v).to(tl.float32)
+        if CONV_W:
+            x_row = q_ptr + b * stride_qb
+            q = conv_silu_row(win, x_row, conv_w_ptr, ch_q, C, CONV_W, DK)
+            k = conv_silu_row(win, x_row, conv_w_ptr, key_dim + ch_q, C, CONV_W, DK)
+            v = conv_silu_row(win, x_row, conv_w_ptr, ch_v, C, CONV_W, BV)
+        else:
+            q = tl.load(q_ptr + b * stride_qb + t * stride_qt + hk * DK + offs_k).to(tl.float32)
+            k = tl.load(k_ptr + b * stride_kb + t * stride_kt + hk * DK + offs_k).to(tl.float32)
+            v = tl.load(v_ptr + b * stride_vb + t * stride_vt + hv * DV + offs_v).to(tl.float32)
         a = tl.load(a_ptr + b * stride_ab + t * stride_at + hv).to(tl.float32) + dt_bias
         beta_in = tl.load(b_ptr + b * stride_bb + t * stride_bt + hv).to(tl.float32)
         q = q / tl.sqrt(tl.sum(q * q) + 1e-6) * scale
@@ -102,6 +120,16 @@ def _gdn_steps_kernel(
             hs_ptrs += hs_step
     if IN_PLACE:  # every token kept: only the last state, back where it came from
         tl.store(h0_ptr + h0_at * DK * DV + tile, h)
+    if CONV_W:  # the conv window moves on by the row
+        x_row = q_ptr + b * stride_qb
+        shift_window(win, x_row, ch_v, C, CONV_W, offs_v < DV)  # v: this program's alone
+        # q and k are read by every program of key head hk: the last one to finish moves them
+        tl.debug_barrier()  # every thread's window loads are done before the ticket is taken
+        ticket_at = ticket_ptr + b * (HV // V_PER_K) + hk
+        if tl.atomic_add(ticket_at, 1, sem="acq_rel") == V_PER_K * (DV // BV) - 1:
+            shift_window(win, x_row, ch_q, C, CONV_W, offs_k < DK)
+            shift_window(win, x_row, key_dim + ch_q, C, CONV_W, offs_k < DK)
+            tl.atomic_xchg(ticket_at, 0)  # ready for the next launch (and CUDA graph replays)
 
 
 def gdn_verify_steps(
@@ -145,10 +173,51 @@ def gdn_steps_in_place(
     return _launch((q, k, v, a, b, A_log, dt_bias, state), slots, in_place=True)[0]
 
 
+def conv_gdn_steps_in_place(
+    qkv: torch.Tensor,
+    a: torch.Tensor,
+    b: torch.Tensor,
+    conv_weight: torch.Tensor,
+    A_log: torch.Tensor,
+    dt_bias: torch.Tensor,
+    window: torch.Tensor,
+    state: torch.Tensor,
+    slots: torch.Tensor | None = None,
+) -> torch.Tensor:
+    """A decode row's causal conv + SiLU and recurrent step in one launch: qkv [B, C] the raw
+    in_proj rows (q | k | v before the conv), a, b [B, HV], conv_weight [C, W], window
+    [S, W-1, C] and state [S, HV, Dk, Dv] (S = B without `slots`), both moved on in place.
+
+    Each program computes the conv of the channels it reads with `causal_conv_silu_rows`'
+    arithmetic and rounding, so o, the state and the window are bit for bit those of that
+    kernel followed by `gdn_steps_in_place`, one launch fewer per GDN layer (48 per decode step
+    on the 27B shape). Returns o [B, HV, Dv]."""
+    bsz, c = qkv.shape
+    hv, dk, dv = state.shape[1:]
+    key_dim = (c - hv * dv) // 2
+    w = conv_weight.shape[1]
+    n_states = bsz if slots is None else state.shape[0]
+    if key_dim % dk or conv_weight.shape[0] != c or window.shape != (n_states, w - 1, c):
+        shapes = f"qkv {tuple(qkv.shape)}, conv {tuple(conv_weight.shape)}, state {state.shape}"
+        raise ValueError(f"conv and state shapes disagree: {shapes}, window {window.shape}")
+    if qkv.stride(-1) != 1 or not window.is_contiguous():
+        raise ValueError("need qkv rows with contiguous channels and a contiguous window")
+    h = key_dim // dk
+    q, k, v = qkv.split([key_dim, key_dim, hv * dv], dim=-1)
+    views = (q.view(bsz, 1, h, dk), k.view(bsz, 1, h, dk), v.view(bsz, 1, hv, dv))
+    conv = (qkv, window, conv_weight.contiguous())
+    inputs = (*views, a[:, None], b[:, None], A_log, dt_bias, state)
+    return _launch(inputs, slots, in_place=True, conv=conv)[0][:, 0]
+
+
 def _launch(
-    inputs: tuple[torch.Tensor, ...], slots: torch.Tensor | None, in_place: bool
+    inputs: tuple[torch.Tensor, ...],
+    slots: torch.Tensor | None,
+    in_place: bool,
+    conv: tuple[torch.Tensor, torch.Tensor, torch.Tensor] | None = None,
 ) -> tuple[torch.Tensor, torch.Tensor | None]:
-    """Both public functions' launch: `inputs` = (q, k, v, a, b, A_log, dt_bias, state)."""
+    """The public functions' launch: `inputs` = (q, k, v, a, b, A_log, dt_bias, state); with
+    `conv` = (raw qkv rows, window, conv weight), q/k/v only give the shapes."""
     q, k, v, a, b, A_log, dt_bias, state = inputs
     bsz, t, h, dk = q.shape
     hv, dv = v.shape[2], v.shape[3]
@@ -171,6 +240,10 @@ def _launch(
     states = None
     if not in_place:
         states = torch.empty((bsz, t, hv, dk, dv), device=v.device, dtype=torch.float32)
+    win = conv_w = tickets = state  # unused pointers without a fused conv
+    if conv is not None:
+        q, win, conv_w = conv  # the kernel reads the raw rows at q
+        tickets = counters("gdn-conv", v.device, bsz * h)
     pdl_mode = pdl.use_pdl(v.device)
     _gdn_steps_kernel[(bsz * hv, dv // BLOCK_V)](
         q,
@@ -184,8 +257,12 @@ def _launch(
         state if slots is None else slots,
         o,
         state if states is None else states,
+        win,
+        conv_w,
+        tickets,
         t,
         hv,
+        q.shape[-1] if conv is not None else 0,
         q.stride(0),
         q.stride(1),
         k.stride(0),
@@ -205,6 +282,7 @@ def _launch(
         BV=BLOCK_V,
         HAS_STATE_SLOTS=slots is not None,
         IN_PLACE=in_place,
+        CONV_W=0 if conv is None else conv[2].shape[1],
         PDL=pdl_mode,
         num_warps=_NUM_WARPS,
         launch_pdl=pdl_mode > 0,

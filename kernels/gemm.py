@@ -27,6 +27,7 @@ from specdash.kernels import pdl
 from specdash.kernels.elementwise import sigmoid_gate_rows, swiglu_rows
 from specdash.kernels.pdl import let_successor_launch, prefetch_rows_to_l2, wait_for_predecessor
 from specdash.kernels.rmsnorm import gated_rms_norm_rows
+from specdash.kernels.tickets import counters
 
 BLOCK_M = 16
 _SUPPORTED_DTYPES = (torch.bfloat16, torch.float16, torch.float32)
@@ -225,21 +226,6 @@ def _gemm_kernel(
             tl.atomic_xchg(ticket_at, 0)  # ready for the next launch (and CUDA graph replays)
 
 
-_tickets: dict[torch.device, torch.Tensor] = {}
-
-
-def _ticket_counters(device: torch.device, count: int) -> torch.Tensor:
-    """Zeroed int32 counters, one per output tile; the kernel leaves them zero again.
-
-    Cached per device so that a CUDA graph captured after a warm-up call allocates nothing.
-    """
-    buf = _tickets.get(device)
-    if buf is None or buf.numel() < count:
-        buf = torch.zeros(max(count, 1 << 14), device=device, dtype=torch.int32)
-        _tickets[device] = buf
-    return buf
-
-
 @dataclass(frozen=True)
 class SwiGLU:
     """The operand is `silu(gate) * up` of x = [gate | up] rows [M, 2K]: `swiglu_rows` inside
@@ -375,7 +361,7 @@ def launch(
         partials, tickets = out, out  # unused
     else:
         partials = torch.empty((cfg.split_k, m, n), device=x.device, dtype=torch.float32)
-        tickets = _ticket_counters(x.device, grid[0] * grid[1])
+        tickets = counters("gemm", x.device, grid[0] * grid[1])
     x_tma = cfg.tma and prologue is None
     x_src = TensorDescriptor.from_tensor(x, [BLOCK_M, cfg.block_k]) if x_tma else x
     w_src = TensorDescriptor.from_tensor(w, [cfg.block_n, cfg.block_k]) if cfg.tma else w

@@ -88,7 +88,11 @@ def launch_all() -> None:
         sigmoid_gate_rows,
         swiglu_rows,
     )
-    from specdash.kernels.gdn import gdn_steps_in_place, gdn_verify_steps
+    from specdash.kernels.gdn import (
+        conv_gdn_steps_in_place,
+        gdn_steps_in_place,
+        gdn_verify_steps,
+    )
     from specdash.kernels.gemm import GemmConfig
     from specdash.kernels.rmsnorm import add_rms_norm_rows, gated_rms_norm_rows, rms_norm_rows
     from specdash.kernels.rope import qk_norm_rope_rows
@@ -124,6 +128,12 @@ def launch_all() -> None:
             torch.randn(hv),
             torch.zeros(1, hv, dk, dv),
         )
+    c = 2 * h * dk + hv * dv  # the conv fused into the in-place step, on pool slots
+    conv_gdn_steps_in_place(
+        torch.randn(2, c, dtype=bf), torch.randn(2, hv, dtype=bf), torch.randn(2, hv, dtype=bf),
+        torch.randn(c, 4, dtype=bf), torch.randn(hv), torch.randn(hv),
+        torch.randn(3, 3, c, dtype=bf), torch.zeros(3, hv, dk, dv), slots=torch.tensor([2, 0]),
+    )  # fmt: skip
     # the GEMM wrapper refuses a CPU device outside the interpreter: call its launch, for a
     # pointer-load config and a TMA one with split-K, plain and with each prologue
     wt = torch.randn(192, 512, dtype=bf)

@@ -8,7 +8,9 @@ import pytest
 import torch
 import torch.nn.functional as F
 
+from specdash.kernels.elementwise import causal_conv_silu_in_place
 from specdash.kernels.gdn import (
+    conv_gdn_steps_in_place,
     gdn_chunked_prefill,
     gdn_recurrent_step,
     gdn_steps_in_place,
@@ -103,6 +105,40 @@ def test_in_place_steps_store_the_last_state_into_its_slot(t: int) -> None:
     assert torch.equal(o_in_place, o) and torch.equal(pool, want)
 
 
+def _conv_gdn_check(b, h, hv, dk, dv, device, steps=3):
+    """The fused conv + GDN decode launch against the two launches it replaces, `steps` decode
+    rows in a row on pool slots: o, the moved window and the state, bit for bit."""
+    g = torch.Generator().manual_seed(1)
+    c, w = 2 * h * dk + hv * dv, 4
+
+    def r(*shape, dtype=torch.bfloat16):
+        return torch.randn(*shape, generator=g).to(device, dtype)
+
+    conv_w, a_log, dt_bias = r(c, w), r(hv, dtype=torch.float32), r(hv, dtype=torch.float32)
+    slots = torch.arange(b, device=device).flip(0) * 2  # in a pool of 2b slots, out of order
+    windows, states = r(2 * b, w - 1, c), r(2 * b, hv, dk, dv, dtype=torch.float32)
+    fused_win, fused_state = windows.clone(), states.clone()
+    for step in range(steps):
+        proj = r(b, c + 2 * hv)  # in_proj rows: raw q | k | v, then a, b as strided views
+        qkv, aa, bb = proj.split([c, hv, hv], dim=-1)
+        mixed = causal_conv_silu_in_place(windows, qkv, conv_w, slots)
+        q, k, v = mixed.split([h * dk, h * dk, hv * dv], dim=-1)
+        qkvab = (q.view(b, 1, h, dk), k.view(b, 1, h, dk), v.view(b, 1, hv, dv), aa, bb)
+        qkvab = (*qkvab[:3], aa[:, None], bb[:, None])
+        o = gdn_steps_in_place(*qkvab, a_log, dt_bias, states, slots=slots)[:, 0]
+        args = (a_log, dt_bias, fused_win, fused_state)
+        fused = conv_gdn_steps_in_place(qkv, aa, bb, conv_w, *args, slots=slots)
+        assert torch.equal(fused, o), f"o, step {step}"
+        assert torch.equal(fused_win, windows), f"conv window, step {step}"
+        assert torch.equal(fused_state, states), f"state, step {step}"
+
+
+def test_conv_fused_into_the_decode_step_gives_the_two_launches_bits() -> None:
+    """Every program of a key head reads its q/k conv window; the last one moves it on (a
+    ticket), so the window must come out right whatever order the programs ran in."""
+    _conv_gdn_check(b=2, h=2, hv=6, dk=16, dv=32, device="cpu")
+
+
 def test_chunked_prefill_matches_recurrence():
     q, k, v, a, b, a_log, dt_bias, state = _inputs(torch.float32, t=11)
     o, s = gdn_chunked_prefill(q, k, v, a, b, a_log, dt_bias, state, chunk_size=4)
@@ -130,6 +166,12 @@ def test_gpu_27b_shape_decode_equals_verify():
         assert torch.equal(od, o[:, t]) and torch.equal(st, states[:, t]), f"step {t}"
     ro, rs = _reference(*(x.cpu() for x in (q, k, v, a, b, a_log, dt_bias, state)))
     assert ((states.cpu().double() - rs).norm() / rs.norm()).item() < 1e-5
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")
+def test_gpu_27b_shape_conv_fused_into_the_decode_step() -> None:
+    _conv_gdn_check(b=4, h=16, hv=48, dk=128, dv=128, device="cuda", steps=8)
 
 
 def test_model_prefill_through_kernels_equals_the_native_torch_path() -> None:

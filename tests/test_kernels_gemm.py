@@ -14,7 +14,7 @@ import torch.nn.functional as F
 
 from specdash.engine import gemm_backends
 from specdash.errors import EnvironmentProblem
-from specdash.kernels import gemm
+from specdash.kernels import gemm, tickets
 from specdash.kernels.gemm import GemmConfig, gemm_config, matmul_batch_invariant
 
 DEVICE = "cuda" if torch.cuda.is_available() else "cpu"
@@ -66,7 +66,7 @@ def test_split_k_changes_bits_only_with_the_config_not_with_m():
         full = matmul_batch_invariant(x, w, config=cfg)
         assert torch.equal(matmul_batch_invariant(x[2:3], w, config=cfg), full[2:3])
     # the per-tile tickets are left at zero, ready for the next launch or graph replay
-    assert not gemm._tickets[x.device].any()
+    assert not tickets.counters("gemm", x.device, 1).any()
 
 
 def test_config_depends_on_weight_shape_only():

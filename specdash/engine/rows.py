@@ -137,6 +137,18 @@ class Rows(ABC):
         ]
         return cat_rows(outs)
 
+    def conv_in_gdn(self, run: Run) -> bool:
+        """Whether `conv_gdn_run` computes this run's conv inside its GDN launch (one launch
+        fewer per GDN layer; the model then has no conv output to observe)."""
+        return False
+
+    def conv_gdn_run(
+        self, i: int, qkv: Tensor, a: Tensor, b: Tensor, w: GdnWeights, run: Run
+    ) -> Tensor:
+        """`conv_run` then `gdn_run` of layer i in one launch, from the raw in_proj rows: for
+        runs whose `conv_in_gdn` is True."""
+        raise NotImplementedError(f"{type(self).__name__} runs the conv and GDN apart")
+
     @abstractmethod
     def norm(self, x: Tensor, w: Tensor) -> Tensor:
         """RMSNorm of every row of x."""
@@ -460,6 +472,30 @@ class TritonRows(_TritonElementwise):
         buffers, and nothing left for the commit but the position (97 fewer kernels per step
         on the 27B shape). Other states' GDN updates stay pending until `commit`."""
         return run.rows == 1 and all(st.in_place for st in run.states)
+
+    def conv_in_gdn(self, run: Run) -> bool:
+        return self._decodes_in_place(run)
+
+    def conv_gdn_run(
+        self, i: int, qkv: Tensor, a: Tensor, b: Tensor, w: GdnWeights, run: Run
+    ) -> Tensor:
+        """Decode rows in place: the conv window and GDN state move on in one kernel, bit for
+        bit what `conv_run` then `gdn_run` leave (kernels.gdn.conv_gdn_steps_in_place)."""
+        from specdash.kernels.gdn import conv_gdn_steps_in_place
+
+        weights = (w.conv, w.a_log, w.dt_bias)
+        if run.pooled is not None:
+            pool = run.pooled.pool.gdn[i]
+            return conv_gdn_steps_in_place(
+                qkv, a, b, *weights, pool.conv, pool.ssm, slots=run.pooled.slots
+            )
+        rows = zip(qkv.split(1), a.split(1), b.split(1), run.states, strict=True)
+        return cat_rows(
+            [
+                conv_gdn_steps_in_place(*r, *weights, st.gdn[i].conv[None], st.gdn[i].ssm[None])
+                for *r, st in rows
+            ]
+        )
 
     def conv_run(
         self, qkv: Tensor, w: Tensor, i: int, run: Run
