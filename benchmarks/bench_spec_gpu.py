@@ -10,11 +10,13 @@ mode, all through `specdash.engine.engine.Engine` (the code `specdash run` uses)
 2. plain greedy decode (the shadow's path) at each `--contexts` length: t/s and the weight
    bytes / step time, next to NVML GPM DRAM bandwidth sampled during the decode;
 3. plain-decode t/s, all graphed, interleaved repeats, each configuration on its own engine:
-   exact mode (Triton tile) with programmatic dependent launch on and off, the tile with the
-   row ops before down_proj / o_proj / out_proj in its loads (`triton-fused`), fast mode
-   (cuBLAS); each exact variant's ids and logprob bits are compared with the shipped path's
-   (PDL off must match; `triton-fused`'s in-tile gated norm may round differently); then the
-   device time by kernel of one eager decode and verify step;
+   exact mode (Triton tile) as shipped (the conv inside the GDN step, SwiGLU in the gate_up
+   epilogue, early PDL) against the conv and SwiGLU in launches of their own, SwiGLU alone
+   apart, late PDL, PDL off, the tile with the row ops before down_proj / o_proj / out_proj in
+   its loads (`triton-fused`), and fast mode (cuBLAS); each exact variant's ids and logprob
+   bits are compared with the shipped path's (all but `triton-fused`, whose in-tile gated norm
+   may round differently, must match); then the device time by kernel of one eager decode
+   step (shipped, and with the conv and SwiGLU apart) and of a verify step;
 4. a verify step of k+1 rows vs a decode step (graph replay, median of repeats);
 5. speculative decoding at k with an oracle drafter (replays the plain run's tokens of the
    same mode: 100% acceptance in exact mode; fast verify is not fast decode, so less there)
@@ -33,6 +35,7 @@ import statistics
 import sys
 import threading
 import time
+from dataclasses import replace
 
 import torch
 from torch.profiler import ProfilerActivity, profile
@@ -43,9 +46,9 @@ from specdash.engine.drafters import RandomDrafter, ReplayDrafter
 from specdash.engine.engine import Engine
 from specdash.engine.graphs import CapturedForward
 from specdash.engine.model import PREFILL_CHUNK, Model
-from specdash.engine.rows import PrefillRows, TritonPrefillRows
+from specdash.engine.rows import PrefillRows, Run, TritonPrefillRows, TritonRows
 from specdash.engine.state import SeqState
-from specdash.kernels import gemm, pdl
+from specdash.kernels import pdl
 
 
 class GpmSampler(threading.Thread):
@@ -112,12 +115,21 @@ def plain_decode(
     return seq.ids, seq.logprobs, steps / elapsed
 
 
+class ConvApartRows(TritonRows):
+    """The exact rows with the conv in its own launch before the GDN step (as before
+    2026-12-06): the fused kernel's side-by-side baseline."""
+
+    def conv_in_gdn(self, run: Run) -> bool:
+        return False
+
+
 def profile_step(model: Model, prompt: list[int], rows: int) -> dict:
     """Device time of one eager exact step of `rows` rows by kernel (the graphs replay these):
     rows=1 is decode, rows=k+1 a verify step, so the two tables show where verify's extra
     time goes."""
     state = SeqState.empty(model.cfg, len(prompt) + rows + 8, model.dtype, model.device)
     model.forward(torch.tensor(prompt, device=model.device), state, "prefill")
+    state.in_place = True  # as on an engine slot: a decode row moves the state on in place
     tokens = torch.tensor(prompt[-rows:], device=model.device)
     for _ in range(3):
         model.forward(tokens, state, "exact")
@@ -249,26 +261,28 @@ def main() -> int:
     # each on its own engine, so each captures its own graphs
     exact_gemm, cublas = model.gemm, gemm_backends.resolve("cublas", dev)
     fused = gemm_backends.resolve("triton-fused", dev)
-    variants = {  # name: (backend, mode, PDL mode, pipeline fills of weights prefetched)
-        "exact/triton": (exact_gemm, "exact", pdl.MODE, gemm.PREFETCH_FILLS),
-        "exact/triton, 2 fills prefetched": (exact_gemm, "exact", pdl.EARLY, 2),
-        "exact/triton, 4 fills prefetched": (exact_gemm, "exact", pdl.EARLY, 4),
-        "exact/triton, late PDL": (exact_gemm, "exact", pdl.LATE, 0),  # no weight prefetch
-        "exact/triton-fused": (fused, "exact", pdl.MODE, gemm.PREFETCH_FILLS),  # row ops in loads
-        "exact/triton, no PDL": (exact_gemm, "exact", pdl.OFF, 0),
-        "fast/cublas": (cublas, "fast", pdl.MODE, gemm.PREFETCH_FILLS),
+    swiglu_apart = replace(exact_gemm, gate_up_swiglu=None)  # the SwiGLU row kernel's launch
+    fused_rows, conv_apart = model.rows["exact"], ConvApartRows(cfg, model.rope)
+    variants = {  # name: (backend, exact rows, mode, PDL mode)
+        "exact/triton": (exact_gemm, fused_rows, "exact", pdl.MODE),
+        "exact/triton, conv and SwiGLU apart": (swiglu_apart, conv_apart, "exact", pdl.MODE),
+        "exact/triton, SwiGLU apart": (swiglu_apart, fused_rows, "exact", pdl.MODE),
+        "exact/triton, late PDL": (exact_gemm, fused_rows, "exact", pdl.LATE),
+        "exact/triton-fused": (fused, fused_rows, "exact", pdl.MODE),  # row ops in loads
+        "exact/triton, no PDL": (exact_gemm, fused_rows, "exact", pdl.OFF),
+        "fast/cublas": (cublas, fused_rows, "fast", pdl.MODE),
     }
-    shipped = pdl.MODE, gemm.PREFETCH_FILLS
+    shipped = pdl.MODE
     engines = {name: Engine(model, plain.make_drafter, []) for name in variants}
     ratio_prompt, runs = rand_prompt(2048), {name: [] for name in variants}
     outputs: dict[str, tuple[list[int], list[float]]] = {}
     for _ in range(3):
-        for name, (backend, mode, pdl_mode, fills) in variants.items():
-            model.gemm, pdl.MODE, gemm.PREFETCH_FILLS = backend, pdl_mode, fills
+        for name, (backend, rows, mode, pdl_mode) in variants.items():
+            model.gemm, model.rows["exact"], pdl.MODE = backend, rows, pdl_mode
             ids, lps, tps = plain_decode(engines[name], ratio_prompt, args.decode_tokens, mode=mode)
             runs[name].append(tps)
             outputs.setdefault(name, (ids, lps))
-    model.gemm, (pdl.MODE, gemm.PREFETCH_FILLS) = exact_gemm, shipped
+    model.gemm, model.rows["exact"], pdl.MODE = exact_gemm, fused_rows, shipped
     engines = None
     med = {name: statistics.median(r) for name, r in runs.items()}
     exact_names = [n for n in variants if n.startswith("exact")]
@@ -278,10 +292,11 @@ def main() -> int:
         "ratio": med["exact/triton"] / med["fast/cublas"],
         "pdl_on_over_off": med["exact/triton"] / med["exact/triton, no PDL"],
         "shipped_over_late_pdl": med["exact/triton"] / med["exact/triton, late PDL"],
-        "prefetch_2_4_fills_over_shipped": [
-            med[f"exact/triton, {n} fills prefetched"] / med["exact/triton"] for n in (2, 4)
-        ],
-        "fused_over_unfused": med["exact/triton-fused"] / med["exact/triton"],
+        "conv_swiglu_fused_over_apart": med["exact/triton"]
+        / med["exact/triton, conv and SwiGLU apart"],
+        "conv_fused_over_apart": med["exact/triton, SwiGLU apart"]
+        / med["exact/triton, conv and SwiGLU apart"],
+        "prologues_over_shipped": med["exact/triton-fused"] / med["exact/triton"],
         "same_ids_and_logprob_bits_as_shipped": {
             n: outputs[n][0] == outputs["exact/triton"][0]
             and torch.equal(torch.tensor(outputs[n][1]), torch.tensor(outputs["exact/triton"][1]))
@@ -292,9 +307,9 @@ def main() -> int:
     torch.cuda.empty_cache()
     profile_prompt = rand_prompt(2048)
     out["step_profiles"] = [profile_step(model, profile_prompt, r) for r in (1, args.k + 1)]
-    model.gemm = fused  # the prologues' launch count and kernel time, side by side
-    out["step_profile_fused_decode"] = profile_step(model, profile_prompt, 1)
-    model.gemm = exact_gemm
+    model.gemm, model.rows["exact"] = swiglu_apart, conv_apart  # launches and time, side by side
+    out["step_profile_conv_swiglu_apart_decode"] = profile_step(model, profile_prompt, 1)
+    model.gemm, model.rows["exact"] = exact_gemm, fused_rows
     for p in out["step_profiles"]:
         print(p, flush=True)
 

@@ -21,7 +21,8 @@ _BLOCK = 1024
 
 
 @triton.jit
-def _silu(x):
+def silu(x):
+    """x * sigmoid(x) in fp32, one expression for every kernel that applies it."""
     return x / (1.0 + tl.exp(-x))
 
 
@@ -47,7 +48,7 @@ def _gated_kernel(
     x = tl.load(x_ptr + row * stride_x + offs, mask=mask, other=0.0).to(tl.float32)
     g = tl.load(g_row + offs, mask=mask, other=0.0).to(tl.float32)
     if SILU:  # noqa: SIM108 (a constexpr branch inside a Triton kernel)
-        y = _silu(g) * x
+        y = silu(g) * x
     else:
         y = x / (1.0 + tl.exp(-g))
     tl.store(out_ptr + row * n_cols + offs, y.to(out_ptr.dtype.element_ty), mask=mask)
@@ -110,7 +111,7 @@ def conv_silu_row(win, x_row, w_ptr, ch, C, W: tl.constexpr, N: tl.constexpr):
         else:
             val = tl.load(x_row + ch)
         acc += val.to(tl.float32) * tl.load(w_ptr + ch * W + j).to(tl.float32)
-    return _silu(acc).to(x_row.dtype.element_ty).to(tl.float32)
+    return silu(acc).to(x_row.dtype.element_ty).to(tl.float32)
 
 
 @triton.jit
@@ -163,7 +164,7 @@ def _conv_kernel(
             val = tl.load(x_seq + (i - (W - 1)) * stride_x + offs, mask=mask, other=0.0)
         tap = tl.load(w_ptr + offs * W + j, mask=mask, other=0.0)
         acc += val.to(tl.float32) * tap.to(tl.float32)
-    tl.store(out_ptr + row * C + offs, _silu(acc).to(out_ptr.dtype.element_ty), mask=mask)
+    tl.store(out_ptr + row * C + offs, silu(acc).to(out_ptr.dtype.element_ty), mask=mask)
     if IN_PLACE:  # one row, kept: the window moves on by it
         shift_window(win, x_seq, offs, C, W, mask)
     else:

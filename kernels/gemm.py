@@ -24,7 +24,7 @@ import triton.language as tl
 from triton.tools.tensor_descriptor import TensorDescriptor
 
 from specdash.kernels import pdl
-from specdash.kernels.elementwise import sigmoid_gate_rows, swiglu_rows
+from specdash.kernels.elementwise import sigmoid_gate_rows, silu, swiglu_rows
 from specdash.kernels.pdl import let_successor_launch, prefetch_rows_to_l2, wait_for_predecessor
 from specdash.kernels.rmsnorm import gated_rms_norm_rows
 from specdash.kernels.tickets import counters
@@ -142,6 +142,40 @@ def _x_tile(
     return xt
 
 
+@triton.jit
+def _store_out(out_ptr, acc, offs_m, m_mask, pid_n, N, BLOCK_N: tl.constexpr, SWIGLU: tl.constexpr):
+    """Store the fp32 tile, rounded once to the output's dtype. SWIGLU: the tile's first half
+    of columns are gate rows of the weight and its second half the matching up rows (`_w_rows`);
+    store `silu(gate) * up` [.., N/2] from the rounded values with `swiglu_rows`' arithmetic,
+    so the bits are those of the GEMM followed by that kernel."""
+    dtype = out_ptr.dtype.element_ty
+    if SWIGLU:
+        half: tl.constexpr = BLOCK_N // 2
+        gate, up = tl.split(tl.permute(tl.reshape(acc, (acc.shape[0], 2, half)), (0, 2, 1)))
+        gate, up = gate.to(dtype).to(tl.float32), up.to(dtype).to(tl.float32)
+        cols = pid_n * half + tl.arange(0, half)
+        mask = m_mask & (cols[None, :] < N // 2)
+        y = silu(gate) * up
+        tl.store(out_ptr + offs_m[:, None] * (N // 2) + cols[None, :], y.to(dtype), mask=mask)
+    else:
+        offs_n = pid_n * BLOCK_N + tl.arange(0, BLOCK_N)
+        mask = m_mask & (offs_n[None, :] < N)
+        tl.store(out_ptr + offs_m[:, None] * N + offs_n[None, :], acc.to(dtype), mask=mask)
+
+
+@triton.jit
+def _w_rows(pid_n, N, BLOCK_N: tl.constexpr, SWIGLU: tl.constexpr):
+    """(The weight rows of output tile pid_n, which of them exist). SWIGLU (w = [gate | up]):
+    BLOCK_N/2 gate rows, then the up rows of the same channels."""
+    j = tl.arange(0, BLOCK_N)
+    if SWIGLU:
+        channel = pid_n * (BLOCK_N // 2) + j % (BLOCK_N // 2)
+        return channel + (j // (BLOCK_N // 2)) * (N // 2), channel < N // 2
+    else:
+        rows = pid_n * BLOCK_N + j
+        return rows, rows < N
+
+
 @triton.jit(do_not_specialize=["M"])
 def _gemm_kernel(
     x_src,
@@ -169,6 +203,7 @@ def _gemm_kernel(
     W_TMA: tl.constexpr,
     PROLOGUE: tl.constexpr,
     HEAD: tl.constexpr,
+    SWIGLU: tl.constexpr,
     IEEE: tl.constexpr,
     PDL: tl.constexpr,
     PREFETCH_BYTES: tl.constexpr,
@@ -180,7 +215,7 @@ def _gemm_kernel(
     pid_n = tl.program_id(1)
     pid_s = tl.program_id(2)
     offs_m = pid_m * BLOCK_M + tl.arange(0, BLOCK_M)
-    offs_n = pid_n * BLOCK_N + tl.arange(0, BLOCK_N)
+    offs_n, n_valid = _w_rows(pid_n, N, BLOCK_N, SWIGLU)
     offs_k = tl.arange(0, BLOCK_K)
     k_start = pid_s * K_PER_SPLIT
     if PREFETCH_BYTES:  # EARLY PDL: launched while the row kernel before runs; weights are ready
@@ -202,27 +237,28 @@ def _gemm_kernel(
             if EVEN_N:  # noqa: SIM108 (a constexpr branch inside a Triton kernel)
                 wt = tl.load(w_ptrs)
             else:
-                wt = tl.load(w_ptrs, mask=offs_n[:, None] < N, other=0.0)
+                wt = tl.load(w_ptrs, mask=n_valid[:, None], other=0.0)
         if IEEE:
             acc = tl.dot(xt, tl.trans(wt), acc, input_precision="ieee")
         else:
             acc = tl.dot(xt, tl.trans(wt), acc)
     let_successor_launch(PDL)
-    tile = offs_m[:, None] * N + offs_n[None, :]
-    mask = m_mask & (offs_n[None, :] < N)
     if SPLIT_K == 1:
-        tl.store(out_ptr + tile, acc.to(out_ptr.dtype.element_ty), mask=mask)
-    else:
-        tl.store(part_ptr + pid_s * M * N + tile, acc, mask=mask)
+        _store_out(out_ptr, acc, offs_m, m_mask, pid_n, N, BLOCK_N, SWIGLU)
+    else:  # partials [SPLIT_K, M, tiles * BLOCK_N] in tile order, whatever rows a tile reads
+        width = tl.num_programs(1) * BLOCK_N
+        tile = offs_m[:, None] * width + (pid_n * BLOCK_N + tl.arange(0, BLOCK_N))[None, :]
+        mask = m_mask & n_valid[None, :]
+        tl.store(part_ptr + pid_s * M * width + tile, acc, mask=mask)
         tl.debug_barrier()  # every thread's partial is written before the ticket is taken
         ticket_at = ticket_ptr + pid_m * tl.num_programs(1) + pid_n
         if tl.atomic_add(ticket_at, 1, sem="acq_rel") == SPLIT_K - 1:
             total = tl.load(part_ptr + tile, mask=mask, other=0.0, cache_modifier=".cg")
             for s in tl.static_range(1, SPLIT_K):
                 total += tl.load(
-                    part_ptr + s * M * N + tile, mask=mask, other=0.0, cache_modifier=".cg"
+                    part_ptr + s * M * width + tile, mask=mask, other=0.0, cache_modifier=".cg"
                 )
-            tl.store(out_ptr + tile, total.to(out_ptr.dtype.element_ty), mask=mask)
+            _store_out(out_ptr, total, offs_m, m_mask, pid_n, N, BLOCK_N, SWIGLU)
             tl.atomic_xchg(ticket_at, 0)  # ready for the next launch (and CUDA graph replays)
 
 
@@ -312,14 +348,17 @@ def matmul_batch_invariant(
     w: torch.Tensor,
     *,
     prologue: Prologue | None = None,
+    swiglu_out: bool = False,
     config: GemmConfig | None = None,
 ) -> torch.Tensor:
     """``F.linear(x, w)`` whose every output row is bit-identical whatever M and the other rows are.
 
     With a `prologue`, the operand is `prologue.rows(x)`, computed per row inside the tile loads
     with that row kernel's arithmetic: still one configuration per (N, K) and per-row work in
-    tiles of fixed shape, so still batch-invariant. ``config`` overrides the (N, K) table; only
-    benchmarks use it.
+    tiles of fixed shape, so still batch-invariant. With `swiglu_out` (w = [gate | up], the MLP's
+    gate_up), the result is `swiglu_rows` of the product, computed in the epilogue: the same
+    tiles and configuration, the bits of the GEMM followed by that kernel, one launch fewer.
+    ``config`` overrides the (N, K) table; only benchmarks use it.
     """
     k_in = _operand_width(x, prologue)
     if w.dim() != 2 or k_in != w.shape[1] or x.dtype != w.dtype or x.device != w.device:
@@ -327,19 +366,31 @@ def matmul_batch_invariant(
     reason = _unsupported_reason(x, w)
     if reason is not None:
         _warn_once(reason)
-        return F.linear(x if prologue is None else prologue.rows(x), w)
+        y = F.linear(x if prologue is None else prologue.rows(x), w)
+        if not swiglu_out:
+            return y
+        gate, up = y.chunk(2, dim=-1)
+        return F.silu(gate) * up
     lead_shape = x.shape[:-1]
     x2 = x.reshape(-1, x.shape[-1])
     x2 = _aligned(x2) if prologue is None else x2 if x2.stride(-1) == 1 else x2.contiguous()
-    out = launch(x2, _aligned(w), config or gemm_config(w.shape[0], k_in, w.dtype), prologue)
-    return out.reshape(*lead_shape, w.shape[0])
+    cfg = config or gemm_config(w.shape[0], k_in, w.dtype)
+    out = launch(x2, _aligned(w), cfg, prologue, swiglu_out)
+    return out.reshape(*lead_shape, out.shape[-1])
 
 
 def launch(
-    x: torch.Tensor, w: torch.Tensor, cfg: GemmConfig, prologue: Prologue | None
+    x: torch.Tensor,
+    w: torch.Tensor,
+    cfg: GemmConfig,
+    prologue: Prologue | None,
+    swiglu_out: bool = False,
 ) -> torch.Tensor:
     """The kernel launch for rows x [M, K] (or [M, 2K] for SwiGLU) and a contiguous weight w."""
     m, (n, k) = x.shape[0], w.shape
+    if swiglu_out and (prologue is not None or cfg.tma or n % 2):
+        raise ValueError("the SwiGLU epilogue takes a [gate | up] weight by pointer loads alone")
+    n_out, tile_cols = (n // 2, cfg.block_n // 2) if swiglu_out else (n, cfg.block_n)
     p1 = p2 = w  # unused pointers
     stride_p1, eps, head = (0, 0), 0.0, 1
     if isinstance(prologue, SigmoidGate | GatedRmsNorm):
@@ -353,14 +404,15 @@ def launch(
         cfg = _head_config(cfg, head, k)
     if k % (cfg.split_k * cfg.block_k):
         raise ValueError(f"config {cfg} does not divide K={k}")
-    out = torch.empty((m, n), device=x.device, dtype=x.dtype)
+    out = torch.empty((m, n_out), device=x.device, dtype=x.dtype)
     if m == 0:
         return out
-    grid = (triton.cdiv(m, BLOCK_M), triton.cdiv(n, cfg.block_n), cfg.split_k)
+    grid = (triton.cdiv(m, BLOCK_M), triton.cdiv(n_out, tile_cols), cfg.split_k)
     if cfg.split_k == 1:
         partials, tickets = out, out  # unused
     else:
-        partials = torch.empty((cfg.split_k, m, n), device=x.device, dtype=torch.float32)
+        shape = (cfg.split_k, m, grid[1] * cfg.block_n)
+        partials = torch.empty(shape, device=x.device, dtype=torch.float32)
         tickets = counters("gemm", x.device, grid[0] * grid[1])
     x_tma = cfg.tma and prologue is None
     x_src = TensorDescriptor.from_tensor(x, [BLOCK_M, cfg.block_k]) if x_tma else x
@@ -373,8 +425,8 @@ def launch(
     _gemm_kernel[grid](
         x_src, w_src, w, out, partials, tickets, p1, p2, m, n, k // cfg.split_k, x.stride(0), k,
         *stride_p1, eps, BLOCK_M=BLOCK_M, BLOCK_N=cfg.block_n, BLOCK_K=cfg.block_k,
-        SPLIT_K=cfg.split_k, EVEN_N=n % cfg.block_n == 0, X_TMA=x_tma, W_TMA=cfg.tma,
-        PROLOGUE=0 if prologue is None else prologue.code, HEAD=head,
+        SPLIT_K=cfg.split_k, EVEN_N=n_out % tile_cols == 0, X_TMA=x_tma, W_TMA=cfg.tma,
+        PROLOGUE=0 if prologue is None else prologue.code, HEAD=head, SWIGLU=swiglu_out,
         IEEE=x.dtype == torch.float32, PDL=pdl_mode, PREFETCH_BYTES=prefetch,
         num_warps=cfg.num_warps, num_stages=cfg.num_stages, launch_pdl=pdl_mode > 0,
     )  # fmt: skip

@@ -135,7 +135,8 @@ def launch_all() -> None:
         torch.randn(3, 3, c, dtype=bf), torch.zeros(3, hv, dk, dv), slots=torch.tensor([2, 0]),
     )  # fmt: skip
     # the GEMM wrapper refuses a CPU device outside the interpreter: call its launch, for a
-    # pointer-load config and a TMA one with split-K, plain and with each prologue
+    # pointer-load config and a TMA one with split-K, plain and with each prologue; the
+    # gate_up shape's config and a split one with the SwiGLU epilogue
     wt = torch.randn(192, 512, dtype=bf)
     heads = torch.randn(3, 4, 128, dtype=bf)
     for cfg in (GemmConfig(64, 128, 1), GemmConfig(64, 128, 2, num_stages=3, tma=True)):
@@ -143,6 +144,8 @@ def launch_all() -> None:
         gemm.launch(torch.randn(3, 1024, dtype=bf), wt, cfg, gemm.SwiGLU())
         gemm.launch(heads.view(3, 512), wt, cfg, gemm.SigmoidGate(heads))
         gemm.launch(heads.view(3, 512), wt, cfg, gemm.GatedRmsNorm(heads, w[:128], 1e-6))
+    for cfg in (GemmConfig(64, 64, 1, num_stages=3), GemmConfig(64, 128, 2)):  # SwiGLU epilogue
+        gemm.launch(torch.randn(3, 512, dtype=bf), wt, cfg, None, swiglu_out=True)
     # causal prefill attention at the 27B head shape, every config the GPU benchmark sweeps
     from specdash.kernels.prefill_attention import CANDIDATES, causal_prefill_attention
 

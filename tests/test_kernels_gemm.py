@@ -15,6 +15,7 @@ import torch.nn.functional as F
 from specdash.engine import gemm_backends
 from specdash.errors import EnvironmentProblem
 from specdash.kernels import gemm, tickets
+from specdash.kernels.elementwise import swiglu_rows
 from specdash.kernels.gemm import GemmConfig, gemm_config, matmul_batch_invariant
 
 DEVICE = "cuda" if torch.cuda.is_available() else "cpu"
@@ -257,3 +258,41 @@ def test_gpu_27b_prologues_rows_invariant(kind, heads, d, n):
     _assert_prologue_rows_invariant(rows, w)
     fused, unfused, operand, w = _fused_and_unfused(kind, 16, heads, d, n, torch.bfloat16, "cuda")
     assert _rel_err(fused, operand, w) < 1e-2  # against the weight this GEMM used
+
+
+# ---------------------------------------------------------------- epilogue: SwiGLU of gate_up
+
+
+def _swiglu_epilogue_check(x: torch.Tensor, w: torch.Tensor, config=None) -> None:
+    """The gate_up GEMM with SwiGLU in its epilogue: the bits of the GEMM then `swiglu_rows`,
+    every row as in every prefix M, alone and in another row order."""
+    fn = lambda a, b: matmul_batch_invariant(a, b, swiglu_out=True, config=config)  # noqa: E731
+    fused = fn(x, w)
+    assert torch.equal(fused, swiglu_rows(matmul_batch_invariant(x, w, config=config)))
+    assert_rows_invariant(fn, x, w)
+
+
+@pytest.mark.skipif(torch.cuda.is_available(), reason="interpreter shapes; the GPU test below")
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float32])
+@pytest.mark.parametrize(
+    "config,inter", [(None, 40), (GemmConfig(32, 64, 2), 48), (GemmConfig(16, 32, 4), 24)]
+)
+def test_swiglu_epilogue_is_the_gemm_then_swiglu_rows(config, inter, dtype):
+    """Intermediate sizes a tile's half divides and does not (masked channels), with split-K."""
+    g = torch.Generator().manual_seed(5)
+    w = torch.randn(2 * inter, 256, generator=g).to(dtype)
+    x = torch.randn(16, 256, generator=g).to(dtype)
+    _swiglu_epilogue_check(x, w, config)
+
+
+def test_swiglu_epilogue_refuses_what_it_cannot_read():
+    with pytest.raises(ValueError, match="SwiGLU epilogue"):
+        gemm.launch(torch.randn(2, 64), torch.randn(33, 64), GemmConfig(32, 32, 1), None, True)
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")
+def test_gpu_27b_gate_up_with_swiglu_epilogue():
+    w = torch.randn(34816, 5120, device="cuda", dtype=torch.bfloat16) * 5120**-0.5
+    x = torch.randn(16, 5120, device="cuda", dtype=torch.bfloat16)
+    _swiglu_epilogue_check(x, w)

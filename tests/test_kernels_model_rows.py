@@ -119,6 +119,37 @@ def test_speculation_on_the_row_path_equals_plain_greedy(model: Model) -> None:
     assert torch.equal(torch.tensor(seq.logprobs, dtype=torch.float32), lps)
 
 
+def test_fused_decode_rows_equal_the_launches_they_replace(monkeypatch) -> None:
+    """The shipped exact decode row on the Triton tile: SwiGLU in the gate_up GEMM's epilogue
+    and, on a state stepped in place, the conv inside the GDN step's launch. Against the same
+    rows with both in launches of their own: equal logprobs, conv windows and GDN states, bit
+    for bit, step after step."""
+    triton = gemm_backends.gpu_backends()["triton"]
+    assert triton.gate_up_swiglu is not None
+    gen = torch.Generator().manual_seed(13)
+    prompt, tokens = torch.randint(0, CFG.vocab_size, (9,), generator=gen), []
+    runs = {}
+    for name in ("fused", "apart"):
+        backend = triton if name == "fused" else replace(triton, gate_up_swiglu=None)
+        m = Model.from_tensors(CFG, random_tensors(CFG, 5), backend)
+        m.rows = row_implementations(CFG, m.rope, CUDA)
+        if name == "apart":
+            monkeypatch.setattr(m.rows["exact"], "conv_in_gdn", lambda run: False)
+        state, lps = _prefilled(m, prompt, in_place=True), []
+        for step in range(3):
+            if name == "fused":
+                tokens.append(torch.randint(0, CFG.vocab_size, (1,), generator=gen))
+            lps.append(m.forward(tokens[step], state, "exact"))
+            assert not state.pending  # moved on inside the forward
+            state.commit(1)
+        runs[name] = lps, state
+    (fused, s1), (apart, s2) = runs["fused"], runs["apart"]
+    assert all(torch.equal(a, b) for a, b in zip(fused, apart, strict=True))
+    for i in s1.gdn:
+        assert torch.equal(s1.gdn[i].conv, s2.gdn[i].conv), f"conv window, layer {i}"
+        assert torch.equal(s1.gdn[i].ssm, s2.gdn[i].ssm), f"GDN state, layer {i}"
+
+
 def test_batched_forward_equals_each_sequence_alone(model: Model) -> None:
     """Issue 15's batching through the row kernels: three sequences at different positions,
     1, 3 and 2 rows, in one forward (GEMMs and row kernels over all 6 rows, attention and GDN

@@ -66,6 +66,9 @@ class GemmBackend:
     """Why the backend cannot run here (one line); None when it can."""
     fused: FusedGemms | None = None
     """Its GEMMs with the row op before them fused in, for exact rows; None: it has none."""
+    gate_up_swiglu: Gemm | None = None
+    """(x, w = [gate | up]) -> silu(gate) * up in the GEMM's epilogue, for exact rows: the bits
+    of `fn` then the SwiGLU row kernel, one launch fewer per MLP; None: it has none."""
 
     def __call__(self, x: Tensor, w: Tensor, exact: bool) -> Tensor:
         fn = self.fn
@@ -171,7 +174,8 @@ def gpu_backends() -> dict[str, GemmBackend]:
             sigmoid_gate=lambda o, g, w: mm(o, w, prologue=gemm.SigmoidGate(g)),
             gated_norm=lambda o, z, nw, eps, w: mm(o, w, prologue=gemm.GatedRmsNorm(z, nw, eps)),
         )
-        triton = GemmBackend("triton", mm, True)
+        swiglu_out = lambda x, w: mm(x, w, swiglu_out=True)  # noqa: E731
+        triton = GemmBackend("triton", mm, True, gate_up_swiglu=swiglu_out)
         # the same tile with the row op before down_proj, o_proj and out_proj in its loads: a
         # backend of its own (its bits are its own), not the default: 0.55x the plain tile's
         # decode on an H100 (its GEMMs 33.8 vs 17.9 ms/step, docs/PERF.md)

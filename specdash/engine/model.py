@@ -303,13 +303,7 @@ class Model:
                 a = self._gdn(i, lw.mixer, h, runs, mode, obs)
             at = ((i, "mixer_residual"), (i, "post_norm"))
             x, h = self._residual_norm(x, a, lw.post_norm, rows, obs, *at)
-            gu = obs(i, "gate_up_proj", self._linear(h, lw.gate_up, mode))
-            fused = self._fused(mode)
-            if fused is not None:
-                m = fused.swiglu(gu, lw.down)
-            else:
-                m = self._linear(rows.swiglu(gu), lw.down, mode)
-            m = obs(i, "down_proj", m)
+            m = obs(i, "down_proj", self._mlp(h, lw, rows, mode, obs, i))
             at = ((i, "output"), (i + 1, "input_norm") if i + 1 < head else (head, "final_norm"))
             x, h = self._residual_norm(x, m, norms[i], rows, obs, *at)
         if mode == "prefill":
@@ -349,6 +343,21 @@ class Model:
         if mode == "prefill":
             return torch.nn.functional.linear(x, w)
         return self.gemm(x, w, mode == "exact")
+
+    def _mlp(
+        self, h: Tensor, lw: LayerWeights, rows: Rows, mode: Mode, obs: Observer, i: int
+    ) -> Tensor:
+        """down(swiglu(gate_up(h))): SwiGLU in the gate_up GEMM's epilogue where the backend
+        has it and nothing observes gate_up, in down_proj's prologue for `triton-fused`, else
+        the row kernel between them."""
+        fused = self._fused(mode)
+        swiglu_gemm = self.gemm.gate_up_swiglu if mode == "exact" else None
+        if fused is None and swiglu_gemm is not None and obs is _identity:
+            return self._linear(swiglu_gemm(h, lw.gate_up), lw.down, mode)
+        gu = obs(i, "gate_up_proj", self._linear(h, lw.gate_up, mode))
+        if fused is not None:
+            return fused.swiglu(gu, lw.down)
+        return self._linear(rows.swiglu(gu), lw.down, mode)
 
     def _fused(self, mode: Mode) -> gemm_backends.FusedGemms | None:
         """The backend's GEMMs with the row op before them computed in their operand loads, for
