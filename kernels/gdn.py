@@ -87,14 +87,13 @@ def _gdn_steps_kernel(
     # with CONV_W, q/k/v are the causal conv + SiLU of the raw in_proj row at q_ptr (T == 1)
     key_dim = HV // V_PER_K * DK
     ch_q, ch_v = hk * DK + offs_k, 2 * key_dim + hv * DV + offs_v
-    win = win_ptr + seq_at * (CONV_W - 1) * C
+    win, x_row = win_ptr + seq_at * (CONV_W - 1) * C, q_ptr + b * stride_qb
     neg_a = -tl.exp(tl.load(a_log_ptr + hv).to(tl.float32))
     dt_bias = tl.load(dt_bias_ptr + hv).to(tl.float32)
     hs_step = HV * DK * DV
     hs_ptrs = hs_ptr + (b.to(tl.int64) * T * HV + hv) * DK * DV + tile
     for t in range(T):
         if CONV_W:
-            x_row = q_ptr + b * stride_qb
             q = conv_silu_row(win, x_row, conv_w_ptr, ch_q, C, CONV_W, DK)
             k = conv_silu_row(win, x_row, conv_w_ptr, key_dim + ch_q, C, CONV_W, DK)
             v = conv_silu_row(win, x_row, conv_w_ptr, ch_v, C, CONV_W, BV)
@@ -121,7 +120,6 @@ def _gdn_steps_kernel(
     if IN_PLACE:  # every token kept: only the last state, back where it came from
         tl.store(h0_ptr + h0_at * DK * DV + tile, h)
     if CONV_W:  # the conv window moves on by the row
-        x_row = q_ptr + b * stride_qb
         shift_window(win, x_row, ch_v, C, CONV_W, offs_v < DV)  # v: this program's alone
         # q and k are read by every program of key head hk: the last one to finish moves them
         tl.debug_barrier()  # every thread's window loads are done before the ticket is taken
