@@ -46,7 +46,8 @@ from specdash.engine.drafters import RandomDrafter, ReplayDrafter
 from specdash.engine.engine import Engine
 from specdash.engine.graphs import CapturedForward
 from specdash.engine.model import PREFILL_CHUNK, Model
-from specdash.engine.rows import PrefillRows, Run, TritonPrefillRows, TritonRows
+from specdash.engine.rows import Rows, Run, prefill_rows, triton_prefill_rows
+from specdash.engine.rows.gdn import TritonGdn
 from specdash.engine.state import SeqState
 from specdash.kernels import pdl
 
@@ -115,9 +116,9 @@ def plain_decode(
     return seq.ids, seq.logprobs, steps / elapsed
 
 
-class ConvApartRows(TritonRows):
-    """The exact rows with the conv in its own launch before the GDN step (as before
-    2026-12-06): the fused kernel's side-by-side baseline."""
+class ConvApartGdn(TritonGdn):
+    """The exact rows' GDN with the conv in its own launch before the GDN step: the fused
+    kernel's side-by-side baseline."""
 
     def conv_in_gdn(self, run: Run) -> bool:
         return False
@@ -223,10 +224,10 @@ def main() -> int:
         shipped = model.rows["prefill"]
         variants = {"long_prefill": shipped}
         if args.prefill_sdpa_too:  # side by side: the same prefill with torch's flash attention
-            sdpa = TritonPrefillRows(cfg, model.rope, attention_kernel=False)
+            sdpa = triton_prefill_rows(cfg, model.rope, attention_kernel=False)
             variants["long_prefill_sdpa_attention"] = sdpa
         if args.prefill_torch_too:  # side by side: the same prefill with torch's row-wise ops
-            variants["long_prefill_torch_rows"] = PrefillRows(cfg, model.rope, gdn_kernel=True)
+            variants["long_prefill_torch_rows"] = prefill_rows(cfg, model.rope, gdn_kernel=True)
         p = torch.tensor(rand_prompt(args.long_prefill), device=dev)
         for key, rows in variants.items():
             model.rows["prefill"] = rows
@@ -262,7 +263,10 @@ def main() -> int:
     exact_gemm, cublas = model.gemm, gemm_backends.resolve("cublas", dev)
     fused = gemm_backends.resolve("triton-fused", dev)
     swiglu_apart = replace(exact_gemm, gate_up_swiglu=None)  # the SwiGLU row kernel's launch
-    fused_rows, conv_apart = model.rows["exact"], ConvApartRows(cfg, model.rope)
+    fused_rows = model.rows["exact"]
+    conv_apart = Rows(
+        fused_rows.rowwise, fused_rows.attention, ConvApartGdn(cfg, fused_rows.rowwise)
+    )
     variants = {  # name: (backend, exact rows, mode, PDL mode)
         "exact/triton": (exact_gemm, fused_rows, "exact", pdl.MODE),
         "exact/triton, conv and SwiGLU apart": (swiglu_apart, conv_apart, "exact", pdl.MODE),

@@ -19,7 +19,7 @@ from specdash.engine import gemm_backends, graphs
 from specdash.engine.drafters import ModelDrafter
 from specdash.engine.engine import Engine
 from specdash.engine.model import Model, random_tensors
-from specdash.engine.rows import Mode
+from specdash.engine.rows import Mode, Run
 from specdash.engine.state import SeqState, SlotPool, commit_batch
 from specdash.errors import UsageError
 
@@ -167,7 +167,10 @@ def test_batches_of_pool_slots_replay_one_capture_per_padded_size(
     from test_batch_exact import MAX_NEW as BATCH_NEW
     from test_batch_exact import decode
 
-    monkeypatch.setattr(target.rows["exact"], "steps_slots_together", True)
+    exact = target.rows["exact"]
+    monkeypatch.setattr(exact, "steps_slots_together", True)  # what the engine asks
+    monkeypatch.setattr(exact, "run", lambda states, rows: Run(states, rows))  # the torch parts
+    # still step sequence by sequence
     monkeypatch.setattr(torch.cuda, "graph_pool_handle", object)  # no CUDA: a token
     gen = torch.Generator().manual_seed(8)
     prompts = [torch.randint(0, 320, (5 + 3 * i,), generator=gen).tolist() for i in range(7)]

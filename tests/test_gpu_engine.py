@@ -17,7 +17,7 @@ from specdash.engine.config import preset
 from specdash.engine.drafters import ModelDrafter, RandomDrafter, ReplayDrafter
 from specdash.engine.engine import Engine
 from specdash.engine.model import Model, random_tensors
-from specdash.engine.rows import BatchedRows, TritonRows
+from specdash.engine.rows.attention import TorchAttention, TritonAttention, attend_masked
 from specdash.engine.state import SeqState
 from specdash.kernels import pdl
 
@@ -57,7 +57,7 @@ def _model(seed: int, noise: float = 0.0, gemm: str = "triton") -> Model:
 def test_graphed_spec_equals_eager_plain_greedy(k: int, gemm: str) -> None:
     target, draft = _model(0, gemm=gemm), _model(1, noise=0.05)
     engine = Engine(target, lambda: ModelDrafter(draft), [])
-    assert engine.cuda_graphs and isinstance(target.rows["exact"], TritonRows)
+    assert engine.cuda_graphs and isinstance(target.rows["exact"].attention, TritonAttention)
     gen = torch.Generator().manual_seed(k)
     accepted = 0
     for i in range(6):
@@ -114,7 +114,8 @@ def test_fast_verify_diverges_from_exact_on_cuda() -> None:
     """Fast mode is the usual batched verify on a GPU too (batched SDPA and GDN chunks, not
     the row kernels), so the dashboard's divergence demo shows something there."""
     target, draft = _model(0), _model(1, noise=0.05)
-    assert isinstance(target.rows["fast"], BatchedRows)
+    fast = target.rows["fast"].attention
+    assert isinstance(fast, TorchAttention) and fast.attend is attend_masked
     engine = Engine(target, lambda: ModelDrafter(draft), [])
     exact = _decode_prompts(engine, 4, "exact", 5)
     fast = _decode_prompts(engine, 4, "fast", 5)
@@ -156,17 +157,19 @@ def test_chunked_prefill_on_cuda(monkeypatch) -> None:
 def test_prefill_attention_kernel_computes_what_sdpa_does(monkeypatch) -> None:
     """The CUDA prefill with kernels.prefill_attention (shipped on Hopper) next to torch's
     SDPA, in one pass and in chunks whose later ones are lower-right causal."""
-    from specdash.engine.rows import TritonPrefillRows
+    from specdash.engine.rows import triton_prefill_rows
+    from specdash.engine.rows.attention import attend_causal_kernel
 
     m = _model(0)
     prompt = torch.randint(0, m.cfg.vocab_size, (300,), generator=torch.Generator().manual_seed(6))
     shipped = m.rows["prefill"]
     hopper = torch.cuda.get_device_capability()[0] >= 9
-    assert isinstance(shipped, TritonPrefillRows) and shipped.attention_kernel == hopper
+    assert isinstance(shipped.attention, TorchAttention)
+    assert (shipped.attention.attend is attend_causal_kernel) == hopper
     for chunk in (1 << 20, 64):
         monkeypatch.setattr(model_module, "PREFILL_CHUNK", chunk)
         out = []
-        for rows in (TritonPrefillRows(m.cfg, m.rope, attention_kernel=x) for x in (True, False)):
+        for rows in (triton_prefill_rows(m.cfg, m.rope, attention_kernel=x) for x in (True, False)):
             m.rows["prefill"] = rows
             state = SeqState.empty(m.cfg, 310, m.dtype, m.device)
             out.append(m.forward(prompt.cuda(), state, "prefill", all_logits=True))

@@ -181,17 +181,18 @@ def test_model_prefill_through_kernels_equals_the_native_torch_path() -> None:
     test_kernels_model_rows.)"""
     from specdash.engine.config import preset
     from specdash.engine.model import Model, random_tensors
-    from specdash.engine.rows import PrefillRows, TritonPrefillRows, row_implementations
+    from specdash.engine.rows import prefill_rows, row_implementations
+    from specdash.engine.rows.gdn import ChunkedGdn
     from specdash.engine.state import SeqState
 
     cfg = replace(preset("tiny-hybrid"), linear_value_head_dim=32)  # inside the kernels' shapes
     model = Model.from_tensors(cfg, random_tensors(cfg, 3))
     cuda_prefill = row_implementations(cfg, model.rope, torch.device("cuda"))["prefill"]
-    assert isinstance(cuda_prefill, TritonPrefillRows) and cuda_prefill.gdn_kernel
+    assert isinstance(cuda_prefill.gdn, ChunkedGdn) and cuda_prefill.gdn.kernel
     tokens = torch.randint(0, cfg.vocab_size, (70,), generator=torch.Generator().manual_seed(4))
     out = []
     for gdn_kernel in (False, True):  # the CPU route's GDN, then the one chosen on CUDA
-        model.rows["prefill"] = PrefillRows(cfg, model.rope, gdn_kernel)
+        model.rows["prefill"] = prefill_rows(cfg, model.rope, gdn_kernel)
         state = SeqState.empty(cfg, 80, torch.float32, torch.device("cpu"))
         out.append((model.forward(tokens, state, "prefill"), state.gdn[0].ssm.clone()))
     assert torch.equal(out[0][0], out[1][0]) and torch.equal(out[0][1], out[1][1])

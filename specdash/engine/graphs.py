@@ -33,7 +33,7 @@ class CapturedForward:
         self.tokens = torch.zeros(rows, dtype=torch.long, device=model.device)
         # Warm up on a side stream (Triton compiles, caches allocate), then capture. Both
         # write K/V at positions >= length, which the next real step overwrites, and leave GDN
-        # steps pending; a decode row updates GDN buffers in place (`rows.TritonRows`), so the
+        # steps pending; a decode row updates GDN buffers in place (`rows.gdn.TritonGdn`), so the
         # warm-up runs on a copy of them, put back after.
         side = torch.cuda.Stream()
         side.wait_stream(torch.cuda.current_stream())

@@ -295,7 +295,7 @@ class Model:
         x = obs(-1, "embed", self.embed[tokens])
         head = len(self.layers)
         norms = [lw.input_norm for lw in self.layers[1:]] + [self.final_norm]
-        h = obs(0, "input_norm", rows.norm(x, self.layers[0].input_norm))
+        h = obs(0, "input_norm", rows.rowwise.norm(x, self.layers[0].input_norm))
         for i, lw in enumerate(self.layers):
             if isinstance(lw.mixer, AttentionWeights):
                 a = self._attention(i, lw.mixer, h, runs, mode, obs)
@@ -331,10 +331,10 @@ class Model:
     ) -> tuple[Tensor, Tensor]:
         """x + a and the norm after it (one kernel on the Triton rows). Observed at `sum_at`
         and `norm_at`; a sum an observer replaced (fault injection) is normed again."""
-        s, h = rows.residual_norm(x, a, w)
+        s, h = rows.rowwise.residual_norm(x, a, w)
         seen = obs(*sum_at, s)
         if seen is not s:
-            s, h = seen, rows.norm(seen, w)
+            s, h = seen, rows.rowwise.norm(seen, w)
         return s, obs(*norm_at, h)
 
     def _linear(self, x: Tensor, w: Tensor, mode: Mode) -> Tensor:
@@ -357,7 +357,7 @@ class Model:
         gu = obs(i, "gate_up_proj", self._linear(h, lw.gate_up, mode))
         if fused is not None:
             return fused.swiglu(gu, lw.down)
-        return self._linear(rows.swiglu(gu), lw.down, mode)
+        return self._linear(rows.rowwise.swiglu(gu), lw.down, mode)
 
     def _fused(self, mode: Mode) -> gemm_backends.FusedGemms | None:
         """The backend's GEMMs with the row op before them computed in their operand loads, for
@@ -370,12 +370,12 @@ class Model:
         rows = self.rows[mode]
         qkv = obs(i, "qkv_proj", self._linear(h, w.qkv, mode))
         parts = qkv.split([r.size for r in runs])
-        o = cat_rows([rows.attention_run(p, w, i, r) for p, r in zip(parts, runs, strict=True)])
+        o = cat_rows([rows.attention.run(p, w, i, r) for p, r in zip(parts, runs, strict=True)])
         o = obs(i, "attention", o)
         fused = self._fused(mode)
         if fused is not None and self.cfg.gated_attention:
             return obs(i, "o_proj", fused.sigmoid_gate(o, attention_gate(qkv, self.cfg), w.o))
-        return obs(i, "o_proj", self._linear(rows.output_gate(o, qkv), w.o, mode))
+        return obs(i, "o_proj", self._linear(rows.rowwise.output_gate(o, qkv), w.o, mode))
 
     def _gdn(
         self, i: int, w: GdnWeights, h: Tensor, runs: list[Run], mode: Mode, obs: Observer
@@ -386,19 +386,19 @@ class Model:
         proj = obs(i, "in_proj", self._linear(h, w.proj, mode))
         qkv, z, b, a = proj.split([cfg.gdn_conv_dim, cfg.gdn_value_dim, nv, nv], dim=-1)
         sizes = [r.size for r in runs]
-        if obs is _identity and all(rows.conv_in_gdn(r) for r in runs):  # no conv to observe
+        if obs is _identity and all(rows.gdn.conv_in_gdn(r) for r in runs):  # no conv to observe
             per_run = zip(*(x.split(sizes) for x in (qkv, a, b)), runs, strict=True)
-            o = cat_rows([rows.conv_gdn_run(i, *qkvab, w, r) for *qkvab, r in per_run])
+            o = cat_rows([rows.gdn.conv_gdn_run(i, *qkvab, w, r) for *qkvab, r in per_run])
         else:
             parts = zip(qkv.split(sizes), runs, strict=True)
-            convs = [rows.conv_run(p, w.conv, i, r) for p, r in parts]
+            convs = [rows.gdn.conv_run(p, w.conv, i, r) for p, r in parts]
             mixed = obs(i, "conv", cat_rows([m for m, _ in convs]))
             q, k, v = mixed.split([cfg.gdn_key_dim, cfg.gdn_key_dim, cfg.gdn_value_dim], dim=-1)
             q, k, v = q.view(t_len, nk, dk), k.view(t_len, nk, dk), v.view(t_len, nv, dv)
             per_run = zip(*(x.split(sizes) for x in (q, k, v, a, b)), strict=True)
             o = cat_rows(
                 [
-                    rows.gdn_run(i, qkvab, w, r, cs)
+                    rows.gdn.run(i, qkvab, w, r, cs)
                     for qkvab, r, (_, cs) in zip(per_run, runs, convs, strict=True)
                 ]
             )
@@ -407,7 +407,7 @@ class Model:
         if fused is not None:
             o = o.reshape(t_len, nv * dv).to(z.dtype)
             return obs(i, "out_proj", fused.gated_norm(o, z, w.norm, cfg.rms_norm_eps, w.out))
-        o = obs(i, "gated_norm", rows.gated_norm(o, z, w.norm).reshape(t_len, nv * dv))
+        o = obs(i, "gated_norm", rows.rowwise.gated_norm(o, z, w.norm).reshape(t_len, nv * dv))
         return obs(i, "out_proj", self._linear(o, w.out, mode))
 
 
