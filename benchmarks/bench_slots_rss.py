@@ -75,7 +75,7 @@ def main() -> None:
                     trim_heap()  # prefill's activations back to the OS
                 phase[0] = "decode"
                 while not seq.done:
-                    engine.spec_step(seq, a.k, "exact", a.max_new_tokens)
+                    engine.spec_step([seq], a.k, "exact", a.max_new_tokens)
                 assert seq.diverged_at is None
                 engine.release(seq)
                 del seq

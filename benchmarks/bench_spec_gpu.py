@@ -98,14 +98,14 @@ def plain_decode(
 ) -> tuple[list[int], list[float], float]:
     seq, _ = engine.start(0, prompt, n, 16, shadow=False)
     torch.cuda.synchronize()
-    engine.spec_step(seq, 0, mode, n)  # captures the decode graph on a new slot
+    engine.spec_step([seq], 0, mode, n)  # captures the decode graph on a new slot
     if gpm is not None:
         gpm.start()
         time.sleep(0.25)  # the first GPM window opens before the timed steps
     t0 = time.perf_counter()
     steps = 0
     while not seq.done:
-        engine.spec_step(seq, 0, mode, n)
+        engine.spec_step([seq], 0, mode, n)
         steps += 1
     torch.cuda.synchronize()
     elapsed = time.perf_counter() - t0
@@ -325,13 +325,13 @@ def main() -> int:
     rows = torch.tensor(rand_prompt(args.k + 1), device=dev)
     captured = {t: CapturedForward(model, state, t, "exact") for t in times}
     for t in times:
-        captured[t].replay(rows[:t], state)
+        captured[t].replay(rows[:t], [state])
         state.pending = {}
     for _ in range(20):
         for t in times:
             torch.cuda.synchronize()
             t1 = time.perf_counter()
-            captured[t].replay(rows[:t], state)
+            captured[t].replay(rows[:t], [state])
             torch.cuda.synchronize()
             times[t].append(time.perf_counter() - t1)
             state.pending = {}
@@ -363,13 +363,13 @@ def main() -> int:
         eng = Engine(model, make, [])
         warm, _ = eng.start(0, prompts[0], args.spec_tokens, 16, shadow=True)
         while not warm.done:  # capture every graph this run will replay
-            eng.spec_step(warm, args.k, mode, args.spec_tokens)
+            eng.spec_step([warm], args.k, mode, args.spec_tokens)
         eng.release(warm)
         exact, tokens, spent, steps, accepted = 0, 0, 0.0, 0, 0
         for i, p in enumerate(prompts):
             seq, _ = eng.start(i, p, args.spec_tokens, 16, shadow=True)
             while not seq.done:
-                r = eng.spec_step(seq, args.k, mode, args.spec_tokens)
+                (r,) = eng.spec_step([seq], args.k, mode, args.spec_tokens)
                 spent += r.draft_s + r.verify_s + r.rollback_s
                 steps += 1
                 accepted += r.accepted

@@ -37,7 +37,8 @@ class EagerStandIn:
         self.replays = self.commits = 0
         EagerStandIn.made.append(self)
 
-    def replay(self, tokens: Tensor, state: SeqState) -> Tensor:
+    def replay(self, tokens: Tensor, states: list[SeqState]) -> Tensor:
+        (state,) = states
         assert tokens.shape[0] == self.rows
         self.replays += 1
         return self.model.forward(tokens, state, self.mode)
@@ -56,7 +57,7 @@ class BatchStandIn(EagerStandIn):
         super().__init__(model, pool.scratch, rows, mode)
         self.pool, self.size, self.replayed_sizes = pool, size, set()
 
-    def replay(self, tokens: Tensor, states: list[SeqState]) -> Tensor:  # type: ignore[override]
+    def replay(self, tokens: Tensor, states: list[SeqState]) -> Tensor:
         assert len(states) <= self.size < 2 * len(states) and {st.pool for st in states} == {
             self.pool
         }
@@ -103,7 +104,7 @@ def _decode(engine: Engine, mode: Mode = "exact") -> Decoded:
         prompt = torch.randint(0, 320, (6 + 5 * i,), generator=gen).tolist()
         seq, _ = engine.start(i, prompt, MAX_NEW, K, shadow=True)
         while not seq.done:
-            engine.spec_step(seq, K, mode, MAX_NEW)
+            engine.spec_step([seq], K, mode, MAX_NEW)
         if mode == "exact":
             assert seq.diverged_at is None and seq.compared == len(seq.ids) == MAX_NEW
         out.ids.append(seq.ids)
@@ -153,7 +154,7 @@ def test_capacity_is_checked_before_a_capture(target: Model) -> None:
     seq, _ = engine.start(0, [1, 2, 3], 4, K, shadow=False)
     room = seq.state.capacity - seq.state.length
     with pytest.raises(UsageError):
-        engine._graph(seq.state, room + 1, "exact")
+        engine._graph([seq.state], [room + 1], "exact")
     assert not engine._graphs and not EagerStandIn.made
 
 

@@ -64,7 +64,7 @@ def test_graphed_spec_equals_eager_plain_greedy(k: int, gemm: str) -> None:
         prompt = torch.randint(0, target.cfg.vocab_size, (5 + 7 * i,), generator=gen).tolist()
         seq, _ = engine.start(i, prompt, 32, 16, shadow=True)
         while not seq.done:
-            accepted += engine.spec_step(seq, k, "exact", 32).accepted
+            accepted += engine.spec_step([seq], k, "exact", 32)[0].accepted
         ref_ids, ref_lps = plain_greedy(target, prompt, 32)
         assert seq.diverged_at is None
         assert torch.equal(torch.tensor(seq.ids), ref_ids)
@@ -85,7 +85,7 @@ def _decode_prompts(engine: Engine, k: int, mode: str, seed: int) -> tuple[list[
         prompt = torch.randint(0, cfg.vocab_size, (9 + 5 * i,), generator=gen).tolist()
         seq, _ = engine.start(i, prompt, 24, 16, shadow=False)
         while not seq.done:
-            engine.spec_step(seq, k, mode, 24)
+            engine.spec_step([seq], k, mode, 24)
         ids += seq.ids
         lps += seq.logprobs
         engine.release(seq)
@@ -200,7 +200,7 @@ def test_27b_shape_spec_equals_shadow_on_24_prompts(model_27b: Model, drafter: s
         for i, p in enumerate(prompts):
             seq, _ = plain.start(i, p, n + 10, 16, shadow=False)
             while not seq.done:
-                plain.spec_step(seq, 0, "exact", n + 10)
+                plain.spec_step([seq], 0, "exact", n + 10)
             continuation[tuple(p)] = seq.ids
             plain.release(seq)
         make = lambda: ReplayDrafter(continuation)  # noqa: E731
@@ -209,7 +209,7 @@ def test_27b_shape_spec_equals_shadow_on_24_prompts(model_27b: Model, drafter: s
     for i, p in enumerate(prompts):
         seq, _ = engine.start(i, p, n, 16, shadow=True)
         while not seq.done:
-            accepted += engine.spec_step(seq, 9, "exact", n).accepted
+            accepted += engine.spec_step([seq], 9, "exact", n)[0].accepted
         assert seq.diverged_at is None and seq.compared == len(seq.ids) == n, i
         engine.release(seq)
     if drafter == "replay":  # the k+1 verify rows were really compared

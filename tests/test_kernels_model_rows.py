@@ -115,7 +115,7 @@ def test_speculation_on_the_row_path_equals_plain_greedy(model: Model) -> None:
     prompt = (prompt.tolist() * 2)[:20]  # repeats, so the n-gram drafter proposes and hits
     seq, _ = engine.start(0, prompt, 16, 4, shadow=True)
     while not seq.done:
-        engine.spec_step(seq, 4, "exact", 16)
+        engine.spec_step([seq], 4, "exact", 16)
     ids, lps = plain_greedy(model, prompt, 16)
     assert seq.ids == ids.tolist() and seq.diverged_at is None
     assert torch.equal(torch.tensor(seq.logprobs, dtype=torch.float32), lps)
@@ -347,7 +347,7 @@ def test_speculation_through_the_fused_gemms_equals_plain_greedy(tile_model: Mod
     engine = Engine(tile_model, lambda: ReplayDrafter({tuple(prompt.tolist()): drafts}), [])
     seq, _ = engine.start(0, prompt.tolist(), 10, 3, shadow=True)
     while not seq.done:
-        engine.spec_step(seq, 3, "exact", 10)
+        engine.spec_step([seq], 3, "exact", 10)
     assert seq.ids == ids.tolist() and seq.diverged_at is None
     assert torch.equal(torch.tensor(seq.logprobs, dtype=torch.float32), lps)
     assert any(s.accepted > 0 for s in seq.steps) and any(

@@ -58,7 +58,7 @@ def test_spec_after_chunked_prefill_equals_its_shadow(monkeypatch) -> None:
         seq, _ = engine.start(i, prompt, 24, 16, shadow=True)
         with torch.inference_mode():
             while not seq.done:
-                engine.spec_step(seq, 4, "exact", 24)
+                engine.spec_step([seq], 4, "exact", 24)
         assert seq.diverged_at is None and seq.compared == len(seq.ids) == 24
         engine.release(seq)
 

@@ -53,9 +53,11 @@ class CapturedForward:
         state.pending = {}
         self.commits: dict[int, torch.cuda.CUDAGraph] = {}
 
-    def replay(self, tokens: Tensor, state: SeqState) -> Tensor:
-        """Run the graph on `tokens`; like the eager forward it leaves the GDN steps pending (so
-        `state.commit` would also be right; `commit` below is the graphed way)."""
+    def replay(self, tokens: Tensor, states: list[SeqState]) -> Tensor:
+        """Run the graph on `tokens` (`states` is [state], as for `CapturedBatch.replay`); like
+        the eager forward it leaves the GDN steps pending (so `state.commit` would also be
+        right; `commit` below is the graphed way)."""
+        (state,) = states
         self.tokens.copy_(tokens, non_blocking=True)
         self.graph.replay()
         state.pending = dict(self.pending)
