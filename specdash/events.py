@@ -92,7 +92,8 @@ class Draft(_Event):
 class VerifyStep(_Event):
     """One speculative step: k drafts verified, `accepted` of them kept, plus one bonus.
 
-    `accepted` counts drafts only (0..k); the step emits accepted + 1 tokens.
+    `accepted` counts drafts only (0..k); the step emits accepted + 1 tokens, or accepted when
+    the last of them is an end-of-text (no bonus, and the drafts after it are not accepted).
     Timings are host wall-clock seconds of each phase of this step.
     With speculation off (k == 0) the step is a plain decode step (`plain`): its tokens and
     timings count towards throughput, but it is not a verify step, so every acceptance number

@@ -4,7 +4,7 @@ Greedy acceptance (gpt-fast's `speculative_decode`, greedy case), `accept`:
   rows = [last token, d1..dk] go through the target in one verify step; row i predicts
   t_{i+1}. Keep the longest prefix with d_i == t_i (a drafts), emit t_1..t_{a+1}: the a
   accepted drafts plus one bonus token from row a, up to the first end-of-text. The state
-  keeps rows 0..a.
+  keeps the row that predicted each emitted token: rows 0..a.
 
 The shadow is a plain greedy decode of the same prompt on the same weights, started
 from the same prefill and advanced to the same position after every step, so each
@@ -107,13 +107,14 @@ def accept(drafts: list[int], target: list[int], eos_ids: Container[int]) -> tup
     drafts: [n] d_1..d_n; target: [n + 1] t_1..t_{n+1}, the target's greedy token of each row
     (row 0 holds the last emitted token, row i holds d_i; row i predicts t_{i+1}).
     Accept while d_i == t_i; emit t_1..t_{a+1}, the a accepted drafts and row a's bonus token,
-    up to the first end-of-text.
+    but nothing after an end-of-text: a drafted end-of-text ends the step, with no bonus, and
+    the drafts after it are neither emitted nor accepted.
     """
     a = 0
     while a < len(drafts) and drafts[a] == target[a]:
         a += 1
     emitted = next((j + 1 for j, t in enumerate(target[: a + 1]) if t in eos_ids), a + 1)
-    return a, emitted
+    return min(a, emitted), emitted
 
 
 def greedy_to_host(logprobs: Tensor) -> tuple[list[int], list[float]]:
@@ -248,7 +249,7 @@ class Engine:
             for r, s in zip(rows, starts, strict=True)
         ]  # (accepted, emitted) per sequence
         t2 = time.perf_counter()
-        commit([accepted + 1 for accepted, _ in verdicts])  # rows 0..a
+        commit([emitted for _, emitted in verdicts])  # the row that predicted each token
         for seq, r, s, (accepted, emitted) in zip(batch, rows, starts, verdicts, strict=True):
             ids = target[s : s + emitted]
             seq.steps.append(StepRecord(r, mode, self.target.gemm, accepted))
@@ -332,9 +333,9 @@ class Engine:
                 self._graphs[key] = graphs.CapturedForward(target, states[0], n, mode)
             return self._graphs[key]
         pool = states[0].pool
-        if pool is None or any(st.pool is not pool for st in states):
+        if not target.rows[mode].steps_slots_together or pool is None:
             return None
-        if not target.rows[mode].steps_slots_together:
+        if any(st.pool is not pool for st in states):
             return None
         for st in states:
             target.check_fits(st, n)
