@@ -5,6 +5,8 @@ from __future__ import annotations
 
 from abc import ABC, abstractmethod
 from collections.abc import Callable
+from dataclasses import dataclass
+from typing import ClassVar
 
 import torch
 
@@ -25,7 +27,7 @@ already holds their own K/V."""
 class Attention(ABC):
     graphable: bool = False
     """Reads every position on the device, so a CUDA graph of it is valid at every length."""
-    steps_slots_together: bool = False
+    steps_slots_together: ClassVar[bool] = False
     """`run` takes a pooled run in one launch per op (`Run.pooled`)."""
 
     def run(self, qkv: Tensor, w: AttentionWeights, i: int, run: Run) -> Tensor:
@@ -75,12 +77,17 @@ def attend_causal_kernel(
     return causal_prefill_attention(q, cache.k, cache.v, state.length, scale)
 
 
+@dataclass(eq=False)
 class TorchAttention(Attention):
     """q/k norms by `rowwise`, RoPE and the cache write in torch, then `attend`."""
 
-    def __init__(self, cfg: ModelConfig, rope: Rope, rowwise: Rowwise, attend: Attend) -> None:
-        self.cfg, self.rope, self.rowwise, self.attend = cfg, rope, rowwise, attend
-        self.graphable = attend is attend_masked  # the others slice by the host-side length
+    cfg: ModelConfig
+    rope: Rope
+    rowwise: Rowwise
+    attend: Attend
+
+    def __post_init__(self) -> None:
+        self.graphable = self.attend is attend_masked  # the others slice by host-side length
 
     def sequence(self, qkv: Tensor, w: AttentionWeights, cache: KVCache, state: SeqState) -> Tensor:
         cfg, t_len = self.cfg, qkv.shape[0]
@@ -104,16 +111,16 @@ class TorchAttention(Attention):
         return self.attend(q, cache, state, pos, d**-0.5).reshape(t_len, hq * d)
 
 
+@dataclass(eq=False)
 class TritonAttention(Attention):
     """specdash.kernels' attention: norms, RoPE and the cache write in one kernel, then the
     fixed-split decode kernel, verify rows issued as decode rows of lengths L+1..L+T, whose
     arithmetic cannot depend on the row count; positions read on the device."""
 
+    cfg: ModelConfig
+    rope: Rope
     graphable = True
     steps_slots_together = True
-
-    def __init__(self, cfg: ModelConfig, rope: Rope) -> None:
-        self.cfg, self.rope = cfg, rope
 
     def sequence(self, qkv: Tensor, w: AttentionWeights, cache: KVCache, state: SeqState) -> Tensor:
         from specdash.kernels.decode_attention import verify_as_decode_rows

@@ -5,6 +5,8 @@ row pending for the commit (`state.commit`, `commit_batch`); prefill stores the 
 from __future__ import annotations
 
 from abc import ABC, abstractmethod
+from dataclasses import dataclass
+from typing import ClassVar
 
 import torch
 
@@ -19,14 +21,14 @@ Tensor = torch.Tensor
 QKVAB = tuple[Tensor, Tensor, Tensor, Tensor, Tensor]
 
 
+@dataclass(eq=False)
 class Gdn(ABC):
     """The conv by `rowwise`, then `sequence` for each sequence of a run on its own state."""
 
-    steps_slots_together: bool = False
+    cfg: ModelConfig
+    rowwise: Rowwise
+    steps_slots_together: ClassVar[bool] = False
     """`conv_run` and `run` take a pooled run in one launch per op (`Run.pooled`)."""
-
-    def __init__(self, cfg: ModelConfig, rowwise: Rowwise) -> None:
-        self.cfg, self.rowwise = cfg, rowwise
 
     def conv_run(
         self, qkv: Tensor, w: Tensor, i: int, run: Run
@@ -46,7 +48,7 @@ class Gdn(ABC):
         """The delta rule of layer i for every sequence of the run, on its own state."""
         parts = zip(*(x.split(run.rows) for x in qkvab), strict=True)
         outs = [
-            self.sequence(i, *p, w, st, cs)
+            self.sequence(i, p, w, st, cs)
             for p, st, cs in zip(parts, run.states, conv_seqs, strict=True)
         ]
         return cat_rows(outs)
@@ -65,16 +67,7 @@ class Gdn(ABC):
 
     @abstractmethod
     def sequence(
-        self,
-        i: int,
-        q: Tensor,
-        k: Tensor,
-        v: Tensor,
-        a: Tensor,
-        b: Tensor,
-        w: GdnWeights,
-        state: SeqState,
-        conv_seq: Tensor,
+        self, i: int, qkvab: QKVAB, w: GdnWeights, state: SeqState, conv_seq: Tensor
     ) -> Tensor:
         """The delta rule over one sequence's rows of layer i; returns the output."""
 
@@ -91,52 +84,34 @@ def qk_gates(
     return q, k, *ops.gdn_gates(a, b, w.a_log, w.dt_bias)
 
 
+@dataclass(eq=False)
 class RecurrentGdn(Gdn):
     """The recurrence one token at a time in torch, `exact` l2 norms summing in a fixed order."""
 
-    def __init__(self, cfg: ModelConfig, rowwise: Rowwise, exact: bool) -> None:
-        super().__init__(cfg, rowwise)
-        self.exact = exact
+    exact: bool
 
     def sequence(
-        self,
-        i: int,
-        q: Tensor,
-        k: Tensor,
-        v: Tensor,
-        a: Tensor,
-        b: Tensor,
-        w: GdnWeights,
-        state: SeqState,
-        conv_seq: Tensor,
+        self, i: int, qkvab: QKVAB, w: GdnWeights, state: SeqState, conv_seq: Tensor
     ) -> Tensor:
+        q, k, v, a, b = qkvab
         q, k, decay, beta = qk_gates(self.cfg, q, k, a, b, w, self.exact)
         o, steps = ops.gdn_recurrent_steps(q, k, v.float(), decay, beta, state.gdn[i].ssm)
         state.pending[i] = GdnSteps(conv_seq, steps)
         return o
 
 
+@dataclass(eq=False)
 class ChunkedGdn(Gdn):
     """Prefill's chunked form, storing the final state. With `kernel` (CUDA, the kernels'
     shapes) through `kernels.gdn.gdn_prefill` (FLA's chunked kernel when fla-core imports, else
     the same torch chunked form)."""
 
-    def __init__(self, cfg: ModelConfig, rowwise: Rowwise, kernel: bool) -> None:
-        super().__init__(cfg, rowwise)
-        self.kernel = kernel
+    kernel: bool
 
     def sequence(
-        self,
-        i: int,
-        q: Tensor,
-        k: Tensor,
-        v: Tensor,
-        a: Tensor,
-        b: Tensor,
-        w: GdnWeights,
-        state: SeqState,
-        conv_seq: Tensor,
+        self, i: int, qkvab: QKVAB, w: GdnWeights, state: SeqState, conv_seq: Tensor
     ) -> Tensor:
+        q, k, v, a, b = qkvab
         ssm, t_len = state.gdn[i].ssm, q.shape[0]
         if self.kernel:
             from specdash.kernels.gdn import gdn_prefill
@@ -237,19 +212,11 @@ class TritonGdn(Gdn):
         return o.reshape(n * t, *o.shape[2:])
 
     def sequence(
-        self,
-        i: int,
-        q: Tensor,
-        k: Tensor,
-        v: Tensor,
-        a: Tensor,
-        b: Tensor,
-        w: GdnWeights,
-        state: SeqState,
-        conv_seq: Tensor,
+        self, i: int, qkvab: QKVAB, w: GdnWeights, state: SeqState, conv_seq: Tensor
     ) -> Tensor:
         from specdash.kernels.gdn import gdn_verify_steps
 
+        q, k, v, a, b = qkvab
         ssm = state.gdn[i].ssm
         o, steps = gdn_verify_steps(
             q[None], k[None], v[None], a[None], b[None], w.a_log, w.dt_bias, ssm[None]

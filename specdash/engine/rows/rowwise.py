@@ -4,6 +4,7 @@ so any number of rows computes each row as one row would, given per-row reductio
 
 from __future__ import annotations
 
+from dataclasses import dataclass
 from typing import Protocol
 
 import torch
@@ -47,12 +48,13 @@ class Rowwise(Protocol):
         ...
 
 
+@dataclass(eq=False)
 class TorchRowwise:
     """torch's ops: `exact` norms sum in a fixed order (decode's bits at any row count), else
     torch's fused norms (the usual way, for fast verify and prefill)."""
 
-    def __init__(self, cfg: ModelConfig, exact: bool) -> None:
-        self.cfg, self.exact = cfg, exact
+    cfg: ModelConfig
+    exact: bool
 
     def norm(self, x: Tensor, w: Tensor) -> Tensor:
         cfg = self.cfg
@@ -78,12 +80,12 @@ class TorchRowwise:
         return ops.gated_rms_norm(o.to(z.dtype), z, w, self.cfg.rms_norm_eps, self.exact)
 
 
+@dataclass(eq=False)
 class TritonRowwise:
     """specdash.kernels' row kernels, one program per row (or row block) for any number of
     rows (CUDA; the CPU runs them under TRITON_INTERPRET)."""
 
-    def __init__(self, cfg: ModelConfig) -> None:
-        self.cfg = cfg
+    cfg: ModelConfig
 
     def norm(self, x: Tensor, w: Tensor) -> Tensor:
         from specdash.kernels.rmsnorm import rms_norm_rows
