@@ -158,6 +158,10 @@ class RootCause(BaseModel):
     max_abs_diff: float
     detail: str = ""
     origin_position: int | None = None
+    reproduced: bool | None = None
+    """Whether the replay gave the flagged token the id and fp32 logprob bits both runs
+    emitted. False: it did not, so it names no sub-op (`sub_op` "none") and `detail` says what
+    it got. None: not checked (traces recorded before the check)."""
 
 
 class Divergence(_Event):
@@ -251,6 +255,9 @@ class Summary(_Event):
     divergences: int
     same_text_prompts: int | None = None
     """Prompts whose token ids equal the shadow's to the end (None: not checked)."""
+    unreproduced_root_causes: int = 0
+    """Divergences whose root-cause replay did not reproduce the flagged bits (no sub-op
+    named: `RootCause.reproduced` False)."""
 
     @property
     def exact_text(self) -> str:

@@ -56,6 +56,10 @@ class StepRecord:
     mode: Mode
     gemm: GemmBackend
     accepted: int
+    batch: list[Sequence] = field(default_factory=list)
+    """Every sequence of the step's forward (this one among them), in `spec_step`'s order, one
+    list shared by their records: a row's bits can depend on the whole forward's layout (a
+    CPU GEMM's on M), so replaying a step means replaying its batch."""
 
 
 @dataclass(slots=True)
@@ -91,6 +95,12 @@ class StepResult:
     verify_s: float
     shadow_s: float
     rollback_s: float
+
+
+def batch_order(rows: list[list[int]]) -> list[int]:
+    """The order a batched forward lays its sequences' rows out in: by row count, so that
+    sequences with as many rows sit side by side and step together (`Rows.run`); stable."""
+    return sorted(range(len(rows)), key=lambda j: len(rows[j]))
 
 
 class Engine:
@@ -269,6 +279,7 @@ class Engine:
             graph.commit([s.state for s in seqs], kept)
         else:
             commit_batch([s.state for s in seqs], kept)
+        batch = list(seqs)
         for seq, d, r, (accepted, ids_l, lps_l) in zip(
             seqs, drafts, rows, accepted_all, strict=True
         ):
@@ -278,7 +289,7 @@ class Engine:
                     emitted, emitted_lp = emitted[: j + 1], emitted_lp[: j + 1]
                     seq.done = True
                     break
-            seq.steps.append(StepRecord(r, mode, self.target.gemm, accepted))
+            seq.steps.append(StepRecord(r, mode, self.target.gemm, accepted, batch))
             seq.context.extend(emitted)
             seq.ids.extend(emitted)
             seq.logprobs.extend(emitted_lp)
@@ -309,8 +320,7 @@ class Engine:
                 return [graph.replay(tokens, seq.state)], graph
             # an observed forward is eager: the observer sees (and may change) every sub-op
             return [self.target.forward(tokens, seq.state, mode, observer)], None
-        # sequences with as many rows side by side, so that they step together (`Rows.run`)
-        order = sorted(range(len(seqs)), key=lambda j: len(rows[j]))
+        order = batch_order(rows)
         lens = [len(rows[j]) for j in order]
         tokens = self._tensor([t for j in order for t in rows[j]])
         states = [seqs[j].state for j in order]

@@ -26,7 +26,7 @@ from specdash.engine.config import preset
 from specdash.engine.drafters import Drafter, ModelDrafter, NgramDrafter
 from specdash.engine.engine import Engine, Sequence, StepResult
 from specdash.engine.model import Model
-from specdash.engine.root_cause import find_root_cause
+from specdash.engine.root_cause import RootCauseFinder
 from specdash.engine.tokenizer import ByteTokenizer, TextTokenizer
 from specdash.errors import CheckpointError, EnvironmentProblem, SpecdashError, UsageError
 from specdash.events import (
@@ -192,6 +192,7 @@ class SessionRunner:
         self._next_index = 0  # prompt index for prompts typed in the dashboard
         self._group: list[Sequence] = []  # the sequences being decoded now
         self.engine = Engine(self.loaded.target, self._make_drafter, self.loaded.eos_ids)
+        self.root_causes = RootCauseFinder(self.engine)
 
     def _make_drafter(self) -> Drafter:
         if self.settings.drafter == "model" and self.loaded.draft is not None:
@@ -442,7 +443,7 @@ class SessionRunner:
         token-id divergence when that comes later (root cause only for the first)."""
         tok = self.loaded.tokenizer
         first = j == seq.diverged_at
-        cause = find_root_cause(self.engine, seq, j) if self.settings.root_cause and first else None
+        cause = self.root_causes.find(seq, j) if self.settings.root_cause and first else None
         step, _ = self.engine.step_of(seq, j)
         end = len(seq.prompt) + j  # the context: up to 24 tokens before token j
         self.events.divergence(

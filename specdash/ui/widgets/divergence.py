@@ -31,6 +31,8 @@ def root_cause_label(d: Divergence) -> str:
     rc = d.root_cause
     if rc is None:
         return "–"
+    if rc.reproduced is False:
+        return "not reproduced"
     layer = "?" if rc.layer is None else str(rc.layer)
     return f"L{layer} {rc.sub_op}"
 

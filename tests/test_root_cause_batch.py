@@ -1,0 +1,216 @@
+"""The root cause of a divergence in a batched run names the sub-op that actually ran.
+
+Fast verify with the n-gram drafter, k = 7, batch 8, prompts of mixed lengths (short ones with
+long ones between them, which change each step's GEMM M and row layout): every forward the run
+makes is recorded live here, and the expected cause of each flagged token is computed from
+those recorded batched rows against plain decode rows (`Model.forward`, one row at a time), not
+from any replay. The root cause must name that layer, sub-op and token and say that its replay
+reproduced the flagged bits; a replay that cannot reproduce them must say so and name nothing.
+
+How a CPU GEMM's row bits depend on M is the CPU's business (with MKL on AVX-512 one row takes
+another path than two or more), so besides torch's real GEMM the run also takes one that gives
+a lone row decode's exact bits and two or more another computation's: a sequence's one-row step
+replayed alone then differs from the batch it ran in on every CPU.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+from collections.abc import Callable
+from pathlib import Path
+
+import pytest
+import torch
+from tiny_models import CORPUS, PROMPTS, write_pair
+
+from specdash.engine.engine import Sequence
+from specdash.engine.gemm_backends import GemmBackend
+from specdash.engine.model import Model
+from specdash.engine.state import SeqState
+from specdash.events import Divergence, Event, Token, VerifyStep
+from specdash.runs.native import SessionRunner
+from specdash.settings import SessionSettings
+from specdash.ui.widgets.divergence import root_cause_label
+
+MAX_NEW = 12
+Records = list[tuple[int, str, torch.Tensor]]
+
+
+@pytest.fixture(scope="module")
+def pair(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, Path, Path]:
+    """The tiny pair and 12 prompts: the short ones with ~1k- and ~2k-token ones between them."""
+    target, draft, _ = write_pair(tmp_path_factory.mktemp("tiny"))
+    text = "".join(CORPUS)
+    long = [text * 5, text * 10, (text * 6)[7:], (text * 11)[3:]]
+    mixed = [PROMPTS[0], long[0], PROMPTS[1], PROMPTS[2], long[1], PROMPTS[3]]
+    mixed += [PROMPTS[4], long[2], PROMPTS[5], PROMPTS[6], long[3], PROMPTS[7]]
+    prompts = target.parent / "mixed.jsonl"
+    prompts.write_text("".join(json.dumps({"prompt": p}) + "\n" for p in mixed))
+    return target, draft, prompts
+
+
+def exact_alone(backend: GemmBackend) -> GemmBackend:
+    """A lone row (M = 1) with decode's exact bits, M >= 2 through an fp64-accumulated GEMM:
+    as MKL on AVX-512 takes one code path for one row and another for two or more."""
+    exact = backend.fn
+    assert exact is not None
+
+    def gemm(x: torch.Tensor, w: torch.Tensor) -> torch.Tensor:
+        if x.shape[0] == 1:
+            return exact(x, w)
+        return (x.double() @ w.double().T).to(x.dtype)
+
+    return dataclasses.replace(backend, name="exact-alone", fast_fn=gemm)
+
+
+def nondeterministic(backend: GemmBackend) -> GemmBackend:
+    """torch's GEMM with fresh relative noise of ~1e-5 at every call (a GPU's split-K GEMM with
+    atomics reorders its sums from run to run, only less): no replay gives the bits that ran."""
+    fast = backend.fast_fn or backend.fn
+    assert fast is not None
+    gen = torch.Generator().manual_seed(0)
+
+    def gemm(x: torch.Tensor, w: torch.Tensor) -> torch.Tensor:
+        out = fast(x, w)
+        return out + out.abs() * 1e-5 * torch.randn(out.shape, generator=gen)
+
+    return dataclasses.replace(backend, name="nondeterministic", fast_fn=gemm)
+
+
+class LiveForwards:
+    """Every fast forward the run makes, as it ran: each sequence's rows of it and their
+    sub-op outputs (the replays the root cause makes pass their own observer and are left out).
+    An observer that returns its input changes nothing the fast rows compute."""
+
+    def __init__(self, runner: SessionRunner) -> None:
+        self.seqs: list[Sequence] = []
+        self.rows: dict[int, list[Records]] = {}  # prompt index -> its sub-ops per step
+        self._owner: dict[int, Sequence] = {}  # a state slot -> the sequence holding it now
+        engine, model = runner.engine, runner.engine.target
+        start, forward_pass = engine.start, model._forward_pass
+
+        def started(*args, **kwargs):  # noqa: ANN002, ANN003, ANN202
+            seq, seconds = start(*args, **kwargs)
+            self.seqs.append(seq)
+            self._owner[id(seq.state)] = seq
+            return seq, seconds
+
+        def observed(tokens, state, mode, observe=None, all_logits=False, lens=None, run=None):  # noqa: ANN001, ANN202
+            if mode != "fast" or observe is not None:
+                return forward_pass(tokens, state, mode, observe, all_logits, lens, run)
+            records: Records = []
+            out = forward_pass(tokens, state, mode, recorder(records), all_logits, lens, run)
+            states = state if isinstance(state, list) else [state]
+            offset = 0
+            for st, n in zip(states, lens or [tokens.shape[0]], strict=True):
+                part = [(layer, name, x[offset : offset + n]) for layer, name, x in records]
+                self.rows.setdefault(self._owner[id(st)].index, []).append(part)
+                offset += n
+            return out
+
+        engine.start = started  # type: ignore[method-assign]
+        model._forward_pass = observed  # type: ignore[method-assign]
+
+
+def recorder(records: Records) -> Callable[[int, str, torch.Tensor], torch.Tensor]:
+    """An observer that keeps a copy of every sub-op's output and changes nothing."""
+
+    def record(layer: int, name: str, x: torch.Tensor) -> torch.Tensor:
+        records.append((layer, name, x.clone()))
+        return x
+
+    return record
+
+
+def decode_rows(model: Model, prompt: list[int], ids: list[int]) -> list[Records]:
+    """Plain greedy decode's sub-ops for generated tokens 1..len(ids)-1 (row p is fed token
+    p - 1 of `ids` and predicts token p); entry 0 is the prefill's, left empty."""
+    state = SeqState.empty(model.cfg, len(prompt) + len(ids) + 1, model.dtype, model.device)
+    out: list[Records] = [[]]
+    with torch.inference_mode():
+        model.forward(torch.tensor(prompt), state, "prefill")
+        for tok in ids[:-1]:
+            records: Records = []
+            model.forward(torch.tensor([tok]), state, "exact", recorder(records))
+            state.commit(1)
+            out.append(records)
+    return out
+
+
+def expected_cause(
+    model: Model, live: list[Records], steps: list[VerifyStep], decode: list[Records], at: int
+) -> tuple[int | None, str, int]:
+    """(layer, sub-op, token) of the first difference between the rows that ran and decode's:
+    the earliest step with one, then forward order, then the earliest row; rows up to token
+    `at`. Embedding and head have no layer (None), as `RootCause` says."""
+    first = 1  # the token a step's row 0 predicts
+    for records, step in zip(live, steps, strict=False):
+        kept = min(step.accepted + 1, at - first + 1)
+        for i, (layer, name, x) in enumerate(records):
+            for r in range(kept):
+                if not torch.equal(x[r : r + 1], decode[first + r][i][2]):
+                    inside = 0 <= layer < model.cfg.num_hidden_layers
+                    return (layer if inside else None), name, first + r
+        first += step.accepted + 1
+        if first > at:
+            break
+    raise AssertionError(f"no sub-op differs up to token {at}")
+
+
+def run_batch(
+    pair: tuple[Path, Path, Path], gemm: Callable[[GemmBackend], GemmBackend] | None
+) -> tuple[list[Event], SessionRunner, LiveForwards]:
+    target, _, prompts = pair
+    settings = SessionSettings(
+        model=target,
+        prompts=prompts,
+        drafter="ngram",
+        k=7,
+        batch=8,
+        verify="fast",
+        max_new_tokens=MAX_NEW,
+    )
+    events: list[Event] = []
+    runner = SessionRunner(settings, events.append)
+    if gemm is not None:
+        runner.loaded.target.gemm = gemm(runner.loaded.target.gemm)
+    live = LiveForwards(runner)
+    runner.run()
+    return events, runner, live
+
+
+@pytest.mark.parametrize("gemm", [None, exact_alone], ids=["torch", "exact-alone"])
+def test_batched_root_cause_names_the_op_that_ran(pair, gemm) -> None:  # noqa: ANN001
+    events, runner, live = run_batch(pair, gemm)
+    model = runner.engine.target
+    flagged = [e for e in events if isinstance(e, Divergence) and e.root_cause is not None]
+    assert len(flagged) >= 8, "fast verify at batch 8 flagged too few prompts to test"
+    for d in flagged:
+        seq = next(s for s in live.seqs if s.index == d.prompt_index)
+        tokens = [e for e in events if isinstance(e, Token) and e.prompt_index == d.prompt_index]
+        ids = [t.token_id for t in sorted(tokens, key=lambda t: t.position)]
+        steps = [e for e in events if isinstance(e, VerifyStep) and e.prompt_index == seq.index]
+        decode = decode_rows(model, seq.prompt, ids)
+        rows = live.rows[seq.index]
+        # the recorded rows are the ones that ran: they give the flagged token its bits
+        step, row = runner.engine.step_of(seq, d.position)
+        lp = next(x for _, name, x in rows[step] if name == "log_softmax")[row]
+        assert (int(lp.argmax()), lp.max().item()) == (d.spec_token, d.spec_logprob)
+        want = expected_cause(model, rows, steps, decode, d.position)
+        rc = d.root_cause
+        assert rc.reproduced is True, (d.prompt_index, rc.detail)
+        assert (rc.layer, rc.sub_op, rc.origin_position) == want, (d.prompt_index, rc.detail)
+
+
+def test_a_replay_that_cannot_reproduce_the_bits_says_so(pair) -> None:  # noqa: ANN001
+    events, runner, _ = run_batch(pair, nondeterministic)
+    flagged = [e for e in events if isinstance(e, Divergence) and e.root_cause is not None]
+    assert flagged
+    for d in flagged:
+        rc = d.root_cause
+        assert rc.reproduced is False, rc.detail
+        assert (rc.layer, rc.sub_op) == (None, "none")
+        assert rc.detail.startswith("NOT REPRODUCED") and f"token {d.position}" in rc.detail
+        assert "not reproduced" in root_cause_label(d)
+    assert runner.stats.summary().unreproduced_root_causes == len(flagged)
