@@ -7,15 +7,17 @@ those recorded batched rows against plain decode rows (`Model.forward`, one row 
 from any replay. The root cause must name that layer, sub-op and token and say that its replay
 reproduced the flagged bits; a replay that cannot reproduce them must say so and name nothing.
 
-How a CPU GEMM's row bits depend on M is the CPU's business (with MKL on AVX-512 one row takes
-another path than two or more), so besides torch's real GEMM the run also takes one that gives
-a lone row decode's exact bits and two or more another computation's: a sequence's one-row step
-replayed alone then differs from the batch it ran in on every CPU.
+How a CPU GEMM's row bits depend on M and the layout is the CPU's business (with MKL on
+AVX-512 one row takes another path than two or more), so besides torch's real GEMM the run also
+takes one that gives a call's first row decode's exact bits and its other rows another
+computation's: a sequence replayed alone, or its batch laid out in another order, then differs
+from the forward that ran on every CPU.
 """
 
 from __future__ import annotations
 
 import dataclasses
+import itertools
 import json
 from collections.abc import Callable
 from pathlib import Path
@@ -24,12 +26,15 @@ import pytest
 import torch
 from tiny_models import CORPUS, PROMPTS, write_pair
 
-from specdash.engine.engine import Sequence
+from specdash.engine.drafters import NgramDrafter
+from specdash.engine.engine import Engine, Sequence
 from specdash.engine.gemm_backends import GemmBackend
 from specdash.engine.model import Model
+from specdash.engine.root_cause import RootCauseFinder
 from specdash.engine.state import SeqState
-from specdash.events import Divergence, Event, Token, VerifyStep
-from specdash.runs.native import SessionRunner
+from specdash.events import Divergence, Event, RootCause
+from specdash.prompts import load_prompts
+from specdash.runs.native import SessionRunner, load_models
 from specdash.settings import SessionSettings
 from specdash.ui.widgets.divergence import root_cause_label
 
@@ -50,18 +55,19 @@ def pair(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, Path, Path]:
     return target, draft, prompts
 
 
-def exact_alone(backend: GemmBackend) -> GemmBackend:
-    """A lone row (M = 1) with decode's exact bits, M >= 2 through an fp64-accumulated GEMM:
-    as MKL on AVX-512 takes one code path for one row and another for two or more."""
+def first_row_exact(backend: GemmBackend) -> GemmBackend:
+    """A call's first row with decode's exact bits, its other rows through an fp64-accumulated
+    GEMM: a row's bits depend on where it sits in the call (as BLAS kernels treat a block's
+    edge rows apart), so a replay must lay every row out as the run did."""
     exact = backend.fn
     assert exact is not None
 
     def gemm(x: torch.Tensor, w: torch.Tensor) -> torch.Tensor:
-        if x.shape[0] == 1:
-            return exact(x, w)
-        return (x.double() @ w.double().T).to(x.dtype)
+        out = (x.double() @ w.double().T).to(x.dtype)
+        out[:1] = exact(x[:1], w)
+        return out
 
-    return dataclasses.replace(backend, name="exact-alone", fast_fn=gemm)
+    return dataclasses.replace(backend, name="first-row-exact", fast_fn=gemm)
 
 
 def nondeterministic(backend: GemmBackend) -> GemmBackend:
@@ -80,14 +86,14 @@ def nondeterministic(backend: GemmBackend) -> GemmBackend:
 
 class LiveForwards:
     """Every fast forward the run makes, as it ran: each sequence's rows of it and their
-    sub-op outputs (the replays the root cause makes pass their own observer and are left out).
-    An observer that returns its input changes nothing the fast rows compute."""
+    sub-op outputs. Forwards on states the engine did not start (a root cause's replay) are
+    left out. An observer that returns its input changes nothing the fast rows compute."""
 
-    def __init__(self, runner: SessionRunner) -> None:
+    def __init__(self, engine: Engine) -> None:
         self.seqs: list[Sequence] = []
         self.rows: dict[int, list[Records]] = {}  # prompt index -> its sub-ops per step
         self._owner: dict[int, Sequence] = {}  # a state slot -> the sequence holding it now
-        engine, model = runner.engine, runner.engine.target
+        model = engine.target
         start, forward_pass = engine.start, model._forward_pass
 
         def started(*args, **kwargs):  # noqa: ANN002, ANN003, ANN202
@@ -97,11 +103,11 @@ class LiveForwards:
             return seq, seconds
 
         def observed(tokens, state, mode, observe=None, all_logits=False, lens=None, run=None):  # noqa: ANN001, ANN202
-            if mode != "fast" or observe is not None:
+            states = state if isinstance(state, list) else [state]
+            if mode != "fast" or any(id(st) not in self._owner for st in states):
                 return forward_pass(tokens, state, mode, observe, all_logits, lens, run)
             records: Records = []
             out = forward_pass(tokens, state, mode, recorder(records), all_logits, lens, run)
-            states = state if isinstance(state, list) else [state]
             offset = 0
             for st, n in zip(states, lens or [tokens.shape[0]], strict=True):
                 part = [(layer, name, x[offset : offset + n]) for layer, name, x in records]
@@ -138,24 +144,37 @@ def decode_rows(model: Model, prompt: list[int], ids: list[int]) -> list[Records
     return out
 
 
-def expected_cause(
-    model: Model, live: list[Records], steps: list[VerifyStep], decode: list[Records], at: int
-) -> tuple[int | None, str, int]:
-    """(layer, sub-op, token) of the first difference between the rows that ran and decode's:
-    the earliest step with one, then forward order, then the earliest row; rows up to token
-    `at`. Embedding and head have no layer (None), as `RootCause` says."""
+def check_cause(
+    model: Model, live: LiveForwards, seq: Sequence, position: int, cause: RootCause
+) -> None:
+    """`cause` says its replay reproduced the flagged bits and names the first difference
+    between the rows that ran (`live`) and plain decode's: the earliest step with one, then
+    forward order, then the earliest row, over the rows up to token `position`; embedding and
+    head with no layer (None), as `RootCause` says."""
+    assert cause.reproduced is True, (seq.index, cause.detail)
+    decode = decode_rows(model, seq.prompt, seq.ids[: position + 1])
     first = 1  # the token a step's row 0 predicts
-    for records, step in zip(live, steps, strict=False):
-        kept = min(step.accepted + 1, at - first + 1)
-        for i, (layer, name, x) in enumerate(records):
-            for r in range(kept):
-                if not torch.equal(x[r : r + 1], decode[first + r][i][2]):
-                    inside = 0 <= layer < model.cfg.num_hidden_layers
-                    return (layer if inside else None), name, first + r
-        first += step.accepted + 1
-        if first > at:
+    want = None
+    for records, rec in zip(live.rows[seq.index], seq.steps, strict=False):
+        kept = min(rec.accepted + 1, position - first + 1)
+        if first + kept > position:  # the flagged step: its rows that ran gave the bits
+            lp = next(x for _, name, x in records if name == "log_softmax")[position - first]
+            got = (int(lp.argmax()), lp.max().item())
+            assert got == (seq.ids[position], seq.logprobs[position])
+        differ = [
+            (i, r)
+            for i, (_, _, x) in enumerate(records)
+            for r in range(kept)
+            if not torch.equal(x[r : r + 1], decode[first + r][i][2])
+        ]
+        if want is None and differ:
+            layer, name, _ = records[differ[0][0]]
+            inside = 0 <= layer < model.cfg.num_hidden_layers
+            want = (layer if inside else None), name, first + differ[0][1]
+        first += kept
+        if first > position:
             break
-    raise AssertionError(f"no sub-op differs up to token {at}")
+    assert (cause.layer, cause.sub_op, cause.origin_position) == want, (seq.index, cause.detail)
 
 
 def run_batch(
@@ -175,32 +194,50 @@ def run_batch(
     runner = SessionRunner(settings, events.append)
     if gemm is not None:
         runner.loaded.target.gemm = gemm(runner.loaded.target.gemm)
-    live = LiveForwards(runner)
+    live = LiveForwards(runner.engine)
     runner.run()
     return events, runner, live
 
 
-@pytest.mark.parametrize("gemm", [None, exact_alone], ids=["torch", "exact-alone"])
+@pytest.mark.parametrize("gemm", [None, first_row_exact], ids=["torch", "first-row-exact"])
 def test_batched_root_cause_names_the_op_that_ran(pair, gemm) -> None:  # noqa: ANN001
     events, runner, live = run_batch(pair, gemm)
-    model = runner.engine.target
     flagged = [e for e in events if isinstance(e, Divergence) and e.root_cause is not None]
     assert len(flagged) >= 8, "fast verify at batch 8 flagged too few prompts to test"
     for d in flagged:
         seq = next(s for s in live.seqs if s.index == d.prompt_index)
-        tokens = [e for e in events if isinstance(e, Token) and e.prompt_index == d.prompt_index]
-        ids = [t.token_id for t in sorted(tokens, key=lambda t: t.position)]
-        steps = [e for e in events if isinstance(e, VerifyStep) and e.prompt_index == seq.index]
-        decode = decode_rows(model, seq.prompt, ids)
-        rows = live.rows[seq.index]
-        # the recorded rows are the ones that ran: they give the flagged token its bits
-        step, row = runner.engine.step_of(seq, d.position)
-        lp = next(x for _, name, x in rows[step] if name == "log_softmax")[row]
-        assert (int(lp.argmax()), lp.max().item()) == (d.spec_token, d.spec_logprob)
-        want = expected_cause(model, rows, steps, decode, d.position)
-        rc = d.root_cause
-        assert rc.reproduced is True, (d.prompt_index, rc.detail)
-        assert (rc.layer, rc.sub_op, rc.origin_position) == want, (d.prompt_index, rc.detail)
+        assert d.root_cause is not None
+        check_cause(runner.engine.target, live, seq, d.position, d.root_cause)
+
+
+def test_continuous_batching_root_cause_names_the_op_that_ran(pair) -> None:  # noqa: ANN001
+    """Sequences join a running batch (the engine's continuous batching): a step's batch holds
+    sequences at different steps of their own, and the replay brings each to its state there,
+    through forwards the flagged sequence was not in."""
+    loaded = load_models(SessionSettings(model=pair[0], drafter="ngram"))
+    loaded.target.gemm = first_row_exact(loaded.target.gemm)
+    engine = Engine(loaded.target, NgramDrafter, loaded.eos_ids)
+    live = LiveForwards(engine)
+    queue = [loaded.tokenizer.encode(p.text) for p in load_prompts(pair[2])]
+    flight: list[Sequence] = []
+    widest = 0
+    with torch.inference_mode():
+        for step in itertools.count():
+            if queue and step % 2 == 0:  # one more every other step, whoever is in flight
+                flight.append(engine.start(len(live.seqs), queue.pop(0), MAX_NEW, 7, True)[0])
+            flight = [s for s in flight if not s.done]
+            if not flight and not queue:
+                break
+            if flight:
+                widest = max(widest, len(flight))
+                engine.spec_step(flight, 7, "fast", MAX_NEW)
+    assert widest >= 3, "no sequence joined a running batch"
+    finder = RootCauseFinder(engine)
+    flagged = [s for s in live.seqs if s.diverged_at is not None]
+    assert len(flagged) >= 8
+    for seq in flagged:
+        assert seq.diverged_at is not None
+        check_cause(engine.target, live, seq, seq.diverged_at, finder.find(seq, seq.diverged_at))
 
 
 def test_a_replay_that_cannot_reproduce_the_bits_says_so(pair) -> None:  # noqa: ANN001
