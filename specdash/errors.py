@@ -3,8 +3,9 @@
 Exit codes (also in the README):
   0  success
   1  a divergence was found (`run --fail-on-divergence`, `audit` exact-mode failure, `diff`)
-  2  bad usage or bad input (flags, prompt file, k out of range, prompt too long, an
-     existing --trace file without --overwrite-trace)
+  2  bad usage or bad input (flags, prompt file, a lone surrogate in a prompt, k out of
+     range, a prompt too long for the target's or the draft's positions, an existing --trace
+     file without --overwrite-trace)
   3  checkpoint problem (missing/corrupt files, missing tensor, shape mismatch,
      unsupported architecture, tokenizer mismatch)
   4  environment problem (no GPU/NVML/SGLang where required, unsupported SGLang version,

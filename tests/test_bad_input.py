@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import itertools
 import json
 import os
 import shutil
@@ -137,7 +138,7 @@ def test_prompt_longer_than_context(capsys, pair, tmp_path) -> None:
     expect(
         capsys,
         EXIT_USAGE,
-        "the model has 4096",
+        f"the target model ({pair[0]}) has 4096",
         "--model",
         str(pair[0]),
         "--drafter",
@@ -289,4 +290,55 @@ def test_prompt_that_fills_the_context_exactly_runs(capsys, pair, tmp_path) -> N
     code = main(["run", "--headless", "--max-new-tokens", str(new + 1), *args])
     err = capsys.readouterr().err.strip()
     assert code == EXIT_USAGE
-    assert f"it needs {limit + 1} positions, the model has {limit}" in err
+    assert f"it needs {limit + 1} positions, the target model ({pair[0]}) has {limit}" in err
+
+
+def test_prompt_with_a_lone_surrogate(capsys, pair, tmp_path) -> None:
+    """JSON can spell a lone surrogate (\\ud800): no Unicode text, and no tokenizer takes it."""
+    prompts = tmp_path / "surrogate.jsonl"
+    prompts.write_text('{"prompt": "fine"}\n{"prompt": "abc \\ud800 def"}\n')
+    args = ["--model", str(pair[0]), "--drafter", "ngram", "--prompts", str(prompts)]
+    expect(capsys, EXIT_USAGE, f"{prompts}:2: prompt holds a lone surrogate", *args)
+
+
+def test_short_draft_is_refused_at_load(capsys, pair, tmp_path) -> None:
+    """The draft is fed the prompt, then every position but the last two: a draft with fewer
+    positions than that is refused before any prompt decodes, naming the draft (the target has
+    room); one with exactly that many decodes every token, its last position included. The
+    draft is the target's weights, so (nearly) every draft is accepted and the steps end in
+    one that drafts the most tokens the room allows."""
+    from specdash.runs.native import load_models
+    from specdash.settings import SessionSettings
+
+    tok = load_models(SessionSettings(model=pair[0], drafter="ngram")).tokenizer
+    text = " ".join(f"w{i % 97}" for i in range(60))
+    while len(tok.encode(text)) % 8 != 5:  # full acceptance then ends with a room of 4
+        text += " x"
+    n, positions = len(tok.encode(text)), 256
+    prompts = tmp_path / "p.jsonl"
+    prompts.write_text(json.dumps({"prompt": text}) + "\n")
+    draft = tmp_path / "draft"
+    shutil.copytree(pair[0], draft)
+    cfg = json.loads((draft / "config.json").read_text())
+    (draft / "config.json").write_text(json.dumps(cfg | {"max_position_embeddings": positions}))
+    new = positions - n + 2
+    args = ["--model", str(pair[0]), "--draft", str(draft), "--prompts", str(prompts), "-k", "7"]
+    trace = tmp_path / "t.jsonl"
+    code = main(["run", "--headless", "--max-new-tokens", str(new), *args, "--trace", str(trace)])
+    assert code == 0, capsys.readouterr().err
+    _, events, _ = read_trace(trace)
+    steps = [e for e in events if e.kind == "verify_step"]
+    assert sum(len(e.emitted_tokens) for e in steps) == new - 1
+    # the draft feeds the last emitted token and all its proposals but the last
+    before = list(itertools.accumulate([1] + [len(e.emitted_tokens) for e in steps]))
+    fed = [n + b - 1 + len(e.draft_tokens) - 1 for b, e in zip(before, steps, strict=False)]
+    assert max(fed) == positions - 1
+    capsys.readouterr()
+    expect(
+        capsys,
+        EXIT_USAGE,
+        f"it needs {positions + 1} positions, the draft model ({draft}) has {positions}",
+        *args,
+        "--max-new-tokens",
+        str(new + 1),
+    )

@@ -206,6 +206,35 @@ def test_a_draft_that_cannot_load_keeps_speculation_off(pair, tmp_path) -> None:
     assert controls.snapshot().speculation is False
 
 
+def test_a_draft_too_short_for_the_prompts_keeps_speculation_off(pair, tmp_path) -> None:
+    """Switched on mid-session, a draft with fewer positions than a prompt of the session needs
+    is refused like one that cannot load, naming it; the session goes on without it."""
+    import json
+    import shutil
+
+    draft = tmp_path / "draft"
+    shutil.copytree(pair[1], draft)
+    cfg = json.loads((draft / "config.json").read_text())
+    (draft / "config.json").write_text(json.dumps(cfg | {"max_position_embeddings": 64}))
+    settings = _settings(pair, k=3, speculation=False).model_copy(update={"draft": draft})
+    controls = Controls.from_settings(settings, "torch")
+    events: list[Event] = []
+
+    def sink(e: Event) -> None:
+        events.append(e)
+        if e.kind == "verify_step" and e.step == 1:
+            controls.update(speculation=True)
+
+    runner = SessionRunner(settings, sink, controls)
+    runner.run()
+    errors = [e for e in events if isinstance(e, EngineError)]
+    assert len(errors) == 1 and not errors[0].fatal and errors[0].exit_code == 2
+    assert f"the draft model ({draft}) has 64" in errors[0].message
+    assert runner.loaded.draft is None and controls.snapshot().speculation is False
+    assert all(e.k == 0 for e in events if e.kind == "verify_step")
+    assert len([e for e in events if isinstance(e, PromptDone)]) == 8
+
+
 def test_batch_steps_sequences_in_one_forward_with_the_same_bits(pair, monkeypatch) -> None:
     """--batch N: one batched forward a step for the N prompts in flight, and every prompt's
     tokens (ids and logprob bits) as at --batch 1."""

@@ -190,6 +190,7 @@ class SessionRunner:
         self.applied = self.controls.snapshot()
         self.step_no = 0
         self._next_index = 0  # prompt index for prompts typed in the dashboard
+        self._longest = (0, "")  # the longest prompt encoded so far: (tokens, name)
         self._group: list[Sequence] = []  # the sequences being decoded now
         self.engine = Engine(self.loaded.target, self._make_drafter, self.loaded.eos_ids)
         self.root_causes = RootCauseFinder(self.engine)
@@ -212,7 +213,11 @@ class SessionRunner:
                 False
             ):  # weights as at the start: the GEMM caches version them
                 load_draft(self.settings, self.loaded)
+            if self._longest[0]:  # the session's prompts must fit the draft too
+                self._check_positions(self._longest[1], self._longest[0])
         except SpecdashError as e:
+            self.loaded.draft = None
+            self.loaded.description.pop("draft", None)
             self.emit(
                 EngineError(
                     message=f"speculation stays off: the draft model did not load: {e}",
@@ -265,18 +270,30 @@ class SessionRunner:
         self.applied = new
 
     def _encode(self, name: str, text: str) -> list[int]:
-        s = self.settings
         ids = self.loaded.tokenizer.encode(text)
         if not ids:
             raise UsageError(f"prompt {name!r} is empty after tokenization")
-        limit = self.loaded.target.cfg.max_position_embeddings
-        need = len(ids) + s.max_new_tokens - 1  # the last generated token is never fed
-        if need > limit:
-            raise UsageError(
-                f"prompt {name!r} is {len(ids)} tokens; with --max-new-tokens "
-                f"{s.max_new_tokens} it needs {need} positions, the model has {limit}"
-            )
+        self._check_positions(name, len(ids))
+        self._longest = max(self._longest, (len(ids), name))
         return ids
+
+    def _check_positions(self, name: str, tokens: int) -> None:
+        """Refuse a prompt that needs more positions than a model has (its RoPE table and
+        caches end there), naming that checkpoint. The target is fed every position but the
+        last generated token's; the draft the prompt, then one fewer (it drafts only while two
+        tokens are left and never feeds its last proposal)."""
+        loaded, new = self.loaded, self.settings.max_new_tokens
+        needs = [("target", loaded.target, loaded.description["model"], tokens + new - 1)]
+        if loaded.draft is not None:
+            draft_need = tokens + max(new - 2, 0)
+            needs.append(("draft", loaded.draft, loaded.description["draft"], draft_need))
+        for role, model, where, need in needs:
+            limit = model.cfg.max_position_embeddings
+            if need > limit:
+                raise UsageError(
+                    f"prompt {name!r} is {tokens} tokens; with --max-new-tokens {new} it needs "
+                    f"{need} positions, the {role} model ({where}) has {limit}"
+                )
 
     def _next_group(self, queue: deque[Queued]) -> list[Queued]:
         """Up to `batch` prompts: typed ones (dashboard) first, then the prompt set's."""
