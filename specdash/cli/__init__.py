@@ -218,7 +218,11 @@ def build_parser() -> argparse.ArgumentParser:
     audit.add_argument("--json", action="store_true", help="print the cells as one JSON object")
     audit.add_argument("--ks", default="1,3,5,9", metavar="K,K,...", help="the k values")
     audit.add_argument(
-        "--num-prompts", type=int, default=8, metavar="N", help="prompts per cell (the first N)"
+        "--num-prompts",
+        type=int,
+        default=8,
+        metavar="N",
+        help="prompts per cell, spread over the set's lengths (the shortest and the longest)",
     )
     _add_trace_commands(sub)
     patches = sub.add_parser("patches", help="SGLang engine patches")
