@@ -184,31 +184,8 @@ def test_speculation_switched_on_loads_the_draft_model(pair) -> None:
     assert all(d.exact for d in events if isinstance(d, PromptDone))
 
 
-def test_a_draft_that_cannot_load_keeps_speculation_off(pair, tmp_path) -> None:
-    settings = SessionSettings(
-        model=pair[0], draft=tmp_path / "missing", prompts=pair[2], max_new_tokens=8,
-        k=3, speculation=False,
-    )  # fmt: skip
-    controls = Controls.from_settings(settings, "torch")
-    events: list[Event] = []
-
-    def sink(e: Event) -> None:
-        events.append(e)
-        if e.kind == "verify_step" and e.step == 1:
-            controls.update(speculation=True)
-
-    SessionRunner(settings, sink, controls).run()
-    errors = [e for e in events if isinstance(e, EngineError)]
-    assert len(errors) == 1 and not errors[0].fatal and errors[0].exit_code == 3
-    assert errors[0].message.startswith("speculation stays off: the draft model did not load")
-    assert not [e for e in events if isinstance(e, ControlChange) and e.name == "speculation"]
-    assert all(e.k == 0 for e in events if e.kind == "verify_step")
-    assert controls.snapshot().speculation is False
-
-
-def test_a_draft_too_short_for_the_prompts_keeps_speculation_off(pair, tmp_path) -> None:
-    """Switched on mid-session, a draft with fewer positions than a prompt of the session needs
-    is refused like one that cannot load, naming it; the session goes on without it."""
+def short_draft(pair: tuple[Path, Path, Path], tmp_path: Path) -> Path:
+    """The draft with 64 positions: fewer than the tiny prompt set's longest needs."""
     import json
     import shutil
 
@@ -216,6 +193,23 @@ def test_a_draft_too_short_for_the_prompts_keeps_speculation_off(pair, tmp_path)
     shutil.copytree(pair[1], draft)
     cfg = json.loads((draft / "config.json").read_text())
     (draft / "config.json").write_text(json.dumps(cfg | {"max_position_embeddings": 64}))
+    return draft
+
+
+@pytest.mark.parametrize(
+    "make_draft,code,fragment",
+    [
+        (lambda pair, tmp_path: tmp_path / "missing", 3, "does not exist"),
+        (short_draft, 2, "positions, the draft model ("),
+    ],
+    ids=["missing", "too-short-for-the-prompts"],
+)
+def test_a_draft_that_cannot_serve_keeps_speculation_off(
+    pair, tmp_path, make_draft, code, fragment
+) -> None:
+    """Switched on mid-session, a draft that cannot load, or has fewer positions than a prompt
+    of the session needs, is refused with a non-fatal error naming why; the session goes on."""
+    draft = make_draft(pair, tmp_path)
     settings = _settings(pair, k=3, speculation=False).model_copy(update={"draft": draft})
     controls = Controls.from_settings(settings, "torch")
     events: list[Event] = []
@@ -228,10 +222,12 @@ def test_a_draft_too_short_for_the_prompts_keeps_speculation_off(pair, tmp_path)
     runner = SessionRunner(settings, sink, controls)
     runner.run()
     errors = [e for e in events if isinstance(e, EngineError)]
-    assert len(errors) == 1 and not errors[0].fatal and errors[0].exit_code == 2
-    assert f"the draft model ({draft}) has 64" in errors[0].message
-    assert runner.loaded.draft is None and controls.snapshot().speculation is False
+    assert len(errors) == 1 and not errors[0].fatal and errors[0].exit_code == code
+    assert errors[0].message.startswith("speculation stays off: the draft model did not load")
+    assert fragment in errors[0].message and str(draft) in errors[0].message
+    assert not [e for e in events if isinstance(e, ControlChange) and e.name == "speculation"]
     assert all(e.k == 0 for e in events if e.kind == "verify_step")
+    assert runner.loaded.draft is None and controls.snapshot().speculation is False
     assert len([e for e in events if isinstance(e, PromptDone)]) == 8
 
 
