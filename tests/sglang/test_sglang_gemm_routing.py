@@ -76,7 +76,8 @@ def forward(input_ids, positions, forward_batch, pp_proxy_tensors=None):
 
 marked = gemm_routing.marking_prefill(forward)
 out = {"signature_kept": inspect.signature(marked) == inspect.signature(forward)}
-for mode in ("EXTEND", "MIXED", "SPLIT_PREFILL", "DECODE", "TARGET_VERIFY", "DRAFT_EXTEND_V2", "IDLE"):
+MODES = ("EXTEND", "MIXED", "SPLIT_PREFILL", "DECODE", "TARGET_VERIFY", "DRAFT_EXTEND_V2", "IDLE")
+for mode in MODES:
     got = marked(None, None, SimpleNamespace(forward_mode=ForwardMode[mode]))
     out[mode] = "sglang" if isinstance(got, str) else ("tile" if torch.equal(got, tile) else "?")
 out["keyword"] = marked(None, None, forward_batch=SimpleNamespace(forward_mode=ForwardMode.DECODE))
