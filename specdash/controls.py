@@ -12,15 +12,20 @@ from dataclasses import dataclass, replace
 from typing import TYPE_CHECKING
 
 if TYPE_CHECKING:
-    from specdash.settings import SessionSettings
+    from specdash.settings import SessionSettings, VerifyMode
+
+CONTROLS = ("gemm_backend", "speculation", "k", "verify_mode")
+"""The live settings an engine applies (or refuses) between steps; `paused` the session keeps."""
 
 
 @dataclass(frozen=True, slots=True)
 class ControlState:
+    """The live settings; each named as its `SessionSettings` field."""
+
     gemm_backend: str
     speculation: bool
     k: int
-    verify_mode: str
+    verify_mode: VerifyMode
     paused: bool = False
 
 
@@ -33,7 +38,7 @@ class Controls:
                 gemm_backend=gemm_backend or settings.gemm_backend,
                 speculation=settings.speculation,
                 k=settings.k,
-                verify_mode=settings.verify,
+                verify_mode=settings.verify_mode,
             )
         )
 

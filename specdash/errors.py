@@ -11,6 +11,10 @@ Exit codes (also in the README):
      an SGLang scheduler process died,
      unwritable output path, an I/O error while recording a trace)
   130 interrupted (Ctrl-C); partial results and the trace are kept
+
+The core speaks of settings, not flags: an error about one names it in `setting` (a field of
+`SessionSettings` or `SGLangOptions`), and the command line puts its flag in front
+(`specdash.cli.flags.describe`).
 """
 
 from __future__ import annotations
@@ -25,6 +29,11 @@ EXIT_INTERRUPTED = 130
 
 class SpecdashError(Exception):
     exit_code = EXIT_USAGE
+
+    def __init__(self, message: str = "", *, setting: str | None = None) -> None:
+        super().__init__(message)
+        self.setting = setting
+        """The setting the error is about, if one is: the CLI names its flag."""
 
 
 class UsageError(SpecdashError):

@@ -439,7 +439,7 @@ def test_dashboard_gets_the_sglang_options_headless_gets(fake_engine, prefix):
     from specdash.cli import build_parser
     from specdash.cli.dashboard import dashboard_app
     from specdash.cli.session_args import session_options, settings_from_args
-    from specdash.runs.sglang import SGLangOptions
+    from specdash.runs.sglang.args import SGLangOptions
 
     args = build_parser().parse_args([*prefix, *SGLANG_FLAGS])
     expected = SGLangOptions("EAGLE3", {"mem_fraction_static": 0.3}, "sequential", True)

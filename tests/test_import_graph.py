@@ -132,13 +132,13 @@ def test_the_graph_sees_every_kind_of_import():
     # function-level: the runner is picked lazily (torch, SGLang)
     assert "specdash.runs.native" in graph["specdash.runs.runner"]
     # TYPE_CHECKING-guarded
-    assert "specdash.runs.sglang" in graph["specdash.runs.runner"]
+    assert "specdash.runs.sglang.args" in graph["specdash.runs.runner"]
     # `from specdash.engine import gemm_backends, ops`: the submodules
     assert {"specdash.engine.gemm_backends", "specdash.engine.ops"} <= set(
         graph["specdash.engine.model"]
     )
     # `from specdash.engine_patches import telemetry` (a package-dir mapped package)
-    assert "specdash.engine_patches.telemetry" in graph["specdash.runs.sglang"]
+    assert "specdash.engine_patches.telemetry" in graph["specdash.runs.sglang.process"]
     # `from specdash.errors import UsageError`: the module, not a submodule
     assert "specdash.errors" in graph["specdash.engine.model"]
 

@@ -17,7 +17,7 @@ from sglang.srt.entrypoints.engine import Engine
 from sglang.srt.server_args import ServerArgs
 from specdash.engine_patches import patch_set, registry
 from specdash.settings import SessionSettings
-from specdash.runs import sglang as se
+from specdash.runs.sglang import args, process as se
 
 cls = se.patched_engine_class()
 out = {
@@ -34,10 +34,10 @@ out = {
 fields = set(inspect.signature(ServerArgs).parameters)
 settings = SessionSettings(engine="sglang", model=Path("/m"), draft=Path("/d"), k=3)
 unknown = {}
-for algo in se.ALGORITHMS:
-    options = se.SGLangOptions(speculative_algorithm=algo, unpatch=("gdn",))
+for algo in args.ALGORITHMS:
+    options = args.SGLangOptions(speculative_algorithm=algo, unpatch=("gdn",))
     for spec in (True, False):
-        kw = se.engine_kwargs(settings, options, speculative=spec, split=True)
+        kw = args.engine_kwargs(settings, options, speculative=spec, split=True, requests=8)
         unknown[f"{algo}/{spec}"] = sorted(set(kw) - fields)
 out["unknown_kwargs"] = unknown
 
@@ -47,7 +47,7 @@ seen = []
 scheduler.run_scheduler_process = lambda *a, **k: seen.append(
     sorted(p.name for p in patch_set.all_patches() if p.applied)) or "ran"
 os.environ[se.PATCHES_ENV] = ",".join(
-    se.applied_patches(se.SGLangOptions(unpatch=("gdn", "telemetry"))))
+    args.applied_patches(args.SGLangOptions(unpatch=("gdn", "telemetry"))))
 out["entry_returns"] = se.scheduler_entry(1, key=2)
 patch_set.remove_all()
 os.environ[se.PATCHES_ENV] = ""

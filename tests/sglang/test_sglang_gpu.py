@@ -26,7 +26,8 @@ pytestmark = [
 ]
 
 from specdash.events import Divergence, Event, PromptDone, VerifyStep  # noqa: E402
-from specdash.runs.sglang import SGLangOptions, SGLangRunner  # noqa: E402
+from specdash.runs.sglang.args import SGLangOptions  # noqa: E402
+from specdash.runs.sglang.backend import SGLangRunner  # noqa: E402
 from specdash.settings import SessionSettings  # noqa: E402
 
 REPO = Path(__file__).resolve().parents[2]

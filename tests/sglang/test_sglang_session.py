@@ -11,29 +11,29 @@ import os
 import pytest
 
 from specdash.errors import UsageError
-from specdash.runs import sglang as sglang_engine
+from specdash.runs.sglang import args, process
 
 SESSION_SCRIPT = r"""
 import json, os, sys
 from pathlib import Path
 sys.path.insert(0, "tests/sglang")  # the shadow's host process imports the stand-in by name
 import standin_engine
-from specdash.runs import sglang as sglang_engine
+from specdash.runs.sglang import args, backend, preflight, process
 from specdash.settings import SessionSettings
 
 workdir = Path(os.environ["WORKDIR"])
 prompts = workdir / "p.jsonl"
 prompts.write_text("".join(json.dumps({"prompt": p}) + "\n" for p in standin_engine.PROMPTS))
-sglang_engine.patched_engine_class = standin_engine.engine_class
-sglang_engine.check_environment = lambda options, engines: None
+process.patched_engine_class = standin_engine.engine_class
+preflight.check_startable = lambda options, engines: None
 events = []
 settings = SessionSettings(engine="sglang", model=Path("/models/m"), k=2, prompts=prompts,
                            gemm_backend="deepgemm", max_new_tokens=8)
-options = sglang_engine.SGLangOptions(speculative_algorithm="EAGLE3",
+options = args.SGLangOptions(speculative_algorithm="EAGLE3",
                                       engine_args={"mem_fraction_static": 0.3},
                                       shadow_mode=os.environ["SHADOW_MODE"],
                                       log_file=workdir / "sglang.log")
-summary = sglang_engine.SGLangRunner(options).run(settings, events.append)
+summary = backend.SGLangRunner(options).run(settings, events.append)
 print("RESULT " + json.dumps({
     "events": [json.loads(e.model_dump_json()) for e in events],
     "summary": json.loads(summary.model_dump_json()),
@@ -110,7 +110,7 @@ def test_session_events_from_a_stand_in_engine(run_sglang, tmp_path, shadow_mode
 def test_engine_refusal_shows_sglang_reason(monkeypatch, tmp_path) -> None:
     class RefusingEngine:
         def __init__(self, **kw):  # what a scheduler process does when the model says no
-            handler = sglang_engine._ReasonToFile(os.environ[sglang_engine.ERROR_FILE_ENV])
+            handler = process._ReasonToFile(os.environ[process.ERROR_FILE_ENV])
             log = logging.getLogger("test.scheduler")
             log.addHandler(handler)
             log.error(
@@ -121,18 +121,18 @@ def test_engine_refusal_shows_sglang_reason(monkeypatch, tmp_path) -> None:
             log.removeHandler(handler)
             raise RuntimeError("Initialization failed. Please see the error messages above.")
 
-    monkeypatch.setattr(sglang_engine, "patched_engine_class", lambda: RefusingEngine)
-    monkeypatch.setenv(sglang_engine.ERROR_FILE_ENV, str(tmp_path / "reason"))
+    monkeypatch.setattr(process, "patched_engine_class", lambda: RefusingEngine)
+    monkeypatch.setenv(process.ERROR_FILE_ENV, str(tmp_path / "reason"))
     with pytest.raises(UsageError) as e:
-        sglang_engine.start_engine({"speculative_algorithm": "DFLASH"})
+        process.start_engine({"speculative_algorithm": "DFLASH"})
     assert str(e.value) == (
-        "sglang could not start with --speculative-algorithm DFLASH: "
+        "sglang could not start with speculative algorithm DFLASH: "
         "ValueError: DFLASH is not supported for Qwen3NextForCausalLM"
     )
 
 
 def test_sglang_args_parse_as_python_literals() -> None:
-    parse = sglang_engine.parse_engine_arg
+    parse = args.parse_engine_arg
     assert parse("mem_fraction_static=0.4") == ("mem_fraction_static", 0.4)
     assert parse("disable-cuda-graph=true") == ("disable_cuda_graph", True)
     assert parse("attention_backend=fa3") == ("attention_backend", "fa3")
@@ -150,8 +150,8 @@ def test_engine_kwargs_per_algorithm(tmp_path, monkeypatch) -> None:
     settings = SessionSettings(engine="sglang", model=tmp_path, k=3)
 
     def kwargs(algo: str, **extra) -> dict:
-        options = sglang_engine.SGLangOptions(speculative_algorithm=algo, engine_args=extra)
-        return sglang_engine.engine_kwargs(settings, options, speculative=True, split=False)
+        options = args.SGLangOptions(speculative_algorithm=algo, engine_args=extra)
+        return args.engine_kwargs(settings, options, speculative=True, split=False)
 
     nextn = kwargs("NEXTN")
     assert (nextn["speculative_num_steps"], nextn["speculative_eagle_topk"]) == (3, 1)
@@ -173,10 +173,11 @@ def test_engine_kwargs_per_algorithm(tmp_path, monkeypatch) -> None:
     fa3 = kwargs("EAGLE3", attention_backend="fa3")
     assert fa3["attention_backend"] == "fa3" and "disable_decode_cuda_graph" not in fa3
     assert "disable_decode_cuda_graph" not in kwargs("NEXTN", cuda_graph_max_bs_decode=8)
-    with pytest.raises(UsageError, match="needs --model"):
-        sglang_engine.engine_kwargs(
+    with pytest.raises(UsageError, match="needs a checkpoint") as e:
+        args.engine_kwargs(
             SessionSettings(engine="sglang"),
-            sglang_engine.SGLangOptions(),
+            args.SGLangOptions(),
             speculative=True,
             split=False,
         )
+    assert e.value.setting == "model"  # the command line names --model
