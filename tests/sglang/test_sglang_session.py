@@ -12,6 +12,7 @@ import pytest
 
 from specdash.errors import UsageError
 from specdash.runs.sglang import args, process
+from specdash.settings import SessionSettings
 
 SESSION_SCRIPT = r"""
 import json, os, sys
@@ -28,7 +29,8 @@ process.patched_engine_class = standin_engine.engine_class
 preflight.check_startable = lambda options, engines: None
 events = []
 settings = SessionSettings(engine="sglang", model=Path("/models/m"), k=2, prompts=prompts,
-                           gemm_backend="deepgemm", max_new_tokens=8)
+                           gemm_backend="deepgemm", max_new_tokens=8,
+                           batch=int(os.environ.get("BATCH", "1")))
 options = args.SGLangOptions(speculative_algorithm="EAGLE3",
                                       engine_args={"mem_fraction_static": 0.3},
                                       shadow_mode=os.environ["SHADOW_MODE"],
@@ -107,6 +109,95 @@ def test_session_events_from_a_stand_in_engine(run_sglang, tmp_path, shadow_mode
     assert r["summary"]["divergences"] == 1
 
 
+@pytest.mark.parametrize("shadow_mode", ["split", "sequential"])
+def test_batch_sends_the_prompts_at_once_and_checks_each_alone(
+    run_sglang, tmp_path, shadow_mode
+) -> None:
+    """--batch 2: one request batch on the speculative engine (its decode graphs captured up to
+    2), the shadow one prompt at a time; each request's verify steps reach its own prompt by
+    request id, each prompt gets its own verdict, the summary the batch's acceptance."""
+    env = {"WORKDIR": str(tmp_path), "SHADOW_MODE": shadow_mode, "BATCH": "2"}
+    r = json.loads(
+        next(
+            x[7:]
+            for x in run_sglang(SESSION_SCRIPT, env=env).stdout.splitlines()
+            if x.startswith("RESULT ")
+        )
+    )
+    spec, shadow = r["engines"]
+    assert spec["batches"] == [2] and shadow["batches"] == [1, 1]
+    assert spec["kw"]["cuda_graph_bs_decode"] == [1, 2]
+    assert shadow["kw"]["cuda_graph_bs_decode"] == [1]
+    events = r["events"]
+    kinds = [e["kind"] for e in events if e["kind"] != "start_phase"]
+    assert kinds[:3] == ["session_start", "prompt_start", "prompt_start"]
+    steps = [
+        (e["prompt_index"], e["step"], e["accepted"], e["emitted_tokens"])
+        for e in events
+        if e["kind"] == "verify_step"
+    ]
+    assert steps == [(0, 0, 2, [6, 7, 8]), (1, 0, 1, [2, 3]), (0, 1, 0, [9])]  # as they came
+    tokens = [
+        (e["prompt_index"], e["token_id"], e["source"], e["step"])
+        for e in events
+        if e["kind"] == "token"
+    ]
+    assert tokens == [
+        (0, 5, "decode", -1),
+        (0, 6, "draft", 0),
+        (0, 7, "draft", 0),
+        (0, 8, "bonus", 0),
+        (0, 9, "bonus", 1),
+        (1, 1, "decode", -1),
+        (1, 2, "draft", 0),
+        (1, 3, "bonus", 0),
+    ]
+    div = [
+        (e["prompt_index"], e["position"], e["step"]) for e in events if e["kind"] == "divergence"
+    ]
+    assert div == [(1, 2, 0)]
+    done = [(e["prompt_index"], e["exact"]) for e in events if e["kind"] == "prompt_done"]
+    assert done == [(0, True), (1, False)]
+    summary = r["summary"]
+    assert (summary["prompts"], summary["exact_prompts"], summary["verify_steps"]) == (2, 1, 3)
+    assert summary["acceptance_rate"] == 3 / 6 and summary["mean_accepted_length"] == 6 / 3
+
+
+def test_batch_above_what_the_engine_runs_at_once_is_refused(capsys, tmp_path) -> None:
+    """A cap on running requests, or decode graphs stopping short of the batch: one line, exit
+    2, before anything starts (the CUDA check, which would say exit 4 here, comes later)."""
+    from specdash.cli import main
+
+    base = ["run", "--headless", "--engine", "sglang", "--model", str(tmp_path), "--batch", "4"]
+    for arg, what in (
+        ("max_running_requests=2", "but max_running_requests=2"),
+        ("cuda_graph_bs_decode=[1,2]", "but the decode CUDA graphs stop at batch size 2"),
+        ("cuda_graph_max_bs_decode=3", "but the decode CUDA graphs stop at batch size 3"),
+    ):
+        assert main([*base, "--sglang-arg", arg]) == 2
+        err = capsys.readouterr().err
+        assert err.startswith(f"specdash: error: --batch: 4 requests at once, {what}")
+        assert err.count("\n") == 1
+    options = args.SGLangOptions(engine_args={"cuda_graph_bs_decode": [1, 2]})
+    settings = SessionSettings(engine="sglang", model=tmp_path, batch=4)
+    graphs_off = args.SGLangOptions(
+        engine_args={"cuda_graph_bs_decode": [1], "disable_cuda_graph": True}
+    )
+    assert args.engine_kwargs(settings, graphs_off, speculative=True, split=False, requests=4)
+    with pytest.raises(UsageError):
+        args.engine_kwargs(settings, options, speculative=True, split=False, requests=4)
+
+
+def test_decode_graphs_cover_the_batch() -> None:
+    assert [args.decode_graph_sizes(n) for n in (1, 2, 3, 6, 8)] == [
+        [1],
+        [1, 2],
+        [1, 2, 3],
+        [1, 2, 4, 6],
+        [1, 2, 4, 8],
+    ]
+
+
 def test_engine_refusal_shows_sglang_reason(monkeypatch, tmp_path) -> None:
     class RefusingEngine:
         def __init__(self, **kw):  # what a scheduler process does when the model says no
@@ -143,7 +234,6 @@ def test_sglang_args_parse_as_python_literals() -> None:
 
 def test_engine_kwargs_per_algorithm(tmp_path, monkeypatch) -> None:
     from specdash.engine_patches import registry
-    from specdash.settings import SessionSettings
 
     monkeypatch.setattr(registry, "sglang_version", lambda: "0.5.23")
 
