@@ -16,7 +16,7 @@ def dashboard_app(args: argparse.Namespace) -> SpecdashApp:
     options and an unwritable `--trace` fail here, before the UI takes the terminal."""
     settings = settings_from_args(args)
     options = session_options(settings, args)  # SGLang's output: a log file (the session's)
-    source = LiveSession(settings, sglang_options=options, describe=describe)
+    source = LiveSession(settings, engine_options=options, describe=describe)
     if settings.trace is None:
         return SpecdashApp(source)
     writer = TraceWriter(settings.trace, overwrite=settings.overwrite_trace)

@@ -92,6 +92,6 @@ def sglang_options_from_args(args: argparse.Namespace) -> SGLangOptions:
 
 def session_options(settings: SessionSettings, args: argparse.Namespace) -> SGLangOptions | None:
     """What a session started from the command line passes to `run_engine` as
-    `sglang_options`: the SGLang flags for `--engine sglang`, else None. The headless run and
+    `options`: the SGLang flags for `--engine sglang`, else None. The headless run and
     the dashboard both call this, so both run SGLang with the same options."""
     return sglang_options_from_args(args) if settings.engine == "sglang" else None

@@ -21,7 +21,13 @@ from specdash.events import Sink, Summary
 from specdash.settings import SessionSettings
 
 if TYPE_CHECKING:
+    from typing import TypeAlias
+
     from specdash.runs.sglang.args import SGLangOptions
+
+    EngineOptions: TypeAlias = SGLangOptions
+    """What an engine needs beyond `SessionSettings` (only SGLang needs anything), passed
+    through by callers that do not know which engine runs."""
 
 
 class Runner(Protocol):
@@ -34,13 +40,13 @@ class Runner(Protocol):
     ) -> Summary: ...
 
 
-def runner_for(settings: SessionSettings, sglang_options: SGLangOptions | None = None) -> Runner:
+def runner_for(settings: SessionSettings, options: EngineOptions | None = None) -> Runner:
     """The runner of the engine `settings.engine` names (imported lazily: torch, SGLang)."""
     if settings.engine == "sglang":
         from specdash.runs.sglang.args import SGLangOptions
         from specdash.runs.sglang.backend import SGLangRunner
 
-        return SGLangRunner(sglang_options or SGLangOptions())
+        return SGLangRunner(options or SGLangOptions())
     from specdash.runs.native import NativeRunner
 
     return NativeRunner()
@@ -51,10 +57,11 @@ def run_engine(
     sink: Sink,
     controls: Controls | None = None,
     stop: threading.Event | None = None,
-    sglang_options: SGLangOptions | None = None,
+    options: EngineOptions | None = None,
 ) -> Summary:
-    """The session on the engine `settings.engine` names (native, or SGLang in-process)."""
-    return runner_for(settings, sglang_options).run(settings, sink, controls, stop)
+    """The session on the engine `settings.engine` names (native, or SGLang in-process), with
+    `options` beyond the settings."""
+    return runner_for(settings, options).run(settings, sink, controls, stop)
 
 
 def loading_label(settings: SessionSettings) -> str:

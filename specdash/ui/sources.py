@@ -31,7 +31,7 @@ from specdash.runs.runner import fatal_watch, loading_label
 from specdash.settings import SessionSettings
 
 if TYPE_CHECKING:
-    from specdash.runs.sglang.args import SGLangOptions
+    from specdash.runs.runner import EngineOptions
 
 
 class EventSource(Protocol):
@@ -77,18 +77,18 @@ class LiveSession:
     engine's `specdash.runs.runner.FatalWatch`, armed here on the main thread while the session
     runs.
 
-    `--engine sglang` runs with the options headless gets (`sglang_options`).
+    The engine runs with the options headless gets (`engine_options`: SGLang's flags).
     """
 
     def __init__(
         self,
         settings: SessionSettings,
         telemetry: bool = True,
-        sglang_options: SGLangOptions | None = None,
+        engine_options: EngineOptions | None = None,
         describe: Callable[[SpecdashError], str] = str,
     ) -> None:
         self.settings = settings
-        self.sglang_options = sglang_options
+        self.engine_options = engine_options
         self.controls: Controls | None = Controls.from_settings(settings)
         self.loading = loading_label(settings)
         """What the session loads, for the dashboard's loading line."""
@@ -113,7 +113,7 @@ class LiveSession:
         from specdash.runs.runner import run_engine
 
         try:
-            run_engine(self.settings, sink, self.controls, self._stop, self.sglang_options)
+            run_engine(self.settings, sink, self.controls, self._stop, self.engine_options)
         except BaseException as e:  # the dashboard is this thread's only reporter, and a
             # SystemExit would otherwise end the thread without a word (threading ignores it)
             sink(self._engine_error(e))
