@@ -4,7 +4,8 @@ Exit codes (also in the README):
   0  success
   1  a divergence was found (`run --fail-on-divergence`, `audit` exact-mode failure, `diff`)
   2  bad usage or bad input (flags, prompt file, k out of range, prompt too long, an
-     existing --trace file without --overwrite-trace)
+     existing --trace file without --overwrite-trace, an SGLang batch above what its engine
+     arguments let it run at once)
   3  checkpoint problem (missing/corrupt files, missing tensor, shape mismatch,
      unsupported architecture, tokenizer mismatch)
   4  environment problem (no GPU/NVML/SGLang where required, unsupported SGLang version,
