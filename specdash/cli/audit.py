@@ -19,7 +19,7 @@ from specdash.engine.loader import load_models
 from specdash.errors import EXIT_DIVERGED, EXIT_OK, UsageError
 from specdash.events import Divergence, Event
 from specdash.prompts import load_prompts
-from specdash.runs.native import NativeRunner
+from specdash.runs.native import native_session
 from specdash.settings import MAX_K, SessionSettings
 
 BATCHES = (1, 8)
@@ -73,7 +73,7 @@ def audit_cells(
                     if shown is not None:
                         shown(e)
 
-                summary = NativeRunner(loaded).run(settings, sink)
+                summary = native_session(settings, sink, loaded=loaded).run()
                 if progress is not None:
                     progress.end_cell()
                 cells.append(

@@ -1,8 +1,9 @@
 """specdash's own engine as a session backend: one verify step of every prompt in flight per
 step, in one batched forward, the shadow advancing in the same step.
 
-`NativeRunner` is the `specdash.runs.runner.Runner` on it; `native_session` builds the
-`Session` when a caller (a test, a benchmark) wants its engine at hand.
+`native_session` builds the `Session` where a caller wants the engine at hand or weights shared
+across sessions (the audit, tests, benchmarks); `specdash.runs.runner.run_engine` is the plain
+way to run one.
 """
 
 from __future__ import annotations
@@ -28,7 +29,6 @@ from specdash.events import (
     EngineError,
     Prefill,
     Sink,
-    Summary,
     Token,
     TokenSource,
     VerifyStep,
@@ -284,26 +284,3 @@ def native_session(
 ) -> Session:
     """A session on the native engine; `session.backend.engine` is its engine."""
     return Session(settings, NativeBackend(settings, loaded), sink, controls, stop)
-
-
-class NativeRunner:
-    """specdash's own engine as a `Runner`. `loaded`: weights shared across sessions (the
-    audit's cells, benchmarks); None loads them per session."""
-
-    name = "native"
-
-    def __init__(self, loaded: Loaded | None = None) -> None:
-        self.loaded = loaded
-
-    def run(
-        self,
-        settings: SessionSettings,
-        sink: Sink,
-        controls: Controls | None = None,
-        stop: threading.Event | None = None,
-    ) -> Summary:
-        return native_session(settings, sink, controls, stop, self.loaded).run()
-
-
-run_session = NativeRunner().run
-"""A session on the native engine, weights loaded for it: the one-call form."""

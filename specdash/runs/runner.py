@@ -1,13 +1,12 @@
-"""The runner protocol both engines implement, and what a caller needs of a session before it
-runs, whichever engine runs it.
+"""A session on whichever engine `settings.engine` names, and what a caller needs of it without
+knowing the engine.
 
-A runner turns an engine into the event stream: `run(settings, sink, controls, stop)` blocks,
-calls `sink(event)`, applies `controls` between steps, ends early when `stop` is set, and returns
-the `Summary` it emitted last. `NativeRunner` (specdash.runs.native) and `SGLangRunner`
-(specdash.runs.sglang.backend) implement it, each as a backend of `specdash.runs.session`;
-`run_engine` picks the one `settings.engine` names. `loading_label` says what a session loads,
-and `fatal_watch` how an engine's failure outside the session's thread reaches it: a caller
-(the dashboard) needs both without knowing the engine. Nothing here imports torch or SGLang.
+`run_engine(settings, sink, controls, stop, options)` builds the engine's backend (native, or
+SGLang in-process) and runs a `specdash.runs.session.Session` on it: it blocks, calls
+`sink(event)`, applies `controls` between steps, ends early when `stop` is set, and returns the
+`Summary` it emitted last. `loading_label` says what a session loads, and `fatal_watch` how an
+engine's failure outside the session's thread reaches it: the dashboard needs both without
+knowing the engine. Nothing here imports torch or SGLang (the backends are imported lazily).
 """
 
 from __future__ import annotations
@@ -23,6 +22,7 @@ from specdash.settings import SessionSettings
 if TYPE_CHECKING:
     from typing import TypeAlias
 
+    from specdash.runs.session import Backend
     from specdash.runs.sglang.args import SGLangOptions
 
     EngineOptions: TypeAlias = SGLangOptions
@@ -30,26 +30,16 @@ if TYPE_CHECKING:
     through by callers that do not know which engine runs."""
 
 
-class Runner(Protocol):
-    def run(
-        self,
-        settings: SessionSettings,
-        sink: Sink,
-        controls: Controls | None = None,
-        stop: threading.Event | None = None,
-    ) -> Summary: ...
-
-
-def runner_for(settings: SessionSettings, options: EngineOptions | None = None) -> Runner:
-    """The runner of the engine `settings.engine` names (imported lazily: torch, SGLang)."""
+def backend_for(settings: SessionSettings, options: EngineOptions | None = None) -> Backend:
+    """The backend of the engine `settings.engine` names (imported here: torch, SGLang)."""
     if settings.engine == "sglang":
         from specdash.runs.sglang.args import SGLangOptions
-        from specdash.runs.sglang.backend import SGLangRunner
+        from specdash.runs.sglang.backend import SGLangBackend
 
-        return SGLangRunner(options or SGLangOptions())
-    from specdash.runs.native import NativeRunner
+        return SGLangBackend(settings, options or SGLangOptions())
+    from specdash.runs.native import NativeBackend
 
-    return NativeRunner()
+    return NativeBackend(settings)
 
 
 def run_engine(
@@ -59,9 +49,10 @@ def run_engine(
     stop: threading.Event | None = None,
     options: EngineOptions | None = None,
 ) -> Summary:
-    """The session on the engine `settings.engine` names (native, or SGLang in-process), with
-    `options` beyond the settings."""
-    return runner_for(settings, options).run(settings, sink, controls, stop)
+    """The session on the engine `settings.engine` names, with `options` beyond the settings."""
+    from specdash.runs.session import Session
+
+    return Session(settings, backend_for(settings, options), sink, controls, stop).run()
 
 
 def loading_label(settings: SessionSettings) -> str:

@@ -11,7 +11,7 @@ An event source is any object with this tiny protocol (`EventSource`):
     stop() -> None
         Finish promptly and release threads; idempotent.
 
-`LiveSession` runs the session's runner (`specdash.runs.runner.run_engine`, whichever engine)
+`LiveSession` runs the session (`specdash.runs.runner.run_engine`, whichever engine)
 on a worker thread next to the GPU sampler. The engine never waits on the UI: its sink is
 `EventBuffer.put`, a short locked append that the dashboard drains on a timer.
 """

@@ -1,4 +1,4 @@
-"""`SGLangRunner` around a stand-in for `sglang.Engine` (the real one needs CUDA): the
+"""The SGLang backend's session around a stand-in for `sglang.Engine` (the real one needs CUDA): the
 event stream the dashboard sees, telemetry over the real ZMQ path, the shadow comparison on
 fp32 logprob bits, and SGLang's own refusal reason as the one-line error."""
 
@@ -19,7 +19,8 @@ import json, os, sys
 from pathlib import Path
 sys.path.insert(0, "tests/sglang")  # the shadow's host process imports the stand-in by name
 import standin_engine
-from specdash.runs.sglang import args, backend, preflight, process
+from specdash.runs.runner import run_engine
+from specdash.runs.sglang import args, preflight, process
 from specdash.settings import SessionSettings
 
 workdir = Path(os.environ["WORKDIR"])
@@ -35,13 +36,26 @@ options = args.SGLangOptions(speculative_algorithm="EAGLE3",
                                       engine_args={"mem_fraction_static": 0.3},
                                       shadow_mode=os.environ["SHADOW_MODE"],
                                       log_file=workdir / "sglang.log")
-summary = backend.SGLangRunner(options).run(settings, events.append)
+summary = run_engine(settings, events.append, options=options)
 print("RESULT " + json.dumps({
     "events": [json.loads(e.model_dump_json()) for e in events],
     "summary": json.loads(summary.model_dump_json()),
     "engines": standin_engine.recorded(workdir),
 }))
 """
+
+
+TOKENS = [
+    (0, 5, "decode", -1),
+    (0, 6, "draft", 0),
+    (0, 7, "draft", 0),
+    (0, 8, "bonus", 0),
+    (0, 9, "bonus", 1),
+    (1, 1, "decode", -1),
+    (1, 2, "draft", 0),
+    (1, 3, "bonus", 0),
+]
+"""(prompt, token id, source, verify step) of the stand-in's output tokens, at any batch size."""
 
 
 @pytest.mark.parametrize("shadow_mode", ["split", "sequential"])
@@ -89,16 +103,7 @@ def test_session_events_from_a_stand_in_engine(run_sglang, tmp_path, shadow_mode
         for e in r["events"]
         if e["kind"] == "token"
     ]
-    assert tokens == [
-        (0, 5, "decode", -1),
-        (0, 6, "draft", 0),
-        (0, 7, "draft", 0),
-        (0, 8, "bonus", 0),
-        (0, 9, "bonus", 1),
-        (1, 1, "decode", -1),
-        (1, 2, "draft", 0),
-        (1, 3, "bonus", 0),
-    ]
+    assert tokens == TOKENS
     div = [e for e in r["events"] if e["kind"] == "divergence"]
     assert len(div) == 1 and (div[0]["prompt_index"], div[0]["position"]) == (1, 2)
     assert div[0]["what"] == "logprob" and div[0]["spec_token"] == div[0]["shadow_token"] == 3
@@ -142,16 +147,7 @@ def test_batch_sends_the_prompts_at_once_and_checks_each_alone(
         for e in events
         if e["kind"] == "token"
     ]
-    assert tokens == [
-        (0, 5, "decode", -1),
-        (0, 6, "draft", 0),
-        (0, 7, "draft", 0),
-        (0, 8, "bonus", 0),
-        (0, 9, "bonus", 1),
-        (1, 1, "decode", -1),
-        (1, 2, "draft", 0),
-        (1, 3, "bonus", 0),
-    ]
+    assert tokens == TOKENS
     div = [
         (e["prompt_index"], e["position"], e["step"]) for e in events if e["kind"] == "divergence"
     ]

@@ -8,5 +8,5 @@ process.py    SGLang's processes: the patched engine class, the child entries, o
 host.py       EngineHost: the shadow engine in a process of its own, so both start at once
 start.py      StartWatch: an engine's start phases read from SGLang's log
 telemetry.py  the scheduler's per-step telemetry as VerifyStep events
-backend.py    SGLangBackend (the session's backend) and SGLangRunner
+backend.py    SGLangBackend: the session's backend
 """

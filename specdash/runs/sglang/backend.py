@@ -19,12 +19,12 @@ from dataclasses import dataclass, field
 from functools import partial
 from typing import Any, TextIO
 
-from specdash.controls import Controls, ControlState
+from specdash.controls import ControlState
 from specdash.engine_patches.registry import sglang_version
 from specdash.errors import EnvironmentProblem
-from specdash.events import Divergence, EngineError, Sink, Summary, Token
+from specdash.events import Divergence, EngineError, Sink, Token
 from specdash.prompts import Prompt
-from specdash.runs.session import Flight, Header, Session, divergence_event
+from specdash.runs.session import Flight, Header, divergence_event
 from specdash.runs.sglang import preflight, process
 from specdash.runs.sglang.args import SGLangOptions, applied_patches, engine_kwargs
 from specdash.runs.sglang.host import EngineHost
@@ -322,21 +322,3 @@ def switch_gemm(engine: SGLangEngine, name: str) -> None:
         engine.collective_rpc("specdash_set_gemm_backend", name=name)
     except AssertionError as e:  # collective_rpc asserts the RPC's success
         raise EnvironmentProblem(f"GEMM backend {name!r} refused by SGLang: {e}") from None
-
-
-class SGLangRunner:
-    """A patched `sglang.Engine` as a `specdash.runs.runner.Runner` (the same events and
-    Summary as the native runner), with the SGLang options beyond `SessionSettings`."""
-
-    def __init__(self, options: SGLangOptions) -> None:
-        self.options = options
-
-    def run(
-        self,
-        settings: SessionSettings,
-        sink: Sink,
-        controls: Controls | None = None,
-        stop: threading.Event | None = None,
-    ) -> Summary:
-        backend = SGLangBackend(settings, self.options)
-        return Session(settings, backend, sink, controls, stop).run()

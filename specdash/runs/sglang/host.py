@@ -64,16 +64,8 @@ class EngineHost:
     def wait_ready(self) -> None:
         self._call("ready")
 
-    def generate(
-        self,
-        *,
-        prompt: list[str],
-        sampling_params: dict[str, Any],
-        return_logprob: bool,
-        rid: list[str],
-    ) -> list[dict[str, Any]]:
-        kwargs = {"prompt": prompt, "sampling_params": sampling_params, "rid": rid}
-        return self._call("generate", kwargs | {"return_logprob": return_logprob})
+    def generate(self, **kwargs: Any) -> list[dict[str, Any]]:
+        return self._call("generate", kwargs)
 
     def collective_rpc(self, method: str, **kwargs: Any) -> Any:
         return self._call("collective_rpc", method, kwargs)
