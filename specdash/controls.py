@@ -9,12 +9,13 @@ from __future__ import annotations
 import threading
 from collections import deque
 from dataclasses import dataclass, replace
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any, Literal
 
 if TYPE_CHECKING:
     from specdash.settings import SessionSettings, VerifyMode
 
-CONTROLS = ("gemm_backend", "speculation", "k", "verify_mode")
+Control = Literal["gemm_backend", "speculation", "k", "verify_mode"]
+CONTROLS: tuple[Control, ...] = ("gemm_backend", "speculation", "k", "verify_mode")
 """The live settings an engine applies (or refuses) between steps; `paused` the session keeps."""
 
 
@@ -54,7 +55,7 @@ class Controls:
         with self._lock:
             return self._state
 
-    def update(self, **changes: object) -> ControlState:
+    def update(self, **changes: Any) -> ControlState:
         with self._lock:
             self._state = replace(self._state, **changes)
             state = self._state

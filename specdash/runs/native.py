@@ -219,6 +219,7 @@ class NativeBackend:
         if self.settings.root_cause and first:
             cause = find_root_cause(self.engine, seq, position)
         record = seq.steps[self.engine.step_of(seq, position)[0]]
+        assert record.mode != "prefill", "a verify step's mode is a verify mode"
         end = len(seq.prompt) + position
         return divergence_event(
             flight,

@@ -21,9 +21,9 @@ import threading
 from collections import deque
 from collections.abc import Iterator, Sequence
 from dataclasses import dataclass, replace
-from typing import Any, Protocol
+from typing import Any, Literal, Protocol
 
-from specdash.controls import CONTROLS, Controls, ControlState
+from specdash.controls import CONTROLS, Control, Controls, ControlState
 from specdash.errors import UsageError
 from specdash.events import (
     ControlChange,
@@ -40,7 +40,7 @@ from specdash.events import (
 from specdash.metrics import same_fp32_bits
 from specdash.prompts import Prompt, load_prompts
 from specdash.runs.heap import trim_heap
-from specdash.settings import SessionSettings
+from specdash.settings import SessionSettings, VerifyMode
 from specdash.stats import SessionStats
 
 
@@ -287,12 +287,13 @@ class Session:
             if old_v != new_v and not self.backend.apply(name, new_v):
                 new = replace(new, **{name: old_v})
                 self.controls.update(**{name: old_v})
-        for name in (*CONTROLS, "paused"):
-            old_v, new_v = getattr(self.applied, name), getattr(new, name)
+        recorded: tuple[Control | Literal["paused"], ...] = (*CONTROLS, "paused")
+        for setting in recorded:
+            old_v, new_v = getattr(self.applied, setting), getattr(new, setting)
             if old_v != new_v:
                 self.emit(
                     ControlChange(
-                        name=name, old=str(old_v), new=str(new_v), applied_step=self.step_no
+                        name=setting, old=str(old_v), new=str(new_v), applied_step=self.step_no
                     )
                 )
         self.applied = new
@@ -326,7 +327,7 @@ def divergence_event(
     *,
     step: int,
     k: int,
-    verify_mode: str,
+    verify_mode: VerifyMode,
     gemm_backend: str,
     texts: tuple[str, str],
     context: str = "",
