@@ -237,3 +237,40 @@ def test_batch_steps_sequences_in_one_forward_with_the_same_bits(pair, monkeypat
     rows_per_forward.clear()
     assert tokens(4) == one
     assert max(rows_per_forward) == 4
+
+
+def test_the_verify_mode_has_one_name_from_the_settings_to_the_events(pair) -> None:
+    """`verify_mode` in the settings, the live controls, the control events and every verify
+    step: nothing translates between names."""
+    settings = _settings(pair, k=2, verify_mode="fast")
+    controls = Controls.from_settings(settings, "torch")
+    assert controls.snapshot().verify_mode == "fast"
+    events: list[Event] = []
+
+    def sink(e: Event) -> None:
+        events.append(e)
+        if e.kind == "verify_step" and e.step == 1:
+            controls.update(verify_mode="exact")
+
+    native_session(settings, sink, controls).run()
+    assert events[0].kind == "session_start" and events[0].config["verify_mode"] == "fast"
+    changes = [(e.name, e.new) for e in events if isinstance(e, ControlChange)]
+    assert changes == [("verify_mode", "exact")]
+    modes = [e.verify_mode for e in events if e.kind == "verify_step"]
+    assert modes[:2] == ["fast", "fast"] and set(modes[2:]) == {"exact"}
+
+
+def test_the_core_names_the_setting_and_the_command_line_its_flag(pair, capsys) -> None:
+    from specdash.cli import main
+    from specdash.engine.loader import load_models
+    from specdash.errors import UsageError
+
+    with pytest.raises(UsageError) as e:
+        load_models(SessionSettings(model=pair[0], drafter="ngram", device="xpu"))
+    assert e.value.setting == "device" and "--" not in str(e.value)
+    assert main(["run", "--headless", "--model", str(pair[0]), "--device", "xpu"]) == 2
+    err = capsys.readouterr().err
+    assert err == "specdash: error: --device: 'xpu': only cpu and cuda are supported\n"
+    with pytest.raises(UsageError) as e:
+        load_models(SessionSettings(model=pair[0], drafter="model"))
+    assert e.value.setting == "draft" and "--" not in str(e.value)

@@ -174,6 +174,8 @@ class Session:
         self.applied = self.controls.snapshot()
         self.step_no = 0
         self.checked = settings.shadow
+        self._typed = 0
+        """The index the next prompt typed in the dashboard gets (after the prompt set's)."""
 
     def emit(self, event: Event) -> None:
         """Count `event` into the session's totals, then send it on."""
@@ -193,7 +195,7 @@ class Session:
                 Flight(i, p.text, ids)
                 for i, (p, ids) in enumerate(zip(prompts, encoded, strict=True))
             )
-            self._typed = len(prompts)  # the index of the next prompt typed in the dashboard
+            self._typed = len(prompts)
             later: list[Flight] = []
             while not self.stop.is_set() and (group := self._next_group(queue)):
                 later += self._run_group(group)
