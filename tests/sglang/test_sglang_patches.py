@@ -96,7 +96,7 @@ def test_targets_resolve_and_patches_restore_sglang_exactly(run_each_sglang) -> 
         assert unresolved == []
     # every rebinding of the five patches (GDN's conv kernel included): 0.5.17 has no
     # launch-config pin
-    assert f"IDENTITY-OK {15 if version == '0.5.23' else 14}" in out
+    assert f"IDENTITY-OK {16 if version == '0.5.23' else 15}" in out
 
 
 RENAMED = (
