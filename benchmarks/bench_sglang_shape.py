@@ -50,17 +50,14 @@ from sglang_checkpoint import build  # noqa: E402
 
 from specdash.engine_patches import patch_set  # noqa: E402
 from specdash.prompts import load_prompts  # noqa: E402
-from specdash.runs.sglang import (  # noqa: E402
-    ERROR_FILE_ENV,
-    PATCHES_ENV,
+from specdash.runs.sglang.args import (  # noqa: E402
     SGLangOptions,
     applied_patches,
     engine_kwargs,
-    new_shared_file,
     parse_engine_arg,
-    start_engine,
-    switch_gemm,
 )
+from specdash.runs.sglang.backend import switch_gemm  # noqa: E402
+from specdash.runs.sglang.process import session_environment, start_engine  # noqa: E402
 from specdash.settings import SessionSettings  # noqa: E402
 
 T0 = time.monotonic()
@@ -114,16 +111,15 @@ def engine(
         speculation=algorithm is not None,
         max_new_tokens=args.max_new,
     )
-    os.environ[PATCHES_ENV] = ",".join(applied_patches(options))
-    os.environ.setdefault(ERROR_FILE_ENV, new_shared_file())
     kwargs = engine_kwargs(settings, options, speculative=algorithm is not None, split=False)
-    t = time.monotonic()
-    e = start_engine(kwargs)
-    print(f"  engine {algorithm or 'plain'} off={off} started in {time.monotonic() - t:.1f}s")
-    try:
-        yield e
-    finally:
-        e.shutdown()
+    with session_environment(applied_patches(options), None, None, pools_in_turn=False):
+        t = time.monotonic()
+        e = start_engine(kwargs)
+        print(f"  engine {algorithm or 'plain'} off={off} started in {time.monotonic() - t:.1f}s")
+        try:
+            yield e
+        finally:
+            e.shutdown()
 
 
 def run_prompts(e: Any, texts: list[str], max_new: int, decode_rate: bool = False) -> dict:

@@ -4,13 +4,18 @@ Exit codes (also in the README):
   0  success
   1  a divergence was found (`run --fail-on-divergence`, `audit` exact-mode failure, `diff`)
   2  bad usage or bad input (flags, prompt file, k out of range, prompt too long, an
-     existing --trace file without --overwrite-trace)
+     existing --trace file without --overwrite-trace, an SGLang batch above what its engine
+     arguments let it run at once)
   3  checkpoint problem (missing/corrupt files, missing tensor, shape mismatch,
      unsupported architecture, tokenizer mismatch)
   4  environment problem (no GPU/NVML/SGLang where required, unsupported SGLang version,
      an SGLang scheduler process died,
      unwritable output path, an I/O error while recording a trace)
   130 interrupted (Ctrl-C); partial results and the trace are kept
+
+The core speaks of settings, not flags: an error about one names it in `setting` (a field of
+`SessionSettings` or `SGLangOptions`), and the command line puts its flag in front
+(`specdash.cli.flags.describe`).
 """
 
 from __future__ import annotations
@@ -25,6 +30,11 @@ EXIT_INTERRUPTED = 130
 
 class SpecdashError(Exception):
     exit_code = EXIT_USAGE
+
+    def __init__(self, message: str = "", *, setting: str | None = None) -> None:
+        super().__init__(message)
+        self.setting = setting
+        """The setting the error is about, if one is: the CLI names its flag."""
 
 
 class UsageError(SpecdashError):

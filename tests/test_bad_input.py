@@ -273,7 +273,7 @@ def test_ctrl_c_mid_step_exits_130_and_keeps_the_trace(pair, tmp_path) -> None:
 def test_prompt_that_fills_the_context_exactly_runs(capsys, pair, tmp_path) -> None:
     """prompt + new - 1 positions are fed (the last generated token never is): a prompt
     that needs exactly the model's positions runs, one token more is refused."""
-    from specdash.runs.native import load_models
+    from specdash.engine.loader import load_models
     from specdash.settings import SessionSettings
 
     loaded = load_models(SessionSettings(model=pair[0], drafter="ngram"))

@@ -254,7 +254,9 @@ def main(argv: list[str] | None = None) -> int:
     try:
         return _command(args)(args)
     except SpecdashError as e:
-        print(f"specdash: error: {e}", file=sys.stderr)
+        from specdash.cli.session_args import describe
+
+        print(f"specdash: error: {describe(e)}", file=sys.stderr)
         return e.exit_code
     except KeyboardInterrupt:
         print("specdash: interrupted", file=sys.stderr)

@@ -5,7 +5,7 @@ from __future__ import annotations
 import argparse
 import sys
 
-from specdash.cli.session_args import session_options, settings_from_args
+from specdash.cli.session_args import describe, session_options, settings_from_args
 from specdash.trace.jsonl import TraceWriter
 from specdash.ui.app import SpecdashApp
 from specdash.ui.sources import LiveSession
@@ -16,7 +16,7 @@ def dashboard_app(args: argparse.Namespace) -> SpecdashApp:
     options and an unwritable `--trace` fail here, before the UI takes the terminal."""
     settings = settings_from_args(args)
     options = session_options(settings, args)  # SGLang's output: a log file (the session's)
-    source = LiveSession(settings, sglang_options=options)
+    source = LiveSession(settings, engine_options=options, describe=describe)
     if settings.trace is None:
         return SpecdashApp(source)
     writer = TraceWriter(settings.trace, overwrite=settings.overwrite_trace)

@@ -9,9 +9,42 @@ from pathlib import Path
 
 from pydantic import ValidationError
 
-from specdash.errors import UsageError
-from specdash.runs.sglang import SGLangOptions, parse_engine_arg
+from specdash.errors import SpecdashError, UsageError
+from specdash.runs.sglang.args import SGLangOptions, parse_engine_arg
 from specdash.settings import SessionSettings
+
+FLAGS = {
+    "engine": "--engine",
+    "model": "--model",
+    "draft": "--draft",
+    "preset": "--preset",
+    "drafter": "--drafter",
+    "k": "-k",
+    "speculation": "--no-spec",
+    "verify_mode": "--verify",
+    "gemm_backend": "--gemm-backend",
+    "batch": "--batch",
+    "prompts": "--prompts",
+    "max_new_tokens": "--max-new-tokens",
+    "device": "--device",
+    "dtype": "--dtype",
+    "shadow": "--no-shadow",
+    "trace": "--trace",
+    "overwrite_trace": "--overwrite-trace",
+    "speculative_algorithm": "--speculative-algorithm",
+    "engine_args": "--sglang-arg",
+    "shadow_mode": "--sglang-shadow",
+    "force_patches": "--force-patches",
+    "unpatch": "--sglang-unpatch",
+}
+"""The flag that sets each field of `SessionSettings` and `SGLangOptions`."""
+
+
+def describe(error: SpecdashError) -> str:
+    """An error's line as the command line says it: the flag of the setting it is about first."""
+    if error.setting is None:
+        return str(error)
+    return f"{FLAGS.get(error.setting, error.setting)}: {error}"
 
 
 def _path(value: str | None) -> Path | None:
@@ -29,7 +62,7 @@ def settings_from_args(args: argparse.Namespace) -> SessionSettings:
             drafter=args.drafter,
             k=args.k,
             speculation=not args.no_spec,
-            verify=args.verify,
+            verify_mode=args.verify,
             gemm_backend=args.gemm_backend,
             batch=args.batch,
             prompts=_path(args.prompts),
@@ -43,7 +76,7 @@ def settings_from_args(args: argparse.Namespace) -> SessionSettings:
     except ValidationError as e:
         err = e.errors()[0]
         where = ".".join(str(p) for p in err["loc"])
-        raise UsageError(f"{where}: {err['msg']}") from None
+        raise UsageError(f"{err['msg']}", setting=where) from None
 
 
 def sglang_options_from_args(args: argparse.Namespace) -> SGLangOptions:
@@ -59,6 +92,6 @@ def sglang_options_from_args(args: argparse.Namespace) -> SGLangOptions:
 
 def session_options(settings: SessionSettings, args: argparse.Namespace) -> SGLangOptions | None:
     """What a session started from the command line passes to `run_engine` as
-    `sglang_options`: the SGLang flags for `--engine sglang`, else None. The headless run and
+    `options`: the SGLang flags for `--engine sglang`, else None. The headless run and
     the dashboard both call this, so both run SGLang with the same options."""
     return sglang_options_from_args(args) if settings.engine == "sglang" else None

@@ -187,7 +187,7 @@ def test_sglang_session_without_cuda_is_a_clear_error(monkeypatch, capsys, tmp_p
     code = main(["run", "--headless", "--engine", "sglang", "--model", str(tmp_path)])
     assert code == 4
     assert capsys.readouterr().err == (
-        "specdash: error: --engine sglang needs a CUDA GPU; none is visible to torch\n"
+        "specdash: error: --engine: the SGLang engine needs a CUDA GPU; none is visible to torch\n"
     )
 
 
