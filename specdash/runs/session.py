@@ -209,7 +209,9 @@ class Session:
         return summary
 
     def _session_start(self, header: Header) -> None:
-        config = self.settings.model_dump(mode="json") | header.config
+        # "shadow": whether a shadow compares this session's output (SGLang runs none with
+        # speculation off), which is what every reader of the header takes it for
+        config = self.settings.model_dump(mode="json") | header.config | {"shadow": header.checked}
         self.emit(
             SessionStart(
                 config=config,

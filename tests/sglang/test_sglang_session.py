@@ -32,7 +32,8 @@ preflight.check_startable = lambda options, engines: None
 events = []
 settings = SessionSettings(engine="sglang", model=Path("/models/m"), k=2, prompts=prompts,
                            gemm_backend="deepgemm", max_new_tokens=8,
-                           batch=int(os.environ.get("BATCH", "1")))
+                           batch=int(os.environ.get("BATCH", "1")),
+                           speculation=os.environ.get("SPECULATION", "1") == "1")
 options = args.SGLangOptions(speculative_algorithm="EAGLE3",
                                       engine_args={"mem_fraction_static": 0.3},
                                       shadow_mode=os.environ["SHADOW_MODE"],
@@ -275,3 +276,14 @@ def test_engine_kwargs_per_algorithm(tmp_path, monkeypatch) -> None:
             split=False,
         )
     assert e.value.setting == "model"  # the command line names --model
+
+
+def test_no_speculation_is_not_checked(run_sglang, tmp_path) -> None:
+    """With speculation off SGLang runs no shadow: nothing was compared, so the summary says
+    "not checked" (exact_prompts None), never "0 exact"."""
+    env = {"WORKDIR": str(tmp_path), "SHADOW_MODE": "split", "SPECULATION": "0"}
+    proc = run_sglang(SESSION_SCRIPT, env=env)
+    r = json.loads(next(x for x in proc.stdout.splitlines() if x.startswith("RESULT "))[7:])
+    start = next(e for e in r["events"] if e["kind"] == "session_start")
+    assert start["config"]["shadow"] is False and len(r["engines"]) == 1
+    assert r["summary"]["checked"] is False and r["summary"]["exact_prompts"] is None
