@@ -73,3 +73,25 @@ def test_specdash_in_a_real_terminal(tmp_path):
         assert status.read_text().strip() == "0"
     finally:
         subprocess.run(["tmux", "-L", SOCKET, "kill-server"], capture_output=True)
+
+
+def test_ctrl_c_in_a_real_terminal_exits_130_and_keeps_the_trace(tmp_path):
+    session = f"specdash-test-{uuid.uuid4().hex[:8]}"
+    status = tmp_path / "exit_status"
+    # the pane stays open after the exit, so its last line can be read
+    command = f"{SPECDASH} --max-new-tokens 24 --trace t.jsonl; echo $? > {status}; sleep 60"
+    start_session(session, tmp_path, command)
+    try:
+        wait_for(session, lambda s: "steps " in s and "steps 0" not in s)
+        tmux("send-keys", "-t", session, "C-c")
+        wait_for(session, lambda s: "specdash: interrupted" in s, timeout=20)
+        deadline = time.monotonic() + 20
+        while not status.exists() and time.monotonic() < deadline:
+            time.sleep(0.2)
+        assert status.read_text().strip() == "130"
+    finally:
+        subprocess.run(["tmux", "-L", SOCKET, "kill-server"], capture_output=True)
+    from specdash.trace.jsonl import read_trace
+
+    _, events, _ = read_trace(tmp_path / "t.jsonl")
+    assert any(e.kind == "verify_step" for e in events)

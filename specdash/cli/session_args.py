@@ -9,9 +9,12 @@ from pathlib import Path
 
 from pydantic import ValidationError
 
-from specdash.errors import UsageError
-from specdash.runs.sglang import SGLangOptions, parse_engine_arg
+from specdash.errors import FlagError
+from specdash.output_files import Input, refuse_inputs
+from specdash.prompts import default_prompts_path
+from specdash.runs.sglang import SGLangOptions, log_file_beside, parse_engine_arg, shadow_log
 from specdash.settings import SessionSettings
+from specdash.trace.jsonl import TraceWriter
 
 
 def _path(value: str | None) -> Path | None:
@@ -19,7 +22,12 @@ def _path(value: str | None) -> Path | None:
 
 
 def settings_from_args(args: argparse.Namespace) -> SessionSettings:
-    """Settings from the CLI's session flags; a bad value is a one-line `UsageError`."""
+    """Settings from the CLI's session flags; a bad value or combination is a `FlagError`."""
+    if args.engine == "native" and args.drafter == "ngram" and args.draft is not None:
+        raise FlagError(
+            f"argument --draft: {args.draft} is not used with --drafter ngram (it drafts "
+            "from the prompt); leave out --draft, or draft with it: --drafter model"
+        )
     try:
         return SessionSettings(
             engine=args.engine,
@@ -42,8 +50,37 @@ def settings_from_args(args: argparse.Namespace) -> SessionSettings:
         )
     except ValidationError as e:
         err = e.errors()[0]
-        where = ".".join(str(p) for p in err["loc"])
-        raise UsageError(f"{where}: {err['msg']}") from None
+        flag = "--" + ".".join(str(p) for p in err["loc"]).replace("_", "-")
+        raise FlagError(f"argument {flag}: {err['msg']}") from None
+
+
+def session_inputs(settings: SessionSettings) -> list[Input]:
+    """Every file a session reads, which nothing it writes may replace: the prompt file, the
+    checkpoints, and the data shipped in the package (the embedded pair, the default
+    prompts)."""
+    inputs: list[Input] = [(default_prompts_path().parent, "specdash's shipped data")]
+    for path, role in (
+        (settings.prompts, "the prompt file"),
+        (settings.model, "the model checkpoint"),
+        (settings.draft, "the draft checkpoint"),
+    ):
+        if path is not None:
+            inputs.append((path, role))
+    return inputs
+
+
+def open_trace(settings: SessionSettings) -> TraceWriter | None:
+    """The `--trace` recording, opened before the session loads anything: refused when it
+    would replace an input or (without --overwrite-trace) any existing file, or another
+    specdash is writing it (`specdash.output_files`)."""
+    if settings.trace is None:
+        return None
+    inputs = session_inputs(settings)
+    if settings.engine == "sglang":  # SGLang's logs are appended beside the trace
+        log = log_file_beside(settings)
+        for path in (log, shadow_log(log)):
+            refuse_inputs(path, "SGLang log", inputs)
+    return TraceWriter(settings.trace, overwrite=settings.overwrite_trace, inputs=inputs)
 
 
 def sglang_options_from_args(args: argparse.Namespace) -> SGLangOptions:
