@@ -84,18 +84,23 @@ def test_disk_full_while_recording_exits_4(capsys, monkeypatch, pair, tmp_path) 
     )
 
 
-def test_dashboard_with_a_bad_model_exits_3_after_q(pair, tmp_path) -> None:
-    args = build_parser().parse_args(["--model", str(tmp_path / "missing"), "--drafter", "ngram"])
-    app = dashboard_app(args)
+def press_once(app, ready, key: str) -> None:
+    """Run the dashboard until `ready()` (60 s at most), then press `key`."""
 
     async def drive() -> None:
         async with app.run_test(size=(100, 30)) as pilot:
             deadline = time.monotonic() + 60
-            while not app.model.errors and time.monotonic() < deadline:
+            while not ready() and time.monotonic() < deadline:
                 await pilot.pause(0.1)
-            await pilot.press("q")
+            await pilot.press(key)
 
     asyncio.run(drive())
+
+
+def test_dashboard_with_a_bad_model_exits_3_after_q(pair, tmp_path) -> None:
+    args = build_parser().parse_args(["--model", str(tmp_path / "missing"), "--drafter", "ngram"])
+    app = dashboard_app(args)
+    press_once(app, lambda: app.model.errors, "q")
     assert app.model.errors and app.model.errors[0].exit_code == EXIT_CHECKPOINT
     assert app.return_value == app.exit_code == EXIT_CHECKPOINT
 
@@ -165,28 +170,9 @@ def test_a_second_writer_of_one_trace_is_refused(capsys, pair, tmp_path) -> None
 
 def test_ctrl_c_in_the_dashboard_exits_130(pair, tmp_path) -> None:
     trace = tmp_path / "t.jsonl"
-    args = build_parser().parse_args(
-        [
-            "--model",
-            str(pair[0]),
-            "--drafter",
-            "ngram",
-            "--prompts",
-            str(pair[2]),
-            "--trace",
-            str(trace),
-        ]  # fmt: skip
-    )
-    app = dashboard_app(args)
-
-    async def drive() -> None:
-        async with app.run_test(size=(100, 30)) as pilot:
-            deadline = time.monotonic() + 60
-            while not app.model.steps and time.monotonic() < deadline:
-                await pilot.pause(0.1)
-            await pilot.press("ctrl+c")
-
-    asyncio.run(drive())
+    flags = ["--model", str(pair[0]), "--drafter", "ngram", "--prompts", str(pair[2])]
+    app = dashboard_app(build_parser().parse_args([*flags, "--trace", str(trace)]))
+    press_once(app, lambda: app.model.steps, "ctrl+c")
     assert app.return_value == EXIT_INTERRUPTED
     header, events, _ = read_trace(trace)  # the trace so far is kept
     assert any(e.kind == "verify_step" for e in events)
