@@ -9,6 +9,7 @@ from textual.geometry import Region
 
 from specdash.controls import Controls
 from specdash.events import EngineError, PromptStart, SessionStart, StartPhase, Summary
+from specdash.runs.runner import loading_label
 from specdash.settings import SessionSettings
 from specdash.ui.app import SpecdashApp
 from specdash.ui.replay_app import ReplayApp
@@ -22,7 +23,7 @@ class Loading:
     """A live source whose engine is still loading its weights: no event yet."""
 
     def __init__(self, settings: SessionSettings) -> None:
-        self.settings = settings
+        self.loading = loading_label(settings)  # what LiveSession tells the dashboard
         self.controls = Controls.from_settings(settings)
 
     def start(self, sink: Sink) -> None:

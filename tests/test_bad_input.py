@@ -186,8 +186,8 @@ def test_replay_speed_zero_is_a_flag_error(capsys, tmp_path) -> None:
 
 def test_a_draft_with_the_ngram_drafter_is_refused(capsys, pair) -> None:
     line = (
-        f"argument --draft: {pair[1]} is not used with --drafter ngram (it drafts from the "
-        "prompt); leave out --draft, or draft with it: --drafter model"
+        f"--draft: {pair[1]} is not used with --drafter ngram (it drafts from the prompt); "
+        "leave out --draft, or draft with it: --drafter model"
     )
     expect_flag_error(
         capsys, line, "--model", str(pair[0]), "--draft", str(pair[1]), "--drafter", "ngram"
@@ -328,7 +328,7 @@ def test_ctrl_c_mid_step_exits_130_and_keeps_the_trace(pair, tmp_path) -> None:
 def test_prompt_that_fills_the_context_exactly_runs(capsys, pair, tmp_path) -> None:
     """prompt + new - 1 positions are fed (the last generated token never is): a prompt
     that needs exactly the model's positions runs, one token more is refused."""
-    from specdash.runs.native import load_models
+    from specdash.engine.loader import load_models
     from specdash.settings import SessionSettings
 
     loaded = load_models(SessionSettings(model=pair[0], drafter="ngram"))

@@ -311,11 +311,15 @@ def main(argv: list[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
     try:
         return _command(args)(args)
-    except FlagError as e:
-        flag_error(" ".join(["specdash", *([args.command] if args.command else [])]), str(e))
-        return e.exit_code
     except SpecdashError as e:
-        print(f"specdash: error: {e}", file=sys.stderr)
+        from specdash.cli.session_args import describe
+
+        if isinstance(e, FlagError):
+            flag_error(
+                " ".join(["specdash", *([args.command] if args.command else [])]), describe(e)
+            )
+        else:
+            print(f"specdash: error: {describe(e)}", file=sys.stderr)
         return e.exit_code
     except KeyboardInterrupt:
         print("specdash: interrupted", file=sys.stderr)

@@ -15,10 +15,11 @@ from typing import Any
 
 from specdash.cli.progress import AuditProgress, SessionProgress, make_progress
 from specdash.cli.session_args import settings_from_args
+from specdash.engine.loader import load_models
 from specdash.errors import EXIT_DIVERGED, EXIT_OK, FlagError
 from specdash.events import Divergence, Event
 from specdash.prompts import load_prompts
-from specdash.runs.native import NativeRunner, load_models
+from specdash.runs.native import native_session
 from specdash.settings import MAX_K, SessionSettings
 
 BATCHES = (1, 8)
@@ -49,7 +50,7 @@ def audit_cells(
                         "drafter": drafter,
                         "k": k,
                         "batch": batch,
-                        "verify": verify,
+                        "verify_mode": verify,
                         "prompts": prompts,
                         "shadow": True,
                         "root_cause": False,
@@ -72,7 +73,7 @@ def audit_cells(
                     if shown is not None:
                         shown(e)
 
-                summary = NativeRunner(loaded).run(settings, sink)
+                summary = native_session(settings, sink, loaded=loaded).run()
                 if progress is not None:
                     progress.end_cell()
                 cells.append(

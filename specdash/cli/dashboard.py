@@ -5,7 +5,7 @@ from __future__ import annotations
 import argparse
 import sys
 
-from specdash.cli.session_args import open_trace, session_options, settings_from_args
+from specdash.cli.session_args import describe, open_trace, session_options, settings_from_args
 from specdash.errors import EXIT_INTERRUPTED
 from specdash.ui.app import SpecdashApp
 from specdash.ui.sources import LiveSession
@@ -17,7 +17,7 @@ def dashboard_app(args: argparse.Namespace) -> SpecdashApp:
     settings = settings_from_args(args)
     options = session_options(settings, args)  # SGLang's output: a log file (the session's)
     writer = open_trace(settings)
-    source = LiveSession(settings, sglang_options=options)
+    source = LiveSession(settings, engine_options=options, describe=describe)
     if settings.trace is None:
         return SpecdashApp(source)
     return SpecdashApp(source, settings.trace.parent, writer)

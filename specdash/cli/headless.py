@@ -72,7 +72,7 @@ def run_headless(args: argparse.Namespace) -> int:
             sampler = GpuSampler(sink, index=device_index(settings.device) or 0)
             stack.callback(sampler.stop)
 
-        summary = run_engine(settings, sink, sglang_options=session_options(settings, args))
+        summary = run_engine(settings, sink, options=session_options(settings, args))
     if args.json:
         print(json.dumps(summary.model_dump(exclude={"kind", "t_ns"})))
     else:

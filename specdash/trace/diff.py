@@ -150,5 +150,6 @@ def verdict(diffs: list[PromptDiff]) -> str:
 
 def label(path: str, header: SessionStart) -> str:
     c = header.config
-    parts = [str(c.get(key)) for key in ("engine", "verify", "gemm_backend") if c.get(key)]
+    keys = ("engine", "verify_mode", "verify", "gemm_backend")  # `verify`: before it had one name
+    parts = [str(c.get(key)) for key in keys if c.get(key)]
     return f"{Path(path).name} ({', '.join([*parts, header.gemm_backend])})"

@@ -37,7 +37,7 @@ from specdash.ui.widgets.divergence import DivergenceDetail, DivergencePanel
 from specdash.ui.widgets.error_panel import ErrorPanel
 from specdash.ui.widgets.gpu import GpuPanel
 from specdash.ui.widgets.help_screen import HelpScreen
-from specdash.ui.widgets.status_bar import StatusBar, loading_label
+from specdash.ui.widgets.status_bar import StatusBar
 from specdash.ui.widgets.throughput import ThroughputPanel
 from specdash.ui.widgets.token_stream import TokenStream
 
@@ -209,7 +209,7 @@ class SpecdashApp(App[int]):
                 m,
                 paused,
                 self.recorder.note,
-                loading=loading_label(getattr(self.source, "settings", None)),
+                loading=getattr(self.source, "loading", "waiting for the first event"),
                 phase_s=self.clock() - self._phase[1],
             )
             screen.query_one(ErrorPanel).show(m.errors, self.recorder.note)

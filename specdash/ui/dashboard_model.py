@@ -209,7 +209,7 @@ class DashboardModel:
         self.model = str(c.get("model") or c.get("preset") or "embedded default")
         self.drafter = str(c.get("drafter", self.drafter))
         self.k = int(c.get("k", self.k))
-        self.verify_mode = str(c.get("verify", self.verify_mode))
+        self.verify_mode = str(c.get("verify_mode", c.get("verify", self.verify_mode)))
         self.speculation = bool(c.get("speculation", True))
         self.gemm_backend = e.gemm_backend
         # name -> None if usable, else why not (or a list of names): `g` cycles the usable

@@ -12,29 +12,10 @@ from pathlib import Path
 
 from rich.text import Text
 
-from specdash.settings import SessionSettings
 from specdash.ui.dashboard_model import DashboardModel
 from specdash.ui.widgets.readout import Readout
 
 NEUTRAL = "bold black on grey70"
-
-
-def loading_label(settings: SessionSettings | None) -> str:
-    """What a session loads before its first event, from the settings it was given."""
-    if settings is None:
-        return "waiting for the first event"
-    target = settings.model.name if settings.model else settings.preset or "embedded target"
-    if settings.engine == "sglang":
-        from specdash.runs.sglang import log_file_beside
-
-        engines = "engine + shadow engine" if settings.speculation and settings.shadow else "engine"
-        log = log_file_beside(settings)
-        return f"starting the SGLang {engines} for {target} (SGLang's log: {log})"
-    if not settings.speculation or settings.drafter == "ngram":
-        draft = ""
-    else:
-        draft = f" + {settings.draft.name if settings.draft else 'embedded draft'}"
-    return f"loading {target}{draft} on {settings.device} ({settings.engine} engine)"
 
 
 def _verdict_style(m: DashboardModel) -> str:

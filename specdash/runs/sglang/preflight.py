@@ -13,7 +13,8 @@ import os
 import re
 from typing import Any
 
-from specdash.errors import EnvironmentProblem
+from specdash.errors import EnvironmentProblem, UsageError
+from specdash.runs.sglang.args import ALGORITHMS, SGLangOptions
 
 
 def module_missing(name: str) -> bool:
@@ -67,6 +68,28 @@ def check_can_start(kwargs: dict[str, Any], gpus: int) -> None:
     reason = refusal(kwargs, gpus)
     if reason is not None:
         raise EnvironmentProblem(f"sglang cannot start here: {reason}")
+
+
+def check_startable(options: SGLangOptions, engines: list[dict[str, Any]]) -> None:
+    """Install hint, CUDA, patch targets, the algorithm name and whether each engine's
+    arguments (`engines`) can start on this machine, before anything is started."""
+    from specdash.engine_patches.check import ensure_patchable, require_sglang
+
+    require_sglang()
+    import torch
+
+    if not torch.cuda.is_available():
+        raise EnvironmentProblem(
+            "the SGLang engine needs a CUDA GPU; none is visible to torch", setting="engine"
+        )
+    if options.speculative_algorithm not in ALGORITHMS:
+        raise UsageError(
+            f"{options.speculative_algorithm!r}: one of {', '.join(ALGORITHMS)}",
+            setting="speculative_algorithm",
+        )
+    ensure_patchable(options.force_patches)
+    for kwargs in engines:
+        check_can_start(kwargs, torch.cuda.device_count())
 
 
 _FRAME = re.compile(r'File "(?P<file>[^"]+)", line \d+, in (?P<func>\S+)')
