@@ -31,6 +31,8 @@ class StandInEngine:
         self.tokenizer_manager = type("TM", (), {"tokenizer": None})()
         self.rpcs = []
         self.batches = []
+        self.warm_ups = []
+        self.flushes = 0
         self.pool_turn = os.environ.get(memory_pools_in_turn.TURN_ENV)  # its schedulers inherit it
         StandInEngine.made += 1
         self.record = Path(os.environ["WORKDIR"]) / f"engine-{os.getpid()}-{self.made}.json"
@@ -39,6 +41,9 @@ class StandInEngine:
         """A batch of requests (lists, as the session sends them). The speculative engine
         reports their verify steps interleaved, step 0 of every request first, as a scheduler
         running them together does."""
+        if prompt[0] not in PROMPTS:  # the session's warm-up request
+            self.warm_ups.append((prompt, sampling_params["max_new_tokens"]))
+            return [{"output_ids": [7], "meta_info": {"output_token_logprobs": [(-0.5, 7, "x")]}}]
         self.batches.append(len(prompt))
         which = [PROMPTS.index(p) for p in prompt]
         if "speculative_algorithm" in self.kw:
@@ -63,9 +68,14 @@ class StandInEngine:
     def collective_rpc(self, method, **kw):
         self.rpcs.append((method, kw))
 
+    def flush_cache(self):
+        self.flushes += 1
+        return True
+
     def shutdown(self):
         state = {"kw": self.kw, "rpcs": self.rpcs, "shut": True, "pid": os.getpid()}
         state["batches"] = self.batches
+        state["warm_ups"], state["flushes"] = self.warm_ups, self.flushes
         state["pool_turn"] = self.pool_turn
         self.record.write_text(json.dumps(state))
 

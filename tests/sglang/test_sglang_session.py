@@ -12,6 +12,7 @@ import pytest
 
 from specdash.errors import UsageError
 from specdash.runs.sglang import args, process
+from specdash.runs.sglang.backend import WARM_UP_PHASE, WARM_UP_TEXT
 from specdash.settings import SessionSettings
 
 SESSION_SCRIPT = r"""
@@ -64,10 +65,13 @@ def test_session_events_from_a_stand_in_engine(run_sglang, tmp_path, shadow_mode
     r = json.loads(next(x for x in proc.stdout.splitlines() if x.startswith("RESULT "))[7:])
     kinds = [e["kind"] for e in r["events"]]
     starts = [(e["engine"], e["phase"]) for e in r["events"] if e["kind"] == "start_phase"]
-    before = 4 if shadow_mode == "split" else 2  # sequential: the shadow starts after the spec
+    before = 6 if shadow_mode == "split" else 3  # sequential: the shadow starts after the spec
     assert kinds[: before + 1] == ["start_phase"] * before + ["session_start"]
-    assert sorted(starts) == [(engine, phase) for engine in ("shadow", "spec")
-                              for phase in ("imports, spawn processes", "ready")]  # fmt: skip
+    phases = ("imports, spawn processes", WARM_UP_PHASE, "ready")
+    assert sorted(starts) == sorted((e, p) for e in ("shadow", "spec") for p in phases)
+    for engine in ("spec", "shadow"):  # the warm-up is the last phase before "ready"
+        own = [p for e, p in starts if e == engine]
+        assert own == list(phases), own
     if shadow_mode == "split":  # started together: the shadow in its host process
         assert starts[0] == ("shadow", "imports, spawn processes") and starts[-1] == (
             "shadow",
@@ -90,6 +94,10 @@ def test_session_events_from_a_stand_in_engine(run_sglang, tmp_path, shadow_mode
     assert "speculative_algorithm" not in shadow_kw and spec["shut"] and shadow["shut"]
     switch = [["specdash_set_gemm_backend", {"name": "deepgemm"}]]
     assert [spec["rpcs"], shadow["rpcs"]] == [switch, switch]  # the same GEMM backend
+    # one warm-up request per engine before the session's clock (k + 2 tokens: a verify step),
+    # then the prefix cache flushed; never counted as a prompt of the session
+    for engine in (spec, shadow):
+        assert engine["warm_ups"] == [[[WARM_UP_TEXT], 4]] and engine["flushes"] == 1
 
     steps = [e for e in r["events"] if e["kind"] == "verify_step"]
     assert [(s["prompt_index"], s["step"], s["accepted"], s["emitted_tokens"]) for s in steps] == [

@@ -70,6 +70,9 @@ class EngineHost:
     def collective_rpc(self, method: str, **kwargs: Any) -> Any:
         return self._call("collective_rpc", method, kwargs)
 
+    def flush_cache(self) -> Any:
+        return self._call("flush_cache")
+
     def shutdown(self) -> None:
         with contextlib.suppress(EOFError, OSError):
             self._conn.send(("shutdown",))
@@ -120,6 +123,8 @@ def serve(
             try:
                 if request[0] == "generate":
                     conn.send(("ok", engine.generate(**request[1])))
+                elif request[0] == "flush_cache":
+                    conn.send(("ok", engine.flush_cache()))
                 else:
                     conn.send(("ok", engine.collective_rpc(request[1], **request[2])))
             except BaseException as e:
