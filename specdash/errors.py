@@ -4,13 +4,15 @@ Exit codes (also in the README):
   0  success
   1  a divergence was found (`run --fail-on-divergence`, `audit` exact-mode failure, `diff`)
   2  bad usage or bad input (flags, prompt file, k out of range, prompt too long, an
-     existing --trace file without --overwrite-trace, an SGLang batch above what its engine
-     arguments let it run at once)
+     output that is an input, an existing output without --overwrite, a trace another
+     specdash is writing, an SGLang batch above what its engine arguments let it run at
+     once)
   3  checkpoint problem (missing/corrupt files, missing tensor, shape mismatch,
      unsupported architecture, tokenizer mismatch)
   4  environment problem (no GPU/NVML/SGLang where required, unsupported SGLang version,
      an SGLang scheduler process died,
      unwritable output path, an I/O error while recording a trace)
+  5  `diff`: a recording ends mid-prompt and the tokens both traces hold are identical
   130 interrupted (Ctrl-C); partial results and the trace are kept
 
 The core speaks of settings, not flags: an error about one names it in `setting` (a field of
@@ -25,6 +27,7 @@ EXIT_DIVERGED = 1
 EXIT_USAGE = 2
 EXIT_CHECKPOINT = 3
 EXIT_ENVIRONMENT = 4
+EXIT_INCOMPLETE = 5
 EXIT_INTERRUPTED = 130
 
 
@@ -39,6 +42,11 @@ class SpecdashError(Exception):
 
 class UsageError(SpecdashError):
     exit_code = EXIT_USAGE
+
+
+class FlagError(UsageError):
+    """A flag's value, or two flags together, that argparse cannot judge alone: reported like
+    argparse's own flag errors, with the hint to `--help` on a second line."""
 
 
 class CheckpointError(SpecdashError):

@@ -16,7 +16,7 @@ from typing import Any
 from specdash.cli.progress import AuditProgress, SessionProgress, make_progress
 from specdash.cli.session_args import settings_from_args
 from specdash.engine.loader import load_models
-from specdash.errors import EXIT_DIVERGED, EXIT_OK, UsageError
+from specdash.errors import EXIT_DIVERGED, EXIT_OK, FlagError
 from specdash.events import Divergence, Event
 from specdash.prompts import load_prompts
 from specdash.runs.native import native_session
@@ -99,10 +99,12 @@ def run_audit(args: argparse.Namespace) -> int:
     try:
         ks = [int(k) for k in args.ks.split(",")]
     except ValueError:
-        raise UsageError(f"--ks: expected comma-separated integers, got {args.ks!r}") from None
+        raise FlagError(
+            f"argument --ks: expected comma-separated whole numbers, got {args.ks!r}"
+        ) from None
     bad = [k for k in ks if not 1 <= k <= MAX_K]
     if bad:
-        raise UsageError(f"--ks: k must be in 1..{MAX_K}, got {bad[0]}")
+        raise FlagError(f"argument --ks: {bad[0]} is out of range (1..{MAX_K})")
     prompts = min(args.num_prompts, len(load_prompts(base.prompts)))
     n_cells = len(ks) * len(DRAFTERS) * len(BATCHES) * len(VERIFY_MODES)
     with make_progress() as shown:

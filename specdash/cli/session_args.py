@@ -9,9 +9,12 @@ from pathlib import Path
 
 from pydantic import ValidationError
 
-from specdash.errors import SpecdashError, UsageError
+from specdash.errors import FlagError, SpecdashError
+from specdash.output_files import Input, refuse_inputs
+from specdash.prompts import default_prompts_path
 from specdash.runs.sglang.args import SGLangOptions, parse_engine_arg
 from specdash.settings import SessionSettings
+from specdash.trace.jsonl import TraceWriter
 
 FLAGS = {
     "engine": "--engine",
@@ -52,7 +55,13 @@ def _path(value: str | None) -> Path | None:
 
 
 def settings_from_args(args: argparse.Namespace) -> SessionSettings:
-    """Settings from the CLI's session flags; a bad value is a one-line `UsageError`."""
+    """Settings from the CLI's session flags; a bad value or combination is a `FlagError`."""
+    if args.engine == "native" and args.drafter == "ngram" and args.draft is not None:
+        raise FlagError(
+            f"{args.draft} is not used with --drafter ngram (it drafts from the prompt); "
+            "leave out --draft, or draft with it: --drafter model",
+            setting="draft",
+        )
     try:
         return SessionSettings(
             engine=args.engine,
@@ -76,7 +85,38 @@ def settings_from_args(args: argparse.Namespace) -> SessionSettings:
     except ValidationError as e:
         err = e.errors()[0]
         where = ".".join(str(p) for p in err["loc"])
-        raise UsageError(f"{err['msg']}", setting=where) from None
+        raise FlagError(f"{err['msg']}", setting=where) from None
+
+
+def session_inputs(settings: SessionSettings) -> list[Input]:
+    """Every file a session reads, which nothing it writes may replace: the prompt file, the
+    checkpoints, and the data shipped in the package (the embedded pair, the default
+    prompts)."""
+    inputs: list[Input] = [(default_prompts_path().parent, "specdash's shipped data")]
+    for path, role in (
+        (settings.prompts, "the prompt file"),
+        (settings.model, "the model checkpoint"),
+        (settings.draft, "the draft checkpoint"),
+    ):
+        if path is not None:
+            inputs.append((path, role))
+    return inputs
+
+
+def open_trace(settings: SessionSettings) -> TraceWriter | None:
+    """The `--trace` recording, opened before the session loads anything: refused when it
+    would replace an input or (without --overwrite-trace) any existing file, or another
+    specdash is writing it (`specdash.output_files`)."""
+    if settings.trace is None:
+        return None
+    inputs = session_inputs(settings)
+    if settings.engine == "sglang":  # SGLang's logs are appended beside the trace
+        from specdash.runs.sglang.process import log_file_beside, shadow_log
+
+        log = log_file_beside(settings)
+        for path in (log, shadow_log(log)):
+            refuse_inputs(path, "SGLang log", inputs)
+    return TraceWriter(settings.trace, overwrite=settings.overwrite_trace, inputs=inputs)
 
 
 def sglang_options_from_args(args: argparse.Namespace) -> SGLangOptions:

@@ -230,6 +230,8 @@ class DashboardModel:
         self.prefill = None
 
     def _on_verify_step(self, e: VerifyStep) -> None:
+        if not self.shadow:  # no shadow decode ran: the µs the engine timed are no shadow rate
+            e = e.model_copy(update={"shadow_s": 0.0})
         self.steps += 1
         self.verify_mode, self.gemm_backend = e.verify_mode, e.gemm_backend
         if not e.plain:

@@ -39,6 +39,11 @@ class StatusBar(Readout):
         recorded state in a replay. `loading`: what is loading before the session starts;
         `phase_s`: seconds the current loading or prefill has taken so far."""
         text = Text()
+        if not m.started and any(e.fatal for e in m.errors):
+            text.append(" FAILED ", style="bold white on red")
+            text.append(f"  {loading}: stopped by an engine error, shown below", style="bold")
+            self.show_text(text)
+            return
         if not m.started:
             text.append(" LOADING ", style=NEUTRAL)
             text.append(f"  {loading} … {phase_s:.0f} s\n", style="bold")
