@@ -29,8 +29,8 @@ import torch
 
 from specdash.engine.drafters import Drafter, ModelDrafter, NgramDrafter
 from specdash.engine.engine import Engine
+from specdash.engine.loader import Loaded, load_models
 from specdash.prompts import load_prompts
-from specdash.runs.native import Loaded, load_models
 from specdash.settings import SessionSettings
 
 

@@ -23,9 +23,9 @@ import torch
 
 from specdash.engine.drafters import ModelDrafter
 from specdash.engine.engine import Engine
+from specdash.engine.loader import load_models
 from specdash.prompts import load_prompts
 from specdash.runs.heap import trim_heap
-from specdash.runs.native import load_models
 from specdash.settings import SessionSettings
 
 

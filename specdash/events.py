@@ -15,10 +15,15 @@ from typing import Annotated, Any, Literal
 from pydantic import BaseModel, ConfigDict, Field, TypeAdapter
 
 from specdash import metrics
+from specdash.settings import VerifyMode
 
 SCHEMA = "specdash/v2"
 """v2: `position` is the generated-token index, 0-based, for every engine (v1 native traces
 counted the prompt too; `read_trace` converts them)."""
+
+
+TokenSource = Literal["draft", "bonus", "decode"]
+"""Where a token came from: an accepted draft, a verify step's bonus row, or a decode row."""
 
 
 def now_ns() -> int:
@@ -106,7 +111,7 @@ class VerifyStep(_Event):
     accepted: int
     draft_tokens: list[int]
     emitted_tokens: list[int]
-    verify_mode: Literal["exact", "fast"]
+    verify_mode: VerifyMode
     gemm_backend: str
     draft_s: float
     verify_s: float
@@ -143,7 +148,7 @@ class Token(_Event):
     token_id: int
     logprob: float
     text: str
-    source: Literal["draft", "bonus", "decode"]
+    source: TokenSource
     step: int
 
 
@@ -175,7 +180,7 @@ class Divergence(_Event):
     position: int
     step: int
     k: int
-    verify_mode: Literal["exact", "fast"]
+    verify_mode: VerifyMode
     gemm_backend: str
     what: Literal["token", "logprob"]
     spec_token: int

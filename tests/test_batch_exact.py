@@ -10,8 +10,8 @@ from tiny_models import write_pair
 
 from specdash.engine.drafters import Drafter, ModelDrafter, NgramDrafter
 from specdash.engine.engine import Engine, Sequence
+from specdash.engine.loader import Loaded, load_models
 from specdash.engine.state import SeqState
-from specdash.runs.native import Loaded, load_models
 from specdash.settings import SessionSettings
 
 MAX_NEW = 10

@@ -96,17 +96,17 @@ def test_audit_decodes_the_longest_prompts_too(capsys, pair, tmp_path, monkeypat
         "".join(json.dumps({"prompt": t, "name": f"p{i}"}) + "\n" for i, t in enumerate(texts))
     )
     decoded: list[str] = []
+    native_session = audit.native_session
 
-    class Recording(audit.NativeRunner):
-        def run(self, settings, sink, controls=None, stop=None):  # noqa: ANN001, ANN201
-            def seen(e: Event) -> None:
-                if isinstance(e, PromptStart):
-                    decoded.append(e.text)
-                sink(e)
+    def recording(settings, sink, *args, **kwargs):  # noqa: ANN001, ANN002, ANN003, ANN202
+        def seen(e: Event) -> None:
+            if isinstance(e, PromptStart):
+                decoded.append(e.text)
+            sink(e)
 
-            return super().run(settings, seen, controls, stop)
+        return native_session(settings, seen, *args, **kwargs)
 
-    monkeypatch.setattr(audit, "NativeRunner", Recording)
+    monkeypatch.setattr(audit, "native_session", recording)
     args = ["--ks", "1", "--num-prompts", "3", "--max-new-tokens", "4", *_model_args(pair)]
     code = main(["audit", "--json", *args[:-1], str(prompts)])
     report = json.loads(capsys.readouterr().out)

@@ -29,12 +29,14 @@ from tiny_models import CORPUS, PROMPTS, write_pair
 from specdash.engine.drafters import NgramDrafter
 from specdash.engine.engine import Engine, Sequence
 from specdash.engine.gemm_backends import GemmBackend
+from specdash.engine.loader import load_models
 from specdash.engine.model import Model
 from specdash.engine.root_cause import RootCauseFinder
 from specdash.engine.state import SeqState
 from specdash.events import Divergence, Event, RootCause
 from specdash.prompts import load_prompts
-from specdash.runs.native import SessionRunner, load_models
+from specdash.runs.native import NativeBackend, native_session
+from specdash.runs.session import Session
 from specdash.settings import SessionSettings
 
 MAX_NEW = 12
@@ -178,7 +180,7 @@ def check_cause(
 
 def run_batch(
     pair: tuple[Path, Path, Path], gemm: Callable[[GemmBackend], GemmBackend] | None
-) -> tuple[list[Event], SessionRunner, LiveForwards]:
+) -> tuple[list[Event], Session, LiveForwards]:
     target, _, prompts = pair
     settings = SessionSettings(
         model=target,
@@ -186,27 +188,30 @@ def run_batch(
         drafter="ngram",
         k=7,
         batch=8,
-        verify="fast",
+        verify_mode="fast",
         max_new_tokens=MAX_NEW,
     )
     events: list[Event] = []
-    runner = SessionRunner(settings, events.append)
+    session = native_session(settings, events.append)
+    backend = session.backend
+    assert isinstance(backend, NativeBackend)
     if gemm is not None:
-        runner.loaded.target.gemm = gemm(runner.loaded.target.gemm)
-    live = LiveForwards(runner.engine)
-    runner.run()
-    return events, runner, live
+        backend.loaded.target.gemm = gemm(backend.loaded.target.gemm)
+    live = LiveForwards(backend.engine)
+    session.run()
+    return events, session, live
 
 
 @pytest.mark.parametrize("gemm", [None, first_row_exact], ids=["torch", "first-row-exact"])
 def test_batched_root_cause_names_the_op_that_ran(pair, gemm) -> None:  # noqa: ANN001
-    events, runner, live = run_batch(pair, gemm)
+    events, session, live = run_batch(pair, gemm)
+    assert isinstance(session.backend, NativeBackend)
     flagged = [e for e in events if isinstance(e, Divergence) and e.root_cause is not None]
     assert len(flagged) >= 8, "fast verify at batch 8 flagged too few prompts to test"
     for d in flagged:
         seq = next(s for s in live.seqs if s.index == d.prompt_index)
         assert d.root_cause is not None
-        check_cause(runner.engine.target, live, seq, d.position, d.root_cause)
+        check_cause(session.backend.engine.target, live, seq, d.position, d.root_cause)
 
 
 def test_continuous_batching_root_cause_names_the_op_that_ran(pair) -> None:  # noqa: ANN001
@@ -240,13 +245,13 @@ def test_continuous_batching_root_cause_names_the_op_that_ran(pair) -> None:  # 
 
 
 @pytest.fixture(scope="module")
-def unreproducible(pair: tuple[Path, Path, Path]) -> tuple[list[Event], SessionRunner]:
-    events, runner, _ = run_batch(pair, nondeterministic)
-    return events, runner
+def unreproducible(pair: tuple[Path, Path, Path]) -> tuple[list[Event], Session]:
+    events, session, _ = run_batch(pair, nondeterministic)
+    return events, session
 
 
 def test_a_replay_that_cannot_reproduce_the_bits_says_so(unreproducible) -> None:  # noqa: ANN001
-    events, runner = unreproducible
+    events, session = unreproducible
     flagged = [e for e in events if isinstance(e, Divergence) and e.root_cause is not None]
     assert flagged
     for d in flagged:
@@ -254,7 +259,7 @@ def test_a_replay_that_cannot_reproduce_the_bits_says_so(unreproducible) -> None
         assert rc is not None and rc.reproduced is False, rc
         assert (rc.layer, rc.sub_op) == (None, "none")
         assert rc.detail.startswith("NOT REPRODUCED") and f"token {d.position}" in rc.detail
-    assert runner.stats.summary().unreproduced_root_causes == len(flagged)
+    assert session.stats.summary().unreproduced_root_causes == len(flagged)
 
 
 async def test_the_dashboard_shows_a_root_cause_not_reproduced(unreproducible) -> None:  # noqa: ANN001

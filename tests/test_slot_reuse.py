@@ -11,8 +11,8 @@ from tiny_models import write_pair
 
 from specdash.engine.drafters import _shared
 from specdash.engine.engine import Engine
+from specdash.engine.loader import Loaded, load_models
 from specdash.engine.state import SeqState
-from specdash.runs.native import Loaded, load_models
 from specdash.settings import SessionSettings
 
 

@@ -15,10 +15,11 @@ from typing import Any
 
 from specdash.cli.progress import AuditProgress, SessionProgress, make_progress
 from specdash.cli.session_args import settings_from_args
-from specdash.errors import EXIT_DIVERGED, EXIT_OK, UsageError
+from specdash.engine.loader import load_models
+from specdash.errors import EXIT_DIVERGED, EXIT_OK, FlagError
 from specdash.events import Divergence, Event
 from specdash.prompts import Prompt, load_prompts
-from specdash.runs.native import NativeRunner, load_models
+from specdash.runs.native import native_session
 from specdash.settings import MAX_K, SessionSettings
 
 BATCHES = (1, 8)
@@ -63,7 +64,7 @@ def audit_cells(
                         "drafter": drafter,
                         "k": k,
                         "batch": batch,
-                        "verify": verify,
+                        "verify_mode": verify,
                         "prompts": prompts,
                         "shadow": True,
                         "root_cause": False,
@@ -86,7 +87,7 @@ def audit_cells(
                     if shown is not None:
                         shown(e)
 
-                summary = NativeRunner(loaded).run(settings, sink)
+                summary = native_session(settings, sink, loaded=loaded).run()
                 if progress is not None:
                     progress.end_cell()
                 cells.append(
@@ -112,10 +113,12 @@ def run_audit(args: argparse.Namespace) -> int:
     try:
         ks = [int(k) for k in args.ks.split(",")]
     except ValueError:
-        raise UsageError(f"--ks: expected comma-separated integers, got {args.ks!r}") from None
+        raise FlagError(
+            f"argument --ks: expected comma-separated whole numbers, got {args.ks!r}"
+        ) from None
     bad = [k for k in ks if not 1 <= k <= MAX_K]
     if bad:
-        raise UsageError(f"--ks: k must be in 1..{MAX_K}, got {bad[0]}")
+        raise FlagError(f"argument --ks: {bad[0]} is out of range (1..{MAX_K})")
     chosen = spread_by_length(load_prompts(base.prompts), args.num_prompts)
     n_cells = len(ks) * len(DRAFTERS) * len(BATCHES) * len(VERIFY_MODES)
     with make_progress() as shown:

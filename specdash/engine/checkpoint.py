@@ -62,8 +62,8 @@ def load_tensors(
                     t = f.get_tensor(name)
                     if tuple(t.shape) != expected[name]:
                         raise CheckpointError(
-                            f"{file.name}: {name} has shape {tuple(t.shape)}, "
-                            f"config.json implies {expected[name]}"
+                            f"{file}: {name} has shape {tuple(t.shape)}, "
+                            f"{path / 'config.json'} implies {expected[name]}"
                         )
                     out[name] = t.to(device=device, dtype=dtype)
         except (SafetensorError, OSError, RuntimeError) as e:

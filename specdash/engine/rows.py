@@ -317,7 +317,7 @@ class BatchedRows(_TorchOps):
 class PrefillRows(BatchedRows):
     """Prefill, shared by the speculative run and its shadow, so it need not match decode:
     batched, and GDN in the chunked form, storing the final state. With `gdn_kernel` (CUDA, the
-    kernels' shapes) GDN goes through `kernels.gdn.gdn_prefill` (FLA's chunked kernel when
+    kernels' shapes) GDN goes through `ops.gdn_prefill` (FLA's chunked kernel when
     fla-core imports, else the same torch chunked form)."""
 
     def __init__(self, cfg: ModelConfig, rope: Rope, gdn_kernel: bool) -> None:
@@ -338,9 +338,7 @@ class PrefillRows(BatchedRows):
     ) -> Tensor:
         ssm, t_len = state.gdn[i].ssm, q.shape[0]
         if self.gdn_kernel:
-            from specdash.kernels.gdn import gdn_prefill
-
-            o, final = gdn_prefill(
+            o, final = ops.gdn_prefill(
                 q[None], k[None], v[None], a[None], b[None], w.a_log, w.dt_bias, ssm[None]
             )
             o, ssm = o[0], final[0]

@@ -13,7 +13,9 @@ import os
 import re
 from typing import Any
 
-from specdash.errors import EnvironmentProblem
+from specdash.errors import EnvironmentProblem, UsageError
+from specdash.runs.sglang import algorithms
+from specdash.runs.sglang.args import ALGORITHMS, SGLangOptions
 
 
 def module_missing(name: str) -> bool:
@@ -67,6 +69,33 @@ def check_can_start(kwargs: dict[str, Any], gpus: int) -> None:
     reason = refusal(kwargs, gpus)
     if reason is not None:
         raise EnvironmentProblem(f"sglang cannot start here: {reason}")
+
+
+def check_startable(options: SGLangOptions, engines: list[dict[str, Any]]) -> None:
+    """Install hint, the algorithm (its name, and whether the checkpoints and the installed
+    SGLang can run it: `algorithms`), CUDA, patch targets and whether each engine's arguments
+    (`engines`, the speculative engine's first) can start on this machine, before anything is
+    started."""
+    from specdash.engine_patches.check import ensure_patchable, require_sglang
+
+    require_sglang()
+    if options.speculative_algorithm not in ALGORITHMS:
+        raise UsageError(
+            f"{options.speculative_algorithm!r}: one of {', '.join(ALGORITHMS)}",
+            setting="speculative_algorithm",
+        )
+    reason = algorithms.refusal(engines[0])  # the speculative engine's, or the plain one's
+    if reason is not None:
+        raise UsageError(reason, setting="speculative_algorithm")
+    import torch
+
+    if not torch.cuda.is_available():
+        raise EnvironmentProblem(
+            "the SGLang engine needs a CUDA GPU; none is visible to torch", setting="engine"
+        )
+    ensure_patchable(options.force_patches)
+    for kwargs in engines:
+        check_can_start(kwargs, torch.cuda.device_count())
 
 
 _FRAME = re.compile(r'File "(?P<file>[^"]+)", line \d+, in (?P<func>\S+)')

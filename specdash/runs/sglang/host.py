@@ -14,21 +14,22 @@ from __future__ import annotations
 
 import contextlib
 import multiprocessing as mp
-import os
 from collections.abc import Callable
 from multiprocessing.connection import Connection
 from pathlib import Path
 from typing import Any
 
 from specdash.errors import EnvironmentProblem
+from specdash.runs.sglang.process import enter_host, start_resource_tracker
 
 SHUTDOWN_WAIT_S = 60.0
 
 
 class EngineHost:
     """The engine `start(kwargs)` builds, built in a spawned process with `env` set there first
-    (`start` pickles by name: a module-level function, or a partial of one). `wait_ready`
-    blocks until it has started, or raises why not."""
+    (`process.host_environment`; `start` pickles by name: a module-level function, or a partial
+    of one). `wait_ready` blocks until it has started, or raises why not. An
+    `process.SGLangEngine` for the session."""
 
     def __init__(
         self,
@@ -37,6 +38,7 @@ class EngineHost:
         log: Path,
         start: Callable[[dict[str, Any]], Any],
     ) -> None:
+        start_resource_tracker()
         ctx = mp.get_context("spawn")
         self._conn, child = ctx.Pipe()
         self._proc = ctx.Process(
@@ -62,11 +64,14 @@ class EngineHost:
     def wait_ready(self) -> None:
         self._call("ready")
 
-    def generate(self, **kwargs: Any) -> dict[str, Any]:
+    def generate(self, **kwargs: Any) -> list[dict[str, Any]]:
         return self._call("generate", kwargs)
 
-    def collective_rpc(self, method: str, **kwargs: Any) -> None:
-        self._call("collective_rpc", method, kwargs)
+    def collective_rpc(self, method: str, **kwargs: Any) -> Any:
+        return self._call("collective_rpc", method, kwargs)
+
+    def flush_cache(self) -> Any:
+        return self._call("flush_cache")
 
     def shutdown(self) -> None:
         with contextlib.suppress(EOFError, OSError):
@@ -77,14 +82,6 @@ class EngineHost:
         if self._proc.is_alive():
             self._proc.kill()
             self._proc.join()
-
-
-def _to_log(path: str) -> None:
-    """fds 1 and 2 of this process (and of every process it starts) to the end of `path`."""
-    fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o600)
-    os.dup2(fd, 1)
-    os.dup2(fd, 2)
-    os.close(fd)
 
 
 def _picklable(e: BaseException) -> BaseException:
@@ -106,8 +103,7 @@ def serve(
 ) -> None:
     """The host's main: build the engine, then answer requests until shutdown or a closed
     pipe. Errors go back as ("error", exception), start failures included."""
-    os.environ.update(env)
-    _to_log(log)
+    enter_host(env, log)
     engine = None
     try:
         try:
@@ -127,6 +123,8 @@ def serve(
             try:
                 if request[0] == "generate":
                     conn.send(("ok", engine.generate(**request[1])))
+                elif request[0] == "flush_cache":
+                    conn.send(("ok", engine.flush_cache()))
                 else:
                     conn.send(("ok", engine.collective_rpc(request[1], **request[2])))
             except BaseException as e:

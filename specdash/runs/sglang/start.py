@@ -84,6 +84,13 @@ class StartWatch:
         self._emit("imports, spawn processes", None, None)
         self._thread.start()
 
+    def mark(self, phase: str) -> None:
+        """A phase of specdash's own after SGLang's (the log read up to now first, so no older
+        phase is emitted after it)."""
+        self.read()
+        with self._lock:
+            self._emit(phase, None, None)
+
     def finish(self, ok: bool) -> None:
         """Stop tailing after a last read; "ready" when the start succeeded. Once only."""
         if self._done.is_set():
