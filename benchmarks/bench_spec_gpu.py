@@ -116,8 +116,8 @@ def plain_decode(
 
 
 class ConvApartRows(TritonRows):
-    """The exact rows with the conv in its own launch before the GDN step (as before
-    2026-12-06): the fused kernel's side-by-side baseline."""
+    """The exact rows with the conv in its own launch before the GDN step: the fused kernel's
+    side-by-side baseline."""
 
     def conv_in_gdn(self, run: Run) -> bool:
         return False

@@ -1,4 +1,5 @@
-"""The embedded tiny pair against issue 7's bar, on its 24 held-out prompts, greedy.
+"""The embedded tiny pair against its goals (docs/PERF.md: exact spec / no-spec and mean
+accepted length), on its 24 held-out prompts, greedy.
 
 One run reports, per prompt length (short / 2k / long) and overall:
   * mean accepted length (tokens emitted per verify step, bonus included) of the draft

@@ -186,8 +186,8 @@ def _gemm(
 def cublas_unrouted(x: Any, w: Any) -> Any:
     """x @ w.T on cuBLAS through `aten::addmm.out`. SGLang's deterministic mode sends
     `aten::mm`, `addmm` (and in 0.5.23 `mm.out`) to `matmul_persistent`, i.e. back into this
-    router: specdash's cuBLAS backend (`F.linear`) recursed until the CUDA graph recapture
-    failed. `addmm.out` it leaves to the vendor kernel in both releases."""
+    router: through `F.linear`, specdash's cuBLAS backend would recurse until the CUDA graph
+    recapture fails. `addmm.out` it leaves to the vendor kernel in both releases."""
     import torch
 
     out = x.new_empty(x.shape[0], w.shape[0])

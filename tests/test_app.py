@@ -228,8 +228,8 @@ async def test_non_fatal_engine_error_keeps_recording(tmp_path):
 
 
 async def test_a_timer_tick_while_quitting_draws_nothing(tmp_path):
-    """Under load a UI tick can land after the screens are gone (an IndexError seen once in
-    this file): it records what arrived and draws nothing."""
+    """Under load a UI tick can land after the screens are gone (drawing then raises
+    IndexError): it records what arrived and draws nothing."""
     app = make_app(tmp_path)
     async with app.run_test(size=SIZE) as pilot:
         await settle(pilot)
@@ -324,8 +324,8 @@ async def test_an_engine_error_is_not_doubled_by_the_thread_ending(fake_engine, 
 
 
 async def test_dashboard_says_when_the_engine_thread_ends_unfinished(fake_engine, tmp_path):
-    """A session whose engine thread is gone with neither a summary nor an error (seen in a
-    soak) is reported, not shown as a dashboard that silently stops moving."""
+    """A session whose engine thread is gone with neither a summary nor an error is
+    reported, not shown as a dashboard that silently stops moving."""
     ended = threading.Event()
 
     def run_session(settings, sink, controls, stop, options):

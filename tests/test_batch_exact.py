@@ -1,6 +1,6 @@
 """Real batching stays exact: B sequences decoded and verified in one forward give every
 sequence the ids and fp32 logprob bits it gets alone (B = 1), spec and plain, and the shadow
-(batched too) still finds no divergence. Issue 15, item 1; the CPU tiny pair."""
+(batched too) still finds no divergence. The CPU tiny pair."""
 
 from __future__ import annotations
 

@@ -1,4 +1,5 @@
-"""Freed C-heap memory goes back to the OS after each prefill (issue 12)."""
+"""Freed C-heap memory goes back to the OS after each prefill, so RSS does not stay at the
+longest prompt's high-water mark."""
 
 from __future__ import annotations
 

@@ -231,7 +231,7 @@ def test_cli_replay_bad_input(tmp_path, capsys):
 
 async def test_replay_plays_on_under_the_help_screen_and_while_quitting():
     """The position bar lives on the dashboard screen: a tick with the help screen on top
-    updates it, and a tick after the bar is gone (the app quitting; CI saw a NoMatches there)
+    updates it, and a tick after the bar is gone (the app quitting: a query raises NoMatches)
     moves the replay on without failing."""
     from specdash.ui.widgets.help_screen import HelpScreen
 

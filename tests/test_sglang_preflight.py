@@ -1,7 +1,8 @@
 """Why SGLang cannot start, in one line that says what to do: before the start from the
 settings (more GPUs than visible, a kernel module the install lacks), after it from the
 traceback of a scheduler that died (which module was missing, who imported it, what avoids it).
-The traceback is the one the H200 gave for STANDALONE with CUDA graphs before lazy_dsa_import."""
+The traceback is a real one: SGLang 0.5.17's STANDALONE with CUDA graphs on a GPU without
+deep_gemm, where lazy_dsa_import is not applied."""
 
 from __future__ import annotations
 

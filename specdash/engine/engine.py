@@ -135,8 +135,8 @@ class Engine:
         """Allocate the session's state slots once, each sized for its longest prompt
         (`start`'s capacity rule), for `sequences` in flight (and their shadows), and reuse
         them for every prompt: memory reaches its level here and stays there, whatever the
-        prompt lengths (issue 12's RSS peak followed each prompt's KV). Call before the first
-        `start`; a longer prompt later still gets a (larger) slot of its own."""
+        prompt lengths (with a state per prompt, RSS would follow each prompt's KV). Call
+        before the first `start`; a longer prompt later still gets a (larger) slot of its own."""
         m = self.target
         self.reserved = True
         self.slot_capacity = max(self.slot_capacity, max_prompt_tokens + max_new_tokens + k_max + 1)

@@ -153,8 +153,8 @@ class Model:
         consume: bool = False,
     ) -> Model:
         """`consume`: drop each layer's tensors from `t` once its fused copies exist, so the
-        unfused projections are freed layer by layer (the 27B shape's 51 GB of weights peaked
-        near 80 GB with every unfused copy alive: an H100 ran out)."""
+        unfused projections are freed layer by layer (the 27B shape's 51 GB of weights peak
+        near 80 GB with every unfused copy alive: more than an H100 holds)."""
         p = cfg.weight_prefix
         layers = []
         for i, lt in enumerate(cfg.layer_types):

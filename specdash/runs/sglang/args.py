@@ -118,9 +118,9 @@ def engine_kwargs(
         elif options.speculative_algorithm == "NGRAM":
             # k + 1 verify tokens. The breadth stays SGLang's (10): NGRAM drafts are trees even
             # at breadth 1 (several trie anchors), and SGLang gives GDN verify the parent of
-            # each row only when breadth (its eagle topk) > 1. At breadth 1 the GDN state ran
-            # down the packed rows as if they were a chain: on the H200, k=5, 2/24 prompts
-            # differed. The attention rows read each row's ancestors from the tree mask.
+            # each row only when breadth (its eagle topk) > 1. At breadth 1 the GDN state runs
+            # down the packed rows as if they were a chain (NGRAM k=5 on the SGLang test pair:
+            # 2/24 prompts differ). The attention rows read each row's ancestors from the mask.
             kw["speculative_num_draft_tokens"] = settings.k + 1
         if options.speculative_algorithm == "NEXTN":
             kw["speculative_draft_model_path"] = str(settings.draft or settings.model)

@@ -78,7 +78,8 @@ WARM_UP_PHASE = "warm-up request (a cold Triton cache compiles its kernels here)
 def warm_up(engine: SGLangEngine, k: int) -> None:
     """One short request through `engine` before the session's clock starts: on a machine's
     first session SGLang's Triton kernels (prefill, verify, draft) compile inside the first
-    request, which made the first rate a user saw 3-6x low (60 against 380 tok/s on an H100).
+    request, which would make the first rate a user sees 3-6x low (60 against 380 tok/s on an
+    H100).
     Its k + 2 tokens reach a verify step. The prefix cache is flushed after it, so no prompt
     of the session starts from the warm-up's cached tokens in one engine and not the other."""
     generate(engine, [WARM_UP_TEXT], [f"specdash-warm-up-{uuid.uuid4().hex[:8]}"], k + 2)
