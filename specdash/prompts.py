@@ -28,7 +28,7 @@ def load_prompts(path: Path | None) -> list[Prompt]:
         raise UsageError(f"{path}: prompt file does not exist") from None
     except (OSError, UnicodeDecodeError) as e:
         raise UsageError(f"{path}: cannot read prompt file ({e})") from None
-    prompts = []
+    prompts: list[Prompt] = []
     for n, line in enumerate(lines, 1):
         if not line.strip():
             continue

@@ -46,7 +46,7 @@ def run_headless(args: argparse.Namespace) -> int:
     recorder = None
     with ExitStack() as stack:
         progress = stack.enter_context(make_progress())
-        sinks: list[Callable[[Event], None]] = [
+        sinks: list[Callable[[Event], object]] = [
             SessionProgress(progress, prompts, settings.max_new_tokens)
         ]
         sampler = None

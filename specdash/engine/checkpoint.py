@@ -112,7 +112,7 @@ def save_checkpoint(
                 size = 0
             shards[-1][name] = t
             size += nbytes
-        weight_map = {}
+        weight_map: dict[str, str] = {}
         for i, shard in enumerate(shards):
             fname = f"model-{i + 1:05d}-of-{len(shards):05d}.safetensors"
             save_file(shard, str(path / fname), metadata={"format": "pt"})

@@ -104,6 +104,7 @@ class EventLog:
             old = self._recent.popleft()
             kind, t_ns = old.kind, old.t_ns
         if kind in LANDMARK_KINDS:
+            assert old is not None  # a block keeps every landmark-kind event it packs
             self._landmarks.append(old)
             if len(self._landmarks) > self._max_landmarks:
                 landmark = self._landmarks.popleft()

@@ -197,7 +197,7 @@ def perfetto_trace(header: SessionStart, events: list[Event]) -> dict[str, Any]:
             if row.shadow_tokens_per_s is not None:
                 out.append(_counter(ENGINE_PID, "shadow_tokens_per_s", row.shadow_tokens_per_s, ts))
         elif isinstance(e, PromptStart):
-            args = {"prompt": e.prompt_index, "prompt_tokens": e.prompt_tokens}
+            args: dict[str, Any] = {"prompt": e.prompt_index, "prompt_tokens": e.prompt_tokens}
             out.append(_instant(f"prompt {e.prompt_index}", ts, args, scope="p"))
         elif isinstance(e, Prefill):
             tid = "verify" if e.run == "spec" else e.run
