@@ -15,10 +15,15 @@ from typing import Annotated, Any, Literal
 from pydantic import BaseModel, ConfigDict, Field, TypeAdapter
 
 from specdash import metrics
+from specdash.settings import VerifyMode
 
 SCHEMA = "specdash/v2"
 """v2: `position` is the generated-token index, 0-based, for every engine (v1 native traces
 counted the prompt too; `read_trace` converts them)."""
+
+
+TokenSource = Literal["draft", "bonus", "decode"]
+"""Where a token came from: an accepted draft, a verify step's bonus row, or a decode row."""
 
 
 def now_ns() -> int:
@@ -107,7 +112,7 @@ class VerifyStep(_Event):
     accepted: int
     draft_tokens: list[int]
     emitted_tokens: list[int]
-    verify_mode: Literal["exact", "fast"]
+    verify_mode: VerifyMode
     gemm_backend: str
     draft_s: float
     verify_s: float
@@ -144,7 +149,7 @@ class Token(_Event):
     token_id: int
     logprob: float
     text: str
-    source: Literal["draft", "bonus", "decode"]
+    source: TokenSource
     step: int
 
 
@@ -159,6 +164,10 @@ class RootCause(BaseModel):
     max_abs_diff: float
     detail: str = ""
     origin_position: int | None = None
+    reproduced: bool | None = None
+    """Whether the replay gave the flagged token the id and fp32 logprob bits both runs
+    emitted. False: it did not, so it names no sub-op (`sub_op` "none") and `detail` says what
+    it got. None: not checked (traces recorded before the check)."""
 
 
 class Divergence(_Event):
@@ -172,7 +181,7 @@ class Divergence(_Event):
     position: int
     step: int
     k: int
-    verify_mode: Literal["exact", "fast"]
+    verify_mode: VerifyMode
     gemm_backend: str
     what: Literal["token", "logprob"]
     spec_token: int
@@ -252,6 +261,9 @@ class Summary(_Event):
     divergences: int
     same_text_prompts: int | None = None
     """Prompts whose token ids equal the shadow's to the end (None: not checked)."""
+    unreproduced_root_causes: int = 0
+    """Divergences whose root-cause replay did not reproduce the flagged bits (no sub-op
+    named: `RootCause.reproduced` False)."""
 
     @property
     def exact_text(self) -> str:

@@ -12,7 +12,7 @@ class SessionStats:
         self.same_text_prompts: int | None = None
         self.seconds = 0.0
         self.verify_steps = self.accepted = self.proposed = self.emitted = 0
-        self.divergences = 0
+        self.divergences = self.unreproduced_root_causes = 0
         self.checked = True  # a shadow decode compares the output (not --no-shadow)
 
     def consume(self, event: Event) -> None:
@@ -25,6 +25,8 @@ class SessionStats:
             self.checked = bool(event.config.get("shadow", True))
         elif isinstance(event, Divergence):
             self.divergences += 1
+            cause = event.root_cause
+            self.unreproduced_root_causes += cause is not None and cause.reproduced is False
         elif isinstance(event, PromptDone):
             self.prompts += 1
             self.exact_prompts += event.exact
@@ -47,4 +49,5 @@ class SessionStats:
             verify_steps=self.verify_steps,
             divergences=self.divergences,
             same_text_prompts=self.same_text_prompts if self.checked else None,
+            unreproduced_root_causes=self.unreproduced_root_causes,
         )

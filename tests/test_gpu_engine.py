@@ -222,13 +222,13 @@ def test_27b_shape_spec_equals_shadow_on_24_prompts(model_27b: Model, drafter: s
 )
 @pytest.mark.parametrize("k", [0, 3])
 def test_27b_shape_batched_equals_one_at_a_time(model_27b: Model, k: int) -> None:
-    """Issue 15, item 1 on the real shapes: 32 prompts decoded with B = 1, 8 and 32 sequences per
+    """Batching on the real shapes: 32 prompts decoded with B = 1, 8 and 32 sequences per
     forward (B > 1: one batched forward on a slot pool, GEMM M = all rows, attention and GDN one
     launch per run of equal row counts, captured as a graph where all row counts are equal, and
     B = 32 eagerly too; B = 1: the graphed path) give
     every sequence the same ids and fp32 logprob bits, plain (k = 0) and speculative, and the
     batched shadow finds no divergence. Random weights never continue a pattern, so n-gram
-    drafts are never accepted here (an H200 run showed it); the drafts replay the plain output
+    drafts are never accepted here; the drafts replay the plain output
     instead, every fifth token spoiled on odd prompts, so rows of one batch commit different
     lengths."""
     from test_batch_exact import MAX_NEW, assert_same, decode

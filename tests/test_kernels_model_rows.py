@@ -153,7 +153,7 @@ def test_fused_decode_rows_equal_the_launches_they_replace(monkeypatch) -> None:
 
 
 def test_batched_forward_equals_each_sequence_alone(model: Model) -> None:
-    """Issue 15's batching through the row kernels: three sequences at different positions,
+    """Batching through the row kernels: three sequences at different positions,
     1, 3 and 2 rows, in one forward (GEMMs and row kernels over all 6 rows, attention and GDN
     per sequence) give each sequence's rows the bits of its own forward."""
     gen = torch.Generator().manual_seed(11)

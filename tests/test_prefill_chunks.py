@@ -66,7 +66,7 @@ def test_spec_after_chunked_prefill_equals_its_shadow(monkeypatch) -> None:
 def test_a_prefilled_state_keeps_no_chunk_buffer_alive() -> None:
     """After prefill each GDN layer's conv window and state own their storage: a view into the
     chunk's conv sequence (T + 3 rows) would pin that buffer per layer (16 GB at a 16k chunk of
-    the 27B shape, which ran an 80 GB H100 out of memory at 128k)."""
+    the 27B shape: an 80 GB H100 then runs out of memory at 128k)."""
     m = _model(0)
     _, state = _prefill(m, list(range(40)))
     assert state.gdn

@@ -3,12 +3,14 @@ the screen read back with capture-pane, and `q` exits 0."""
 
 from __future__ import annotations
 
+import contextlib
 import os
 import shutil
 import subprocess
 import sys
 import time
 import uuid
+from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
@@ -47,13 +49,32 @@ def wait_for(session: str, predicate, timeout: float = 90) -> str:
     raise AssertionError(f"timed out; last screen:\n{screen}")
 
 
-def test_specdash_in_a_real_terminal(tmp_path):
+@contextlib.contextmanager
+def specdash_in_tmux(cwd: Path, flags: str) -> Iterator[tuple[str, Path]]:
+    """`specdash FLAGS` in a tmux pane, running once its first steps are on screen: the
+    session's name and the file its exit status goes to. The pane stays open after the exit,
+    so its last lines can be read."""
     session = f"specdash-test-{uuid.uuid4().hex[:8]}"
-    status = tmp_path / "exit_status"
-    command = f"{SPECDASH} --max-new-tokens 24; echo $? > {status}"
-    start_session(session, tmp_path, command)
+    status = cwd / "exit_status"
+    start_session(session, cwd, f"{SPECDASH} {flags}; echo $? > {status}; sleep 60")
     try:
-        screen = wait_for(session, lambda s: "steps " in s and "steps 0" not in s)
+        wait_for(session, lambda s: "steps " in s and "steps 0" not in s)
+        yield session, status
+    finally:
+        subprocess.run(["tmux", "-L", SOCKET, "kill-server"], capture_output=True)
+
+
+def exit_status(path: Path) -> str:
+    """What the shell wrote to `path` once the command exited (20 s at most)."""
+    deadline = time.monotonic() + 20
+    while not path.exists() and time.monotonic() < deadline:
+        time.sleep(0.2)
+    return path.read_text().strip()
+
+
+def test_specdash_in_a_real_terminal(tmp_path):
+    with specdash_in_tmux(tmp_path, "--max-new-tokens 24") as (session, status):
+        screen = tmux("capture-pane", "-p", "-t", session)
         assert "t/s (1 s, wall)" in screen and "t/s (session, wall)" in screen
         assert "acceptance rate" in screen and "mean accepted length" in screen
         assert "EXACT so far" in screen or "DIVERGED at token" in screen
@@ -67,9 +88,16 @@ def test_specdash_in_a_real_terminal(tmp_path):
         tmux("send-keys", "-t", session, "Escape")
         wait_for(session, lambda s: "specdash help" not in s, timeout=10)
         tmux("send-keys", "-t", session, "q")
-        deadline = time.monotonic() + 20
-        while not status.exists() and time.monotonic() < deadline:
-            time.sleep(0.2)
-        assert status.read_text().strip() == "0"
-    finally:
-        subprocess.run(["tmux", "-L", SOCKET, "kill-server"], capture_output=True)
+        assert exit_status(status) == "0"
+
+
+def test_ctrl_c_in_a_real_terminal_exits_130_and_keeps_the_trace(tmp_path):
+    flags = "--max-new-tokens 24 --trace t.jsonl"
+    with specdash_in_tmux(tmp_path, flags) as (session, status):
+        tmux("send-keys", "-t", session, "C-c")
+        wait_for(session, lambda s: "specdash: interrupted" in s, timeout=20)
+        assert exit_status(status) == "130"
+    from specdash.trace.jsonl import read_trace
+
+    _, events, _ = read_trace(tmp_path / "t.jsonl")
+    assert any(e.kind == "verify_step" for e in events)

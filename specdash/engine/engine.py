@@ -61,6 +61,10 @@ class StepRecord:
     mode: Mode
     gemm: GemmBackend
     accepted: int
+    batch: list[Sequence] = field(default_factory=list)
+    """Every sequence of the step's forward (this one among them), in `spec_step`'s order, one
+    list shared by their records: a row's bits can depend on the whole forward's layout (a
+    CPU GEMM's on M), so replaying a step means replaying its batch."""
 
 
 @dataclass(slots=True)
@@ -117,6 +121,12 @@ def accept(drafts: list[int], target: list[int], eos_ids: Container[int]) -> tup
     return min(a, emitted), emitted
 
 
+def batch_order(rows: list[list[int]]) -> list[int]:
+    """The order a batched forward lays its sequences' rows out in: by row count, so that
+    sequences with as many rows sit side by side and step together (`Rows.run`); stable."""
+    return sorted(range(len(rows)), key=lambda j: len(rows[j]))
+
+
 def greedy_to_host(logprobs: Tensor) -> tuple[list[int], list[float]]:
     """`ops.greedy` of every row of logprobs [R, V] on the host: ids [R] and fp32 log-probs [R],
     in one copy (one sync) as one float64 [2, R] tensor, which holds both exactly (ids are
@@ -158,9 +168,8 @@ class Engine:
         """Allocate the session's state slots once, each sized for its longest prompt
         (`start`'s capacity rule), for `sequences` in flight (and their shadows), and reuse
         them for every prompt: memory reaches its level here and stays there, whatever the
-        prompt lengths (states sized per prompt made the RSS peak follow each prompt's KV).
-        Call before the first `start`; a longer prompt later still gets a (larger) slot of its
-        own."""
+        prompt lengths (with a state per prompt, RSS would follow each prompt's KV). Call
+        before the first `start`; a longer prompt later still gets a (larger) slot of its own."""
         m = self.target
         self.reserved = True
         self.slot_capacity = max(self.slot_capacity, max_prompt_tokens + max_new_tokens + k_max + 1)
@@ -236,10 +245,10 @@ class Engine:
             drafts.append(seq.drafter.propose(seq.context, n) if n > 0 else [])
             draft_s.append(time.perf_counter() - d0)
         t1 = time.perf_counter()
-        # sequences with as many rows side by side, so that they step together (`Rows.run`)
-        order = sorted(range(len(seqs)), key=lambda b: len(drafts[b]))
+        step_rows = [[seq.context[-1], *d] for seq, d in zip(seqs, drafts, strict=True)]
+        order = batch_order(step_rows)
         batch = [seqs[b] for b in order]
-        rows = [[seqs[b].context[-1], *drafts[b]] for b in order]  # [B][1 + n_b]
+        rows = [step_rows[b] for b in order]  # [B][1 + n_b], as the forward lays them out
         starts = [0, *accumulate(len(r) for r in rows[:-1])]  # [B]: each one's first row
         observer = self.fault(len(batch[0].steps)) if self.fault and len(batch) == 1 else None
         logprobs, commit = self._forward([s.state for s in batch], rows, mode, observer)
@@ -250,9 +259,10 @@ class Engine:
         ]  # (accepted, emitted) per sequence
         t2 = time.perf_counter()
         commit([emitted for _, emitted in verdicts])  # the row that predicted each token
+        in_forward = list(seqs)  # `StepRecord.batch`: one list shared by the step's records
         for seq, r, s, (accepted, emitted) in zip(batch, rows, starts, verdicts, strict=True):
             ids = target[s : s + emitted]
-            seq.steps.append(StepRecord(r, mode, self.target.gemm, accepted))
+            seq.steps.append(StepRecord(r, mode, self.target.gemm, accepted, in_forward))
             seq.context.extend(ids)
             seq.ids.extend(ids)
             seq.logprobs.extend(target_lps[s : s + emitted])
@@ -299,17 +309,13 @@ class Engine:
         """`rows[b]` through the target at `states[b]`'s positions, all in one forward: the
         log-probs [sum of rows, V] in `states`' order, and the commit. Replays (and commits
         through) a captured graph where there is one (`_graph`); else runs eagerly, where an
-        observer (one state only) sees, and may change, every sub-op."""
+        observer sees, and may change, every sub-op."""
         lens = [len(r) for r in rows]
         tokens = self._tensor([t for r in rows for t in r])
         graph = None if observer is not None else self._graph(states, lens, mode)
         if graph is not None:
             return graph.replay(tokens, states), partial(graph.commit, states)
-        if observer is not None:
-            (state,) = states
-            logprobs = self.target.forward(tokens, state, mode, observer)
-        else:
-            logprobs = self.target.forward_batch(tokens, states, lens, mode)
+        logprobs = self.target.forward_batch(tokens, states, lens, mode, observe=observer)
         return logprobs, partial(commit_batch, states)
 
     def _graph(

@@ -153,8 +153,8 @@ class Model:
         consume: bool = False,
     ) -> Model:
         """`consume`: drop each layer's tensors from `t` once its fused copies exist, so the
-        unfused projections are freed layer by layer (the 27B shape's 51 GB of weights peaked
-        near 80 GB with every unfused copy alive: an H100 ran out)."""
+        unfused projections are freed layer by layer (the 27B shape's 51 GB of weights peak
+        near 80 GB with every unfused copy alive: more than an H100 holds)."""
         p = cfg.weight_prefix
         layers = []
         for i, lt in enumerate(cfg.layer_types):
@@ -264,6 +264,7 @@ class Model:
         lens: list[int],
         mode: Mode,
         run: Run | None = None,
+        observe: Observer | None = None,
     ) -> Tensor:
         """Decode or verify several sequences in one forward: `tokens` [sum(lens)] holds
         `lens[b]` rows of sequence b, at its own positions states[b].length.. . GEMMs, norms and
@@ -272,11 +273,12 @@ class Model:
         sequence's own state: consecutive slots of one pool with as many rows each in one launch
         per op (`Rows.run`), others one by one. Returns [sum(lens), V]; GDN steps stay pending
         per state (commit with `state.commit_batch`). `run`: every state as one prebuilt run (a
-        captured batch's, whose slots and positions are device tensors)."""
+        captured batch's, whose slots and positions are device tensors). `observe`: as in
+        `forward`, over every row of the batch."""
         assert mode != "prefill", "prefill runs per sequence"
         for state, n in zip(states, lens, strict=True):
             self.check_fits(state, n)
-        return self._forward_pass(tokens, states, mode, None, False, lens, run)
+        return self._forward_pass(tokens, states, mode, observe, False, lens, run)
 
     def _forward_pass(
         self,

@@ -24,6 +24,7 @@ from textual.screen import Screen
 from textual.widgets import DataTable, Footer, Input, Static
 
 from specdash.controls import Controls
+from specdash.errors import EXIT_INTERRUPTED
 from specdash.events import EngineError, Event
 from specdash.settings import MAX_K
 from specdash.trace.event_log import EventLog
@@ -36,7 +37,7 @@ from specdash.ui.widgets.divergence import DivergenceDetail, DivergencePanel
 from specdash.ui.widgets.error_panel import ErrorPanel
 from specdash.ui.widgets.gpu import GpuPanel
 from specdash.ui.widgets.help_screen import HelpScreen
-from specdash.ui.widgets.status_bar import StatusBar, loading_label
+from specdash.ui.widgets.status_bar import StatusBar
 from specdash.ui.widgets.throughput import ThroughputPanel
 from specdash.ui.widgets.token_stream import TokenStream
 
@@ -87,10 +88,14 @@ class SpecdashApp(App[int]):
     CSS_PATH = "app.tcss"
     TITLE = "specdash"
     AUTO_FOCUS = "#divergence-table"
-    BINDINGS = sorted(
-        (Binding(key, action, label) for key, action, label, _ in CONTROL_ACTIONS),
-        key=lambda b: b.action not in FOOTER_FIRST,
-    )
+    BINDINGS = [
+        *sorted(
+            (Binding(key, action, label) for key, action, label, _ in CONTROL_ACTIONS),
+            key=lambda b: b.action not in FOOTER_FIRST,
+        ),
+        # Textual's own Ctrl-C only says "press ctrl+q"; a terminal program stops (README)
+        Binding("ctrl+c", "interrupt", show=False, system=True),
+    ]
     """In CONTROL_ACTIONS order, but help and quit first: a narrow footer cuts the tail."""
 
     def __init__(
@@ -204,7 +209,7 @@ class SpecdashApp(App[int]):
                 m,
                 paused,
                 self.recorder.note,
-                loading=loading_label(getattr(self.source, "settings", None)),
+                loading=getattr(self.source, "loading", "waiting for the first event"),
                 phase_s=self.clock() - self._phase[1],
             )
             screen.query_one(ErrorPanel).show(m.errors, self.recorder.note)
@@ -341,6 +346,11 @@ class SpecdashApp(App[int]):
 
     async def action_quit(self) -> None:
         self.exit(self.exit_code)
+
+    def action_interrupt(self) -> None:
+        """Ctrl-C (no text selected: then it copies): stop, exit 130; the trace so far is
+        kept, closed as on `q`."""
+        self.exit(EXIT_INTERRUPTED)
 
     @property
     def exit_code(self) -> int:

@@ -103,8 +103,8 @@ class RecurrentGdn(Gdn):
 @dataclass(eq=False)
 class ChunkedGdn(Gdn):
     """Prefill's chunked form, storing the final state. With `kernel` (CUDA, the kernels'
-    shapes) through `kernels.gdn.gdn_prefill` (FLA's chunked kernel when fla-core imports, else
-    the same torch chunked form)."""
+    shapes) through `ops.gdn_prefill` (FLA's chunked kernel when fla-core imports, else the same
+    torch chunked form)."""
 
     kernel: bool
 
@@ -114,9 +114,7 @@ class ChunkedGdn(Gdn):
         q, k, v, a, b = qkvab
         ssm, t_len = state.gdn[i].ssm, q.shape[0]
         if self.kernel:
-            from specdash.kernels.gdn import gdn_prefill
-
-            o, final = gdn_prefill(
+            o, final = ops.gdn_prefill(
                 q[None], k[None], v[None], a[None], b[None], w.a_log, w.dt_bias, ssm[None]
             )
             o, ssm = o[0], final[0]

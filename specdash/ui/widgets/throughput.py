@@ -26,20 +26,21 @@ class ThroughputPanel(Vertical):
 
     def show_numbers(self, m: DashboardModel) -> None:
         w, s = m.window_steps, m.session_steps
+        if m.shadow:
+            shadow = f"{num(w.shadow_tps)} (1 s) {num(s.shadow_tps)} (session)"
+            speedup = f"{_speedup(s.spec_tps, s.shadow_tps)} (session)"
+        else:  # nothing to compare with: no rate, no speedup
+            shadow, speedup = f"{num(None)} (no shadow: --no-shadow)", num(None)
         self.query_one("#throughput-numbers", Readout).show_text(
             f"[b]{num(m.tokens_per_s_window)}[/b] t/s (1 s, wall)   "
             f"[b]{num(m.tokens_per_s_session)}[/b] t/s (session, wall)\n"
             f"[{SPEC_COLOUR}]spec[/] {num(w.spec_tps)} (1 s) {num(s.spec_tps)} (session)   "
-            f"[{SHADOW_COLOUR}]shadow[/] {num(w.shadow_tps)} (1 s) {num(s.shadow_tps)} (session)"
-            f"   speedup {_speedup(s.spec_tps, s.shadow_tps)} (session)"
+            f"[{SHADOW_COLOUR}]shadow[/] {shadow}   speedup {speedup}"
         )
 
     def show_plot(self, m: DashboardModel) -> None:
         points = list(m.tps_series)
-        self.query_one(SeriesPlot).show(
-            [p[0] for p in points],
-            [
-                ("spec", [p[1] for p in points], SPEC_COLOUR),
-                ("shadow", [p[2] for p in points], SHADOW_COLOUR),
-            ],
-        )
+        series = [("spec", [p[1] for p in points], SPEC_COLOUR)]
+        if m.shadow:
+            series.append(("shadow", [p[2] for p in points], SHADOW_COLOUR))
+        self.query_one(SeriesPlot).show([p[0] for p in points], series)
