@@ -48,20 +48,29 @@ MIN_SIZE = (100, 30)
 """Below this the panels cannot show their numbers; the app says so instead of drawing."""
 
 CONTROL_ACTIONS = (
-    ("g", "cycle_gemm", "GEMM backend", "Cycle the GEMM backend (next step)"),
-    ("s", "toggle_speculation", "spec on/off", "Speculation on / off (next step)"),
+    ("g", "cycle_gemm", "GEMM", "Cycle the GEMM backend (next step)"),
+    ("s", "toggle_speculation", "spec", "Speculation on / off (next step)"),
     ("plus", "k_up", "k+", "Draft one more token per verify step (next step)"),
     ("minus", "k_down", "k-", "Draft one token fewer per verify step (next step)"),
-    ("v", "toggle_verify", "verify mode", "Verify mode exact / fast (next step)"),
+    ("v", "toggle_verify", "verify", "Verify mode exact / fast (next step)"),
     ("space", "toggle_pause", "pause", "Pause / resume the engine"),
-    ("n", "next_prompt", "next prompt", "Skip to the next prompt"),
-    ("e", "export_trace", "export trace", "Export the session to a JSONL trace, keep recording"),
-    ("slash", "type_prompt", "type prompt", "Type a prompt of your own"),
+    ("n", "next_prompt", "next", "Skip to the next prompt"),
+    ("e", "export_trace", "export", "Export the session to a JSONL trace, keep recording"),
+    ("slash", "type_prompt", "prompt", "Type a prompt of your own"),
     ("question_mark", "help", "help", "Keys and a glossary of every metric"),
     ("q", "quit", "quit", "Quit specdash"),
 )
+"""(key, action, footer label, what it does: the palette entry and the help)."""
 
 FOOTER_FIRST = ("help", "quit")
+TYPED_OVER = {action for key, action, _, _ in CONTROL_ACTIONS} | {"show_divergence"}
+"""Actions whose keys a prompt being typed takes as text (Ctrl+P and the prompt's own keys
+still act)."""
+FOOTER_SHOWS: dict[str, dict] = {
+    "k_up": {"key_display": "+/-", "description": "k"},
+    "k_down": {"show": False},
+}
+"""`+` and `-` share one footer entry."""
 
 CONTROL_NAMES = {
     "gemm_backend": "GEMM backend",
@@ -81,17 +90,37 @@ def _said(value: object) -> str:
     return f"→ {value}"
 
 
+class PromptInput(Input):
+    """The prompt line: Enter queues the prompt, Esc leaves it (both in the footer)."""
+
+    BINDINGS = [
+        Binding("enter", "submit", "queue prompt"),
+        Binding("escape", "leave", "leave"),
+    ]
+
+    def action_leave(self) -> None:
+        self.clear()
+        self.screen.query_one(DataTable).focus()
+
+
 class SpecdashApp(App[int]):
     """`SpecdashApp(source=...)`: the dashboard over any `specdash.ui.sources.EventSource`."""
 
     CSS_PATH = "app.tcss"
     TITLE = "specdash"
     AUTO_FOCUS = "#divergence-table"
-    BINDINGS = sorted(
-        (Binding(key, action, label) for key, action, label, _ in CONTROL_ACTIONS),
-        key=lambda b: b.action not in FOOTER_FIRST,
-    )
-    """In CONTROL_ACTIONS order, but help and quit first: a narrow footer cuts the tail."""
+    BINDINGS = [
+        *sorted(
+            (
+                Binding(key, action, **({"description": label} | FOOTER_SHOWS.get(action, {})))
+                for key, action, label, _ in CONTROL_ACTIONS
+            ),
+            key=lambda b: b.action not in FOOTER_FIRST,
+        ),
+        Binding("enter", "show_divergence", "detail"),
+    ]
+    """In CONTROL_ACTIONS order, but help and quit first: a narrow footer cuts the tail. Enter
+    opens the selected divergence wherever the focus is (the table's own Enter does too)."""
 
     def __init__(
         self,
@@ -142,8 +171,9 @@ class SpecdashApp(App[int]):
             yield DivergencePanel(id="divergence")
             yield TokenStream(id="tokens")
         yield Static(id="too-small")
-        yield Input(placeholder="/ to type a prompt, Enter queues it, Esc leaves", id="prompt")
-        yield Footer()
+        yield PromptInput(placeholder="/ to type a prompt, Enter queues it, Esc leaves",
+                          id="prompt")  # fmt: skip
+        yield Footer(compact=True)
 
     @property
     def dashboard(self) -> Screen:
@@ -318,12 +348,23 @@ class SpecdashApp(App[int]):
         controls.submit_prompt(text)
         self.notify("prompt queued: decoded after the current prompt")
 
-    def on_key(self, event: events.Key) -> None:
-        prompt = self.dashboard.query_one("#prompt", Input)
-        if event.key == "escape" and prompt.has_focus:
-            prompt.clear()
-            self.dashboard.query_one(DataTable).focus()
-            event.stop()
+    def check_action(self, action: str, parameters: tuple[object, ...]) -> bool | None:
+        """While a prompt is being typed its keys are letters, so the footer shows only the
+        prompt's own keys; Enter opens a divergence only when there is one."""
+        if self.screen_stack and self.dashboard.query_one("#prompt", Input).has_focus:
+            return action not in TYPED_OVER
+        if action == "show_divergence":
+            return self.model.divergence_count > 0
+        return True
+
+    def on_descendant_focus(self) -> None:
+        self.refresh_bindings()
+
+    def on_descendant_blur(self) -> None:
+        self.refresh_bindings()
+
+    def action_show_divergence(self) -> None:
+        self.show_divergence()
 
     def action_export_trace(self) -> None:
         """Record the session to a new trace and keep recording (`TraceRecorder.export`)."""
@@ -374,6 +415,4 @@ class SpecdashApp(App[int]):
         for key, action, label, help_text in CONTROL_ACTIONS:
             if action != "quit":
                 shown = self.get_key_display(Binding(key, action, label))
-                yield SystemCommand(
-                    f"{label} ({shown})", help_text, getattr(self, f"action_{action}")
-                )
+                yield SystemCommand(help_text, f"key {shown}", getattr(self, f"action_{action}"))

@@ -153,6 +153,16 @@ class DashboardModel:
         return len(self._token_times) / (WINDOW_NS / 1e9)
 
     @property
+    def idle_reason(self) -> str | None:
+        """Why the engine is not stepping ("paused", "finished"), None while it runs: the
+        last second's numbers then describe no current rate."""
+        if self.finished:
+            return "finished"
+        if self.paused:
+            return "paused"
+        return None
+
+    @property
     def tokens_per_s_session(self) -> float | None:
         elapsed = self.elapsed_s
         return self.session_tokens / elapsed if elapsed > 0 else None

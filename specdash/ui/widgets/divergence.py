@@ -65,6 +65,12 @@ def row(d: Divergence, narrow: bool) -> tuple[str, ...]:
     )
 
 
+class DivergenceTable(DataTable):
+    """The table, its Enter named in the footer (DataTable's own hides it)."""
+
+    BINDINGS = [Binding("enter", "select_cursor", "detail")]
+
+
 class DivergencePanel(Vertical):
     _shown = 0
     """Divergences ever added to the table (its row keys are 0.._shown-1)."""
@@ -73,7 +79,7 @@ class DivergencePanel(Vertical):
 
     def compose(self) -> ComposeResult:
         yield Readout("divergences (session): none", id="divergence-count")
-        table = DataTable(id="divergence-table", cursor_type="row", zebra_stripes=True)
+        table = DivergenceTable(id="divergence-table", cursor_type="row", zebra_stripes=True)
         table.add_columns(*COLUMNS)
         yield table
 
@@ -107,7 +113,7 @@ class DivergencePanel(Vertical):
         while table.row_count > len(m.divergences):
             table.remove_row(str(self._shown - table.row_count))
         count = m.divergence_count
-        label = "none" if count == 0 else f"{count} (Enter on a row for detail)"
+        label = "none" if count == 0 else f"{count}   Enter: detail"
         self.query_one("#divergence-count", Readout).show_text(f"divergences (session): {label}")
 
     def selected(self, m: DashboardModel) -> Divergence | None:
