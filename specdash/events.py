@@ -223,6 +223,14 @@ class ControlChange(_Event):
     applied_step: int
 
 
+class Idle(_Event):
+    """The engine has decoded every prompt it was given and waits for one typed in the
+    dashboard (the session stays open until `q`); the next `PromptStart` ends the wait.
+    Idle time is not session time: the wall clock stops."""
+
+    kind: Literal["idle"] = "idle"
+
+
 class EngineError(_Event):
     """An engine problem. A fatal one ended the session; `exit_code` is the documented exit
     code of its cause (`specdash.errors`: 2 usage, 3 checkpoint, 4 environment), None for an
@@ -251,6 +259,23 @@ class Summary(_Event):
     divergences: int
     same_text_prompts: int | None = None
     """Prompts whose token ids equal the shadow's to the end (None: not checked)."""
+    shadow_tokens_per_s: float | None = None
+    """New tokens / the seconds the shadow's plain greedy decode spent on them (prefill
+    excluded, as in `tokens_per_s`); None without a shadow."""
+    wall_seconds: float | None = None
+    """The session's wall time from its header: prefill, speculative and shadow decode, less
+    the time it was paused or idle (loading the weights comes before the header)."""
+
+    @property
+    def speedup(self) -> float | None:
+        """Speculative decode t/s over the shadow's plain decode t/s of the same tokens."""
+        if not self.shadow_tokens_per_s or not self.tokens_per_s:
+            return None
+        return self.tokens_per_s / self.shadow_tokens_per_s
+
+    @property
+    def wall_tokens_per_s(self) -> float | None:
+        return metrics.tokens_per_s(self.new_tokens, self.wall_seconds or 0.0)
 
     @property
     def exact_text(self) -> str:
@@ -258,10 +283,12 @@ class Summary(_Event):
         checked (--no-shadow)"."""
         if not self.checked:
             return "not checked (--no-shadow)"
-        bits = f"{self.exact_prompts}/{self.prompts} identical bits"
-        if self.same_text_prompts is None:
-            return bits
-        return f"{self.same_text_prompts}/{self.prompts} identical text, {bits}"
+        text = f"{self.exact_prompts}/{self.prompts} identical bits"
+        if self.same_text_prompts is not None:
+            text = f"{self.same_text_prompts}/{self.prompts} identical text, {text}"
+        if self.verify_steps == 0 and self.new_tokens:
+            text += " (nothing was speculated: plain decode against plain decode)"
+        return text
 
 
 Event = Annotated[
@@ -276,6 +303,7 @@ Event = Annotated[
     | PromptDone
     | TelemetrySample
     | ControlChange
+    | Idle
     | EngineError
     | Summary,
     Field(discriminator="kind"),

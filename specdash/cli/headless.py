@@ -16,16 +16,33 @@ from specdash.prompts import load_prompts
 from specdash.runs.runner import run_engine
 
 
+def _rate(value: float | None, spec: str = ".1f") -> str:
+    return "–" if value is None else format(value, spec)
+
+
 def format_summary(summary: Summary, divergences: list[Divergence]) -> str:
+    s = summary
     rows = [
-        ("prompts", f"{summary.prompts}"),
-        ("exact prompts", summary.exact_text),
-        ("new tokens", f"{summary.new_tokens}"),
-        ("tokens/s (session, decode)", f"{summary.tokens_per_s:.1f}"),
-        ("mean accepted length", f"{summary.mean_accepted_length:.2f} tokens/step"),
-        ("acceptance rate", f"{100 * summary.acceptance_rate:.1f} %"),
-        ("verify steps", f"{summary.verify_steps}"),
-        ("divergences", f"{summary.divergences}"),
+        ("prompts", f"{s.prompts}"),
+        ("exact prompts", s.exact_text),
+        ("new tokens", f"{s.new_tokens}"),
+        ("decode t/s, speculative", f"{s.tokens_per_s:.1f}  (draft + verify + rollback)"),
+        (
+            "decode t/s, shadow (plain greedy)",
+            f"{_rate(s.shadow_tokens_per_s)}  (the same tokens, no speculation)"
+            if s.checked
+            else "– (--no-shadow: no plain decode ran)",
+        ),
+        ("speculative / shadow decode", f"{_rate(s.speedup, '.2f')}x" if s.speedup else "–"),
+        (
+            "wall t/s",
+            f"{_rate(s.wall_tokens_per_s)}  (the whole session: prefill, speculative"
+            f"{' and shadow' if s.checked else ''} decode; loading excluded)",
+        ),
+        ("mean accepted length", f"{s.mean_accepted_length:.2f} tokens/step"),
+        ("acceptance rate", f"{100 * s.acceptance_rate:.1f} %"),
+        ("verify steps", f"{s.verify_steps}"),
+        ("divergences", f"{s.divergences}"),
     ]
     width = max(len(r[0]) for r in rows)
     lines = [f"{name:<{width}}  {value}" for name, value in rows]
