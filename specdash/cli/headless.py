@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import math
 import sys
 from collections.abc import Callable
 from contextlib import ExitStack
@@ -56,6 +57,47 @@ def format_summary(summary: Summary, divergences: list[Divergence]) -> str:
     return "\n".join(lines)
 
 
+def _json_float(value: float) -> float | None:
+    """JSON has no NaN (a logprob SGLang did not report): null, its hex beside it says "nan"."""
+    return None if math.isnan(value) else value
+
+
+def divergence_record(d: Divergence) -> dict[str, object]:
+    """One divergence as `run --json` lists it: where, both tokens, both logprobs as floats and
+    as exact hex (`float.hex`, what the dashboard's detail shows), the root cause."""
+    return {
+        "prompt": d.prompt_index,
+        "token_index": d.position,
+        "what": d.what,
+        "step": d.step,
+        "k": d.k,
+        "verify_mode": d.verify_mode,
+        "gemm_backend": d.gemm_backend,
+        "spec_token": d.spec_token,
+        "shadow_token": d.shadow_token,
+        "spec_text": d.spec_text,
+        "shadow_text": d.shadow_text,
+        "spec_logprob": _json_float(d.spec_logprob),
+        "spec_logprob_hex": d.spec_logprob.hex(),
+        "shadow_logprob": _json_float(d.shadow_logprob),
+        "shadow_logprob_hex": d.shadow_logprob.hex(),
+        "root_cause": None if d.root_cause is None else d.root_cause.model_dump(),
+    }
+
+
+def summary_json(summary: Summary, divergences: list[Divergence]) -> str:
+    """`run --json`: the summary's fields, its derived rates, and every divergence listed
+    (`divergences`) beside their count (`divergence_count`)."""
+    record = summary.model_dump(exclude={"kind", "t_ns", "divergences"})
+    record |= {
+        "speedup": summary.speedup,
+        "wall_tokens_per_s": summary.wall_tokens_per_s,
+        "divergence_count": summary.divergences,
+        "divergences": [divergence_record(d) for d in divergences],
+    }
+    return json.dumps(record)
+
+
 def run_headless(args: argparse.Namespace) -> int:
     settings = settings_from_args(args)
     prompts = len(load_prompts(settings.prompts))  # a bad prompt file fails before the load
@@ -92,7 +134,7 @@ def run_headless(args: argparse.Namespace) -> int:
 
         summary = run_engine(settings, sink, sglang_options=session_options(settings, args))
     if args.json:
-        print(json.dumps(summary.model_dump(exclude={"kind", "t_ns"})))
+        print(summary_json(summary, divergences))
     else:
         print(format_summary(summary, divergences))
     if recorder is not None and recorder.stopped:
