@@ -160,6 +160,34 @@ class RootCause(BaseModel):
     origin_position: int | None = None
 
 
+class Margin(BaseModel):
+    """The shadow's own choice at a divergence: its top-1 and top-2 tokens and how far apart
+    their logprobs were (`gap`, in nats: the same as their logit gap; `ulps`: fp32 values
+    between the two logprobs). `near_tie`: within a few rounding steps of the dtype the model
+    computes in, so the two paths' last bits could decide it; a flip across a wide gap means the
+    speculative path computed materially different values (a broken kernel)."""
+
+    model_config = ConfigDict(frozen=True, extra="forbid")
+    top1_token: int
+    top2_token: int
+    gap: float
+    ulps: int
+    near_tie: bool
+
+    def text(self, flipped: bool) -> str:
+        """What every view prints; `flipped`: the token ids differ there (else only bits)."""
+        gap = f"shadow top-1 − top-2 {self.gap:.3g} nats ({self.ulps:,} fp32 ulps)"
+        if flipped:
+            why = (
+                "a near-tie: rounding can flip it"
+                if self.near_tie
+                else "wide: rounding cannot flip it, a kernel computed other values"
+            )
+        else:
+            why = "a near-tie: the ids could flip" if self.near_tie else "wide: ids not in doubt"
+        return f"{gap}, {why}"
+
+
 class Divergence(_Event):
     """First position where the speculative run and the shadow disagree.
 
@@ -182,6 +210,8 @@ class Divergence(_Event):
     shadow_text: str = ""
     context: str = ""
     root_cause: RootCause | None = None
+    shadow_margin: Margin | None = None
+    """The shadow's top-1 / top-2 at this position; None where the engine did not report it."""
 
 
 class PromptDone(_Event):

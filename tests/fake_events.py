@@ -9,6 +9,7 @@ from specdash.controls import Controls
 from specdash.events import (
     Divergence,
     Event,
+    Margin,
     PromptDone,
     PromptStart,
     RootCause,
@@ -117,6 +118,13 @@ def fake_session(
                             context="the cat sat on a mat",
                             root_cause=RootCause(
                                 layer=3, sub_op="mlp.down_proj", max_abs_diff=6e-8
+                            ),
+                            shadow_margin=Margin(
+                                top1_token=token_id,
+                                top2_token=7,
+                                gap=0.035,
+                                ulps=147435,
+                                near_tie=False,
                             ),
                         )
                     )

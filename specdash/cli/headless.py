@@ -49,6 +49,8 @@ def format_summary(summary: Summary, divergences: list[Divergence]) -> str:
     lines = [f"{name:<{width}}  {value}" for name, value in rows]
     for d in divergences:
         cause = f"; root cause: {d.root_cause.detail}" if d.root_cause else ""
+        if d.shadow_margin is not None:
+            cause += f"; {d.shadow_margin.text(flipped=d.what == 'token')}"
         lines.append(
             f"DIVERGED prompt {d.prompt_index} at generated token {d.position} ({d.what}): "
             f"spec {d.spec_token} ({d.spec_logprob!r}) vs shadow {d.shadow_token} "
@@ -82,6 +84,7 @@ def divergence_record(d: Divergence) -> dict[str, object]:
         "shadow_logprob": _json_float(d.shadow_logprob),
         "shadow_logprob_hex": d.shadow_logprob.hex(),
         "root_cause": None if d.root_cause is None else d.root_cause.model_dump(),
+        "shadow_margin": None if d.shadow_margin is None else d.shadow_margin.model_dump(),
     }
 
 

@@ -33,6 +33,7 @@ from specdash.events import (
     ControlChange,
     Draft,
     EngineError,
+    Margin,
     Prefill,
     PromptStart,
     Sink,
@@ -42,7 +43,7 @@ from specdash.events import (
 )
 from specdash.prompts import load_prompts
 from specdash.runs.heap import trim_heap
-from specdash.runs.session_events import SessionEvents, divergences_to_report
+from specdash.runs.session_events import SessionEvents, divergences_to_report, shadow_margin
 from specdash.settings import MAX_K, SessionSettings
 
 Queued = tuple[int, str, list[int]]
@@ -456,7 +457,19 @@ class SessionRunner:
             shadow=(seq.shadow_ids[j], seq.shadow_logprobs[j], tok.decode([seq.shadow_ids[j]])),
             context=tok.decode((seq.prompt + seq.ids)[max(0, end - 24) : end]),
             root_cause=cause,
+            margin=self._shadow_margin(seq, j),
         )
+
+    def _shadow_margin(self, seq: Sequence, j: int) -> Margin | None:
+        """The shadow's top-1 / top-2 at generated token j, from the logprob row it chose
+        token j from (the engine keeps it where the runs first diverge)."""
+        row = seq.shadow_rows.get(j)
+        if row is None:
+            return None
+        values, ids = row.float().topk(2)
+        (v1, v2), (i1, i2) = values.tolist(), ids.tolist()
+        dtype = str(self.loaded.target.dtype).removeprefix("torch.")
+        return shadow_margin((i1, v1), (i2, v2), dtype)
 
 
 class NativeRunner:

@@ -12,13 +12,14 @@ from typing import Any
 from specdash.events import (
     Divergence,
     Event,
+    Margin,
     PromptDone,
     RootCause,
     SessionStart,
     Sink,
     Summary,
 )
-from specdash.metrics import same_fp32_bits
+from specdash.metrics import fp32_ulps, same_fp32_bits
 from specdash.settings import SessionSettings
 from specdash.stats import SessionStats
 
@@ -47,6 +48,25 @@ def first_divergences(
         if text_at is not None:
             break  # bits_at <= text_at: both found
     return bits_at, text_at
+
+
+MANTISSA_BITS = {"float32": 23, "bfloat16": 7, "float16": 10}
+NEAR_TIE_STEPS = 64
+"""A gap within this many rounding steps of the compute dtype (a logit is rounded at its own
+magnitude, up to ~2^6 times a logprob's) is a near-tie: the paths' last bits can decide it."""
+
+
+def shadow_margin(top1: tuple[int, float], top2: tuple[int, float], dtype: str) -> Margin:
+    """The shadow's margin at a divergence from its top two (token id, logprob) there, judged
+    by the dtype the model computes in ("float32", "bfloat16", "float16"). Both runners build it
+    here: the native one from the shadow's logprob row, SGLang from its top logprobs."""
+    (id1, lp1), (id2, lp2) = top1, top2
+    ulps = fp32_ulps(lp1, lp2)
+    step = 2 ** (23 - MANTISSA_BITS[dtype])  # one rounding step of `dtype`, in fp32 ulps
+    return Margin(
+        top1_token=id1, top2_token=id2, gap=lp1 - lp2, ulps=ulps,
+        near_tie=ulps <= NEAR_TIE_STEPS * step,
+    )  # fmt: skip
 
 
 def divergences_to_report(bits_at: int | None, text_at: int | None) -> list[int]:
@@ -87,9 +107,11 @@ class SessionEvents:
         shadow: tuple[int, float | None, str],
         context: str = "",
         root_cause: RootCause | None = None,
+        margin: Margin | None = None,
     ) -> None:
         """Generated token `position` differs from the shadow's: `spec` and `shadow` are each
-        run's (token id, logprob or None, text) there."""
+        run's (token id, logprob or None, text) there; `margin`: the shadow's top-1 / top-2
+        there (`shadow_margin`), None where the engine does not report it."""
         (a, la, ta), (b, lb, tb) = spec, shadow
         self.emit(
             Divergence(
@@ -108,6 +130,7 @@ class SessionEvents:
                 shadow_text=tb,
                 context=context,
                 root_cause=root_cause,
+                shadow_margin=margin,
             )
         )
 

@@ -60,7 +60,10 @@ session started, **now** = the latest sample, **N ms** = the GPU sampler's windo
 - **SM util (GPM)**: share of SMs busy; power: board power draw; mem used: device memory in use.
 - **divergence**: a position where the spec and shadow token ids differ (*token*) or only the
   fp32 logprob bits differ (*logprob*); **root cause**: the first layer and sub-op whose bits
-  differ when the step is re-run in both paths.
+  differ when the step is re-run in both paths; **gap** (the shadow's margin): its own top-1
+  minus top-2 logprob at that position (= the logit gap), in nats and fp32 ulps. *tie*: within
+  64 rounding steps of the model's dtype, so a flip there is rounding; *wide*: rounding cannot
+  flip it, so a token flip means a kernel computed other values.
 
 Press Esc to close.
 """
