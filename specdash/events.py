@@ -226,6 +226,8 @@ class PromptDone(_Event):
     """Ids and fp32 logprob bits equal to the shadow's, every token."""
     same_text: bool | None = None
     """Token ids equal to the shadow's, every token (the bits may differ); None: not checked."""
+    skipped: bool = False
+    """Cut short by `n` (next prompt): its verdict covers the tokens it got to."""
 
 
 class TelemetrySample(_Event):
@@ -244,7 +246,9 @@ class TelemetrySample(_Event):
 
 
 class ControlChange(_Event):
-    """A live setting changed; it took effect at `applied_step` (never mid-step)."""
+    """A live setting changed; it took effect at `applied_step` (never mid-step), the engine's
+    step counter (every step, speculation on or off). `prompt`: `n` skipped prompt `old`
+    (`new` is "skipped"); `trace`: a recording started (`new` is its path)."""
 
     kind: Literal["control"] = "control"
     name: Literal["gemm_backend", "speculation", "k", "verify_mode", "paused", "prompt", "trace"]

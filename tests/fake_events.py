@@ -146,7 +146,7 @@ def fake_session(
             )
         )
     if telemetry == "none":
-        events.insert(1, _telemetry(t, "none", rng))
+        events.insert(1, _telemetry(events[0].t_ns, "none", rng))  # sampled at the start
     return events
 
 

@@ -390,7 +390,8 @@ async def test_trace_given_up_front_records_from_the_header(tmp_path):
         assert app.trace_writer is not None  # no summary yet: still recording; quit closes it
     header, recorded, _ = read_trace(path)
     assert header.model_copy(update={"git_revision": None}) == events[0]
-    assert recorded[0] == early and recorded[1:] == events[1:]
+    assert recorded[0] == early.model_copy(update={"t_ns": header.t_ns})  # at the header's time
+    assert recorded[1:] == events[1:]
 
 
 async def test_unwritable_export_directory_is_a_notification(tmp_path):

@@ -168,6 +168,8 @@ class InFlight:
     """Draft + verify + rollback seconds (prefill and the shadow excluded)."""
     verify_steps: list[VerifyStep] = field(default_factory=list)
     """Its verify steps; plain decode steps (speculation off) are left out."""
+    skipped: bool = False
+    """`n` cut it short."""
 
 
 class SessionRunner:
@@ -354,6 +356,11 @@ class SessionRunner:
             return []
         self._apply_controls()
         if self.controls.take_next_prompt_request():
+            for flight in flights:
+                if not flight.seq.done:
+                    flight.skipped = True
+                    self.emit(ControlChange(name="prompt", old=str(flight.seq.index),
+                                            new="skipped", applied_step=self.step_no))  # fmt: skip
             return []
         return [f for f in flights if not f.seq.done]
 
@@ -419,6 +426,7 @@ class SessionRunner:
             bits_at=seq.diverged_at,
             text_at=seq.text_diverged_at,
             compared_all=seq.compared == len(seq.ids),
+            skipped=flight.skipped,
         )
         self.engine.release(seq)
 

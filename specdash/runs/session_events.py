@@ -147,6 +147,7 @@ class SessionEvents:
         bits_at: int | None,
         text_at: int | None,
         compared_all: bool,
+        skipped: bool = False,
     ) -> None:
         """A prompt's totals and verdict. `checked`: a shadow was compared with it; exact when
         no bit differed and the shadow covered every token (same text: no id differed)."""
@@ -160,6 +161,7 @@ class SessionEvents:
                 proposed_drafts=proposed_drafts,
                 exact=checked and bits_at is None and compared_all,
                 same_text=(text_at is None and compared_all) if checked else None,
+                skipped=skipped,
             )
         )
 

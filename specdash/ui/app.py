@@ -141,7 +141,8 @@ class SpecdashApp(App[int]):
         self._shown_revision = -1
         self._plotted_revision = -1
         self.clock = time.monotonic
-        """Wall clock for "loading … N s" (tests replace it)."""
+        """Seconds on the events' clock (`time.monotonic`, what `t_ns` counts) for "loading … N
+        s" and "prefill … N s"; a replay's is the trace's (tests replace it)."""
         self._phase: tuple[str | None, float] = ("loading", self.clock())
         """What the status bar counts seconds for (loading, a prefill; None: nothing), since."""
 
@@ -222,8 +223,9 @@ class SpecdashApp(App[int]):
             return  # a tick while the app quits: the screens are gone, the events are recorded
         m, screen = self.model, self.dashboard
         phase = None if m.finished or m.errors else "loading" if not m.started else m.prefill
-        if phase != self._phase[0]:
-            self._phase = (phase, self.clock())
+        if phase != self._phase[0]:  # a prefill counts from its prompt's start event
+            began = m.prefill_t_ns / 1e9 if m.started and phase is not None else self.clock()
+            self._phase = (phase, began)
         if m.revision == self._shown_revision and phase is None:
             return  # nothing new, and no seconds counting on the status bar
         self._shown_revision = m.revision
@@ -235,7 +237,7 @@ class SpecdashApp(App[int]):
                 paused,
                 self.recorder.note,
                 loading=loading_label(getattr(self.source, "settings", None)),
-                phase_s=self.clock() - self._phase[1],
+                phase_s=max(0.0, self.clock() - self._phase[1]),
             )
             screen.query_one(ErrorPanel).show(m.errors, self.recorder.note)
             screen.query_one(ThroughputPanel).show_numbers(m)
@@ -368,7 +370,7 @@ class SpecdashApp(App[int]):
 
     def action_export_trace(self) -> None:
         """Record the session to a new trace and keep recording (`TraceRecorder.export`)."""
-        notice, announce = self.recorder.export(self.trace_dir, self.model.verify_steps)
+        notice, announce = self.recorder.export(self.trace_dir, self.model.next_step)
         if announce is not None:
             self.buffer.put(announce)
         self._tell(notice)
@@ -400,7 +402,10 @@ class SpecdashApp(App[int]):
         return fatal.message if fatal is not None else self.recorder.failure
 
     def on_unmount(self) -> None:
+        """Stop the engine, then record what it sent while ending (the running prompt's end
+        and the summary) before the trace closes."""
         self.source.stop()
+        self._consume(self.buffer.drain())
         self.recorder.close("quit")
 
     @on(DataTable.RowSelected, "#divergence-table")
@@ -415,4 +420,6 @@ class SpecdashApp(App[int]):
         for key, action, label, help_text in CONTROL_ACTIONS:
             if action != "quit":
                 shown = self.get_key_display(Binding(key, action, label))
-                yield SystemCommand(help_text, f"key {shown}", getattr(self, f"action_{action}"))
+                yield SystemCommand(
+                    f"{help_text} ({shown})", f"key {shown}", getattr(self, f"action_{action}")
+                )
