@@ -54,7 +54,8 @@ def test_specdash_in_a_real_terminal(tmp_path):
     start_session(session, tmp_path, command)
     try:
         screen = wait_for(session, lambda s: "steps " in s and "steps 0" not in s)
-        assert "t/s (1 s, wall)" in screen and "t/s (session, wall)" in screen
+        assert "t/s         wall    spec  shadow  speedup" in screen
+        assert "│1 s " in screen and "│session " in screen
         assert "acceptance rate" in screen and "mean accepted length" in screen
         assert "EXACT so far" in screen or "DIVERGED at token" in screen
         assert "divergences (session):" in screen
@@ -73,3 +74,34 @@ def test_specdash_in_a_real_terminal(tmp_path):
         assert status.read_text().strip() == "0"
     finally:
         subprocess.run(["tmux", "-L", SOCKET, "kill-server"], capture_output=True)
+
+
+def test_a_prompt_typed_after_the_shipped_set_is_decoded(tmp_path):
+    """The session stays open after its prompts: `/`, a prompt and Enter decode it, and `q`
+    then ends the session with the typed prompt in its trace and summary."""
+    session = f"specdash-test-{uuid.uuid4().hex[:8]}"
+    status = tmp_path / "exit_status"
+    trace = tmp_path / "s.jsonl"
+    command = f"{SPECDASH} --max-new-tokens 4 --trace {trace}; echo $? > {status}"
+    start_session(session, tmp_path, command)
+    try:
+        wait_for(session, lambda s: "IDLE" in s and "24 done" in s, timeout=300)
+        tmux("send-keys", "-t", session, "/")
+        tmux("send-keys", "-t", session, "-l", "def typed_by_hand(x):")
+        tmux("send-keys", "-t", session, "Enter")
+        screen = wait_for(session, lambda s: "25 done" in s and "IDLE" in s, timeout=60)
+        assert "prompt 24: def typed_by_hand(x):" in screen
+        tmux("send-keys", "-t", session, "q")
+        deadline = time.monotonic() + 20
+        while not status.exists() and time.monotonic() < deadline:
+            time.sleep(0.2)
+        assert status.read_text().strip() == "0"
+    finally:
+        subprocess.run(["tmux", "-L", SOCKET, "kill-server"], capture_output=True)
+    from specdash.trace.jsonl import read_trace
+
+    _, events, _ = read_trace(trace)
+    typed = [e for e in events if e.kind == "prompt_start" and e.prompt_index == 24]
+    assert typed and typed[0].text == "def typed_by_hand(x):"
+    assert [e.kind for e in events].count("idle") == 2 and events[-1].kind == "summary"
+    assert events[-1].prompts == 25

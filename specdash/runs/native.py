@@ -33,6 +33,7 @@ from specdash.events import (
     ControlChange,
     Draft,
     EngineError,
+    Idle,
     Margin,
     Prefill,
     PromptStart,
@@ -320,8 +321,15 @@ class SessionRunner:
             self.loaded.target.gemm.name,
         )
         with torch.inference_mode():
-            while not self.stop.is_set() and (group := self._next_group(queue)):
-                self._run_group(group)
+            while not self.stop.is_set():
+                if group := self._next_group(queue):
+                    self._run_group(group)
+                elif self.controls.stay_open:  # the dashboard: wait for a typed prompt
+                    self.emit(Idle())
+                    trim_heap()  # the last group's caches, while nothing runs
+                    self.controls.wait_for_prompt(self.stop)
+                else:
+                    break
         trim_heap()  # the last group's caches: the dashboard stays open after the session
         return self.events.finish()
 

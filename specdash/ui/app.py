@@ -16,6 +16,7 @@ from collections.abc import Iterable
 from pathlib import Path
 
 from textual import events, on
+from textual.actions import SkipAction
 from textual.app import App, ComposeResult, SystemCommand
 from textual.binding import Binding
 from textual.containers import Grid
@@ -69,8 +70,11 @@ still act)."""
 FOOTER_SHOWS: dict[str, dict] = {
     "k_up": {"key_display": "+/-", "description": "k"},
     "k_down": {"show": False},
+    "type_prompt": {"priority": True},
 }
-"""`+` and `-` share one footer entry."""
+"""`+` and `-` share one footer entry. `/` is handled before the key after it is passed on,
+so text typed right behind it lands in the prompt line (a non-priority binding runs only
+once the focused widget has passed `/` back, by when the next keys have gone there too)."""
 
 CONTROL_NAMES = {
     "gemm_backend": "GEMM backend",
@@ -333,12 +337,21 @@ class SpecdashApp(App[int]):
 
     def action_next_prompt(self) -> None:
         if (controls := self._controls()) is not None:
+            if self.model.idle:
+                self.notify("no prompt is running: / types one")
+                return
             controls.request_next_prompt()
             self.notify("next prompt requested (applies at the next step)")
 
     def action_type_prompt(self) -> None:
+        """Focus the prompt line at once (`Widget.focus` waits for the message queue, and the
+        keys typed right behind `/` would act as dashboard keys before it applies). In the
+        prompt line `/` is text: the key goes on to it."""
+        prompt = self.dashboard.query_one("#prompt", Input)
+        if self.dashboard.focused is prompt:  # (`has_focus` follows a message later)
+            raise SkipAction()
         if self._controls() is not None:
-            self.dashboard.query_one("#prompt", Input).focus()
+            self.dashboard.set_focus(prompt)
 
     @on(Input.Submitted, "#prompt")
     def queue_prompt(self, event: Input.Submitted) -> None:
@@ -348,7 +361,8 @@ class SpecdashApp(App[int]):
         if not text or (controls := self._controls()) is None:
             return
         controls.submit_prompt(text)
-        self.notify("prompt queued: decoded after the current prompt")
+        when = "now" if self.model.idle else "after the current prompt"
+        self.notify(f"prompt queued: decoded {when}")
 
     def check_action(self, action: str, parameters: tuple[object, ...]) -> bool | None:
         """While a prompt is being typed its keys are letters, so the footer shows only the

@@ -16,6 +16,7 @@ from specdash.events import (
     Divergence,
     EngineError,
     Event,
+    Idle,
     Prefill,
     PromptDone,
     PromptStart,
@@ -98,6 +99,8 @@ class DashboardModel:
     gemm_backends: list[str] = field(default_factory=list)
     speculation: bool = True
     paused: bool = False
+    idle: bool = False
+    """Every prompt decoded; the engine waits for a typed one (`Idle`)."""
     prompt_index: int | None = None
     prompts_done: int = 0
     exact_prompts: int = 0
@@ -165,12 +168,14 @@ class DashboardModel:
 
     @property
     def idle_reason(self) -> str | None:
-        """Why the engine is not stepping ("paused", "finished"), None while it runs: the
-        last second's numbers then describe no current rate."""
+        """Why the engine is not stepping ("paused", "idle", "finished"), None while it runs:
+        the last second's numbers then describe no current rate."""
         if self.finished:
             return "finished"
         if self.paused:
             return "paused"
+        if self.idle:
+            return "idle"
         return None
 
     @property
@@ -242,7 +247,11 @@ class DashboardModel:
         self.gemm_backends = [str(name) for name in table]
         self.device = e.device
 
+    def _on_idle(self, e: Idle) -> None:
+        self.idle = True
+
     def _on_prompt_start(self, e: PromptStart) -> None:
+        self.idle = False
         self.prefill = f"prompt {e.prompt_index}, {e.prompt_tokens:,} tokens"
         self.prefill_t_ns = e.t_ns
         self.prompt_index = e.prompt_index

@@ -92,7 +92,8 @@ class LiveSession:
     ) -> None:
         self.settings = settings
         self.sglang_options = sglang_options
-        self.controls: Controls | None = Controls.from_settings(settings)
+        # the dashboard's session stays open after its prompts, for typed ones, until `q`
+        self.controls: Controls | None = Controls.from_settings(settings, stay_open=True)
         self._telemetry = telemetry
         self._stop = threading.Event()
         self._engine: threading.Thread | None = None
