@@ -53,6 +53,17 @@ class _Canvas(PlotextPlot):
         self.redraw: tuple | None = None
         """The last `SeriesPlot.show` arguments, to redraw when a resize changes the frame."""
         self.bare: bool | None = None
+        self.drawn = 0
+        """How many times `show` drew the figure: a render with the same count, size and theme
+        reuses the last picture (plotext builds it from scratch, ~10 ms, and Textual renders a
+        widget again whenever the screen is laid out)."""
+        self._picture: tuple[tuple, object] | None = None
+
+    def render(self):  # type: ignore[override]
+        key = (self.drawn, self.size, self.app.theme)
+        if self._picture is None or self._picture[0] != key:
+            self._picture = (key, super().render())
+        return self._picture[1]
 
     def is_bare(self) -> bool:
         return 0 < self.size.height < ROOMY_HEIGHT
@@ -75,6 +86,7 @@ class SeriesPlot(Vertical):
     def __init__(self, units: str, *, id: str | None = None) -> None:
         super().__init__(id=id)
         self.units = units
+        self._key = ""
 
     def compose(self):
         yield Static(classes="chart-key")
@@ -93,7 +105,10 @@ class SeriesPlot(Vertical):
         canvas.redraw = (xs, series, ylim, lines)
         canvas.bare = bare = canvas.is_bare()
         key = "".join(f"[{colour}]━━[/] {escape(label)}  " for label, _, colour in series)
-        self.query_one(".chart-key", Static).update(f"{key}[dim]{escape(self.units)}[/dim]")
+        key += f"[dim]{escape(self.units)}[/dim]"
+        if key != self._key:  # one line tall: no layout pass
+            self._key = key
+            self.query_one(".chart-key", Static).update(key, layout=False)
         plt = canvas.plt
         plt.clear_data()
         plt.clear_figure()
@@ -109,4 +124,5 @@ class SeriesPlot(Vertical):
             if ys:
                 px, py = envelope(xs, ys, columns)
                 draw(px, py, marker="braille", color=colour)
+        canvas.drawn += 1
         canvas.refresh()
