@@ -13,6 +13,8 @@ from pathlib import Path
 
 import pytest
 
+from specdash.trace.jsonl import read_trace
+
 pytestmark = pytest.mark.skipif(shutil.which("tmux") is None, reason="needs tmux (CI installs it)")
 
 SPECDASH = Path(sys.executable).parent / "specdash"
@@ -47,6 +49,15 @@ def wait_for(session: str, predicate, timeout: float = 90) -> str:
     raise AssertionError(f"timed out; last screen:\n{screen}")
 
 
+def quit_status(session: str, status: Path) -> str:
+    """Press q; the exit status the shell wrote once specdash ended."""
+    tmux("send-keys", "-t", session, "q")
+    deadline = time.monotonic() + 20
+    while not status.exists() and time.monotonic() < deadline:
+        time.sleep(0.2)
+    return status.read_text().strip()
+
+
 def test_specdash_in_a_real_terminal(tmp_path):
     session = f"specdash-test-{uuid.uuid4().hex[:8]}"
     status = tmp_path / "exit_status"
@@ -67,11 +78,7 @@ def test_specdash_in_a_real_terminal(tmp_path):
         wait_for(session, lambda s: "specdash help" in s, timeout=10)
         tmux("send-keys", "-t", session, "Escape")
         wait_for(session, lambda s: "specdash help" not in s, timeout=10)
-        tmux("send-keys", "-t", session, "q")
-        deadline = time.monotonic() + 20
-        while not status.exists() and time.monotonic() < deadline:
-            time.sleep(0.2)
-        assert status.read_text().strip() == "0"
+        assert quit_status(session, status) == "0"
     finally:
         subprocess.run(["tmux", "-L", SOCKET, "kill-server"], capture_output=True)
 
@@ -91,15 +98,9 @@ def test_a_prompt_typed_after_the_shipped_set_is_decoded(tmp_path):
         tmux("send-keys", "-t", session, "Enter")
         screen = wait_for(session, lambda s: "25 done" in s and "IDLE" in s, timeout=60)
         assert "prompt 24: def typed_by_hand(x):" in screen
-        tmux("send-keys", "-t", session, "q")
-        deadline = time.monotonic() + 20
-        while not status.exists() and time.monotonic() < deadline:
-            time.sleep(0.2)
-        assert status.read_text().strip() == "0"
+        assert quit_status(session, status) == "0"
     finally:
         subprocess.run(["tmux", "-L", SOCKET, "kill-server"], capture_output=True)
-    from specdash.trace.jsonl import read_trace
-
     _, events, _ = read_trace(trace)
     typed = [e for e in events if e.kind == "prompt_start" and e.prompt_index == 24]
     assert typed and typed[0].text == "def typed_by_hand(x):"

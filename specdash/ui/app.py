@@ -1,8 +1,10 @@
 """The specdash dashboard: one Textual app over any event source (live session or replay).
 
 Threads never touch widgets. Producers (engine, GPU sampler, replay) put events into an
-`EventBuffer`; a 10 Hz timer drains it into the `DashboardModel` and updates the numbers, a
-2 Hz timer redraws the plots, and each only when something changed. Keys write `Controls`,
+`EventBuffer`; a 2 Hz timer drains it into the `DashboardModel` and updates the numbers, a
+0.5 Hz timer redraws the plots, and each only when something changed. Slow on purpose: the
+native engine shares this process's GIL, and every millisecond the UI spends in Python is one
+the engine waits (docs/PERF.md, the profiler's own cost). Keys write `Controls`,
 which the engine reads at its next step and answers with a `ControlChange` event. The same
 timer hands each event to a `TraceRecorder` (`--trace`, and `e` to export mid-session); the
 app only shows what it says. `specdash.cli.dashboard` builds the app from the command line.
@@ -41,8 +43,8 @@ from specdash.ui.widgets.status_bar import StatusBar, loading_label
 from specdash.ui.widgets.throughput import ThroughputPanel
 from specdash.ui.widgets.token_stream import TokenStream
 
-UI_HZ = 10
-PLOT_HZ = 2
+UI_HZ = 2
+PLOT_HZ = 0.5
 TEARDOWN = contextlib.suppress(NoMatches)
 """A timer tick while the app quits finds the panels gone: nothing left to draw."""
 MIN_SIZE = (100, 30)
