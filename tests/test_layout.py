@@ -154,3 +154,10 @@ async def test_enter_opens_a_divergence_from_anywhere_and_the_footer_says_so():
         await pilot.press("escape")
         await pilot.pause()
         assert "Enter" in text_of(app.query_one("#divergence-count"))
+
+
+async def test_enter_is_not_offered_without_a_divergence():
+    app = make_app(fake_session(seed=7, divergence_at=None))
+    async with app.run_test(size=(120, 40)) as pilot:
+        await settle(pilot)
+        assert ENTER not in footer_keys(app)

@@ -1,8 +1,8 @@
 """The specdash dashboard: one Textual app over any event source (live session or replay).
 
 Threads never touch widgets. Producers (engine, GPU sampler, replay) put events into an
-`EventBuffer`; a 2 Hz timer drains it into the `DashboardModel` and updates the numbers, a
-0.5 Hz timer redraws the plots, and each only when something changed. Slow on purpose: the
+`EventBuffer`; a 1 Hz timer drains it into the `DashboardModel` and updates the numbers (a key
+redraws them at once), a 0.5 Hz timer redraws the plots, and each only when something changed. Slow on purpose: the
 native engine shares this process's GIL, and every millisecond the UI spends in Python is one
 the engine waits (docs/PERF.md, the profiler's own cost). Keys write `Controls`,
 which the engine reads at its next step and answers with a `ControlChange` event. The same
@@ -43,7 +43,7 @@ from specdash.ui.widgets.status_bar import StatusBar, loading_label
 from specdash.ui.widgets.throughput import ThroughputPanel
 from specdash.ui.widgets.token_stream import TokenStream
 
-UI_HZ = 2
+UI_HZ = 1
 PLOT_HZ = 0.5
 TEARDOWN = contextlib.suppress(NoMatches)
 """A timer tick while the app quits finds the panels gone: nothing left to draw."""
@@ -291,7 +291,8 @@ class SpecdashApp(App[int]):
         if controls is None:
             return
         controls.update(**changes)
-        self._shown_revision = -1  # redraw the status bar even if no event arrives (paused)
+        self._shown_revision = -1  # the status bar says it now, not at the next tick
+        self.refresh_numbers()
         said = ", ".join(f"{CONTROL_NAMES[name]} {_said(value)}" for name, value in changes.items())
         self.notify(f"{said} (applies at the next step)")
 

@@ -80,9 +80,13 @@ def row(d: Divergence, narrow: bool) -> tuple[str, ...]:
 
 
 class DivergenceTable(DataTable):
-    """The table, its Enter named in the footer (DataTable's own hides it)."""
+    """The table, its Enter named in the footer (DataTable's own hides it) once there is a
+    row to open."""
 
     BINDINGS = [Binding("enter", "select_cursor", "detail")]
+
+    def check_action(self, action: str, parameters: tuple[object, ...]) -> bool | None:
+        return self.row_count > 0 if action == "select_cursor" else True
 
 
 class DivergencePanel(Vertical):
@@ -124,6 +128,8 @@ class DivergencePanel(Vertical):
         for d in list(m.divergences)[-new:] if new else []:
             table.add_row(*row(d, self._narrow), key=str(self._shown))
             self._shown += 1
+        if new and table.row_count == new:
+            table.refresh_bindings()  # the first row: Enter now opens something
         while table.row_count > len(m.divergences):
             table.remove_row(str(self._shown - table.row_count))
         count = m.divergence_count
