@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# One device call for issue 15's batching: the batched GPU tests (captured batches against eager
+# One device call for batched decode: the batched GPU tests (captured batches against eager
 # batches and plain greedy, 27B shape at B = 1/8/32), then bench_batch.py on the 27B shape
 # (plain decode at 2k, and with PROFILE=1 a torch.profiler pass at B = 32); step `spec`:
 # bench_spec_gpu.py's single-sequence numbers (decode t/s, exact/fast, step profiles, verify/decode)

@@ -20,10 +20,9 @@ import triton
 from cuda_timing import graph_us
 from triton.testing import do_bench
 
+from specdash.engine.ops import gdn_chunked_prefill, gdn_prefill
 from specdash.kernels.decode_attention import decode_attention, verify_as_decode_rows
 from specdash.kernels.gdn import (
-    gdn_chunked_prefill,
-    gdn_prefill,
     gdn_recurrent_step,
     gdn_verify_steps,
 )

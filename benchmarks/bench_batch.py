@@ -1,5 +1,5 @@
-"""Aggregate decode throughput with real batching (issue 15, item 1): B sequences decoded and
-verified in one forward, B = 1, 8, 32, plain (k = 0) and exact speculative.
+"""Aggregate decode throughput with real batching: B sequences decoded and verified in one
+forward, B = 1, 8, 32, plain (k = 0) and exact speculative.
 
 Every cell decodes the same prompts (`--prompts`, default the largest B; the shipped prompt
 set, cycled and cut or repeated to `--context` tokens), `--max-new-tokens` each, with up to B
@@ -29,8 +29,8 @@ import torch
 
 from specdash.engine.drafters import Drafter, ModelDrafter, NgramDrafter
 from specdash.engine.engine import Engine
+from specdash.engine.loader import Loaded, load_models
 from specdash.prompts import load_prompts
-from specdash.runs.native import Loaded, load_models
 from specdash.settings import SessionSettings
 
 

@@ -28,15 +28,16 @@ from pathlib import Path
 
 import torch
 
+from specdash.engine.loader import load_models
 from specdash.events import Event, VerifyStep
-from specdash.runs.native import SessionRunner, load_models
+from specdash.runs.native import native_session
 from specdash.settings import SessionSettings
 
 CONFIGS = {
     "no-spec": {"speculation": False},
-    "no-spec, fast ops": {"speculation": False, "verify": "fast"},
-    "exact spec": {"verify": "exact"},
-    "fast spec": {"verify": "fast"},
+    "no-spec, fast ops": {"speculation": False, "verify_mode": "fast"},
+    "exact spec": {"verify_mode": "exact"},
+    "fast spec": {"verify_mode": "fast"},
 }
 
 
@@ -84,7 +85,7 @@ def main() -> int:
                 if isinstance(e, VerifyStep):
                     out.append(e)
 
-            summary = SessionRunner(base.model_copy(update=update), sink, loaded=loaded).run()
+            summary = native_session(base.model_copy(update=update), sink, loaded=loaded).run()
             if rnd == 0:
                 continue  # warm-up
             tps[name].append(summary.tokens_per_s)
@@ -94,7 +95,7 @@ def main() -> int:
 
     exact = {}
     for name in ("exact spec", "fast spec"):
-        s = SessionRunner(
+        s = native_session(
             base.model_copy(update=CONFIGS[name] | {"shadow": True}), lambda e: None, loaded=loaded
         ).run()
         exact[name] = f"{s.exact_prompts}/{s.prompts}"

@@ -17,7 +17,7 @@ the UI process's CPU time not spent on the engine thread, per second of wall tim
 While the app runs, the benchmark only sleeps (a `Pilot.pause` loop would message every
 widget 20 times a second and bill that to the dashboard).
 
-The engine is `specdash.runs.native.run_session` on the embedded default pair (CPU).
+The engine is `specdash.runs.runner.run_engine` on the embedded default pair (CPU).
 """
 
 from __future__ import annotations
@@ -35,7 +35,7 @@ import torch
 
 from specdash.controls import Controls
 from specdash.events import Event, Token
-from specdash.runs.native import run_session
+from specdash.runs.runner import run_engine
 from specdash.settings import SessionSettings
 from specdash.ui.app import SpecdashApp
 from specdash.ui.sources import EventBuffer, Sink
@@ -79,7 +79,7 @@ class ThreadEngine:
 
     def _run(self) -> None:
         cpu0 = time.thread_time()
-        run_session(self.settings, self.measured, self.controls, threading.Event())
+        run_engine(self.settings, self.measured, self.controls, threading.Event())
         self.engine_cpu_s = time.thread_time() - cpu0
         self.done.set()
 
@@ -112,7 +112,7 @@ def _child(settings_json: str, queue: mp.Queue, batched: bool) -> None:
     settings = SessionSettings.model_validate_json(settings_json)
     batcher = Batcher(queue.put) if batched else None
     measured = Measured(batcher or (lambda event: queue.put([event])))
-    run_session(settings, measured, Controls.from_settings(settings), threading.Event())
+    run_engine(settings, measured, Controls.from_settings(settings), threading.Event())
     if batcher is not None:
         batcher.flush()
     queue.put(("tps", measured.tps))

@@ -23,7 +23,6 @@ from __future__ import annotations
 import argparse
 import contextlib
 import json
-import os
 import struct
 import sys
 import time
@@ -33,16 +32,13 @@ from typing import Any
 
 from specdash.engine_patches import patch_set
 from specdash.prompts import load_prompts
-from specdash.runs.sglang import (
-    ERROR_FILE_ENV,
-    PATCHES_ENV,
+from specdash.runs.sglang.args import (
     SGLangOptions,
     applied_patches,
     engine_kwargs,
-    new_shared_file,
     parse_engine_arg,
-    start_engine,
 )
+from specdash.runs.sglang.process import session_environment, start_engine
 from specdash.settings import SessionSettings
 
 ALL_OFF = tuple(p.flag for p in patch_set.optional_patches())  # stock SGLang
@@ -83,19 +79,19 @@ def engine(
         speculation=algorithm is not None,
         max_new_tokens=args.max_new,
     )
-    os.environ[PATCHES_ENV] = ",".join(applied_patches(options))
     kwargs = engine_kwargs(settings, options, speculative=algorithm is not None, split=False)
-    t = time.monotonic()
-    e = start_engine(kwargs)
-    print(
-        f"  engine {algorithm or 'plain'} k={k} graphs={graphs} off={off} "
-        f"started in {time.monotonic() - t:.1f}s",
-        flush=True,
-    )
-    try:
-        yield e
-    finally:
-        e.shutdown()
+    with session_environment(applied_patches(options), None, None, pools_in_turn=False):
+        t = time.monotonic()
+        e = start_engine(kwargs)
+        print(
+            f"  engine {algorithm or 'plain'} k={k} graphs={graphs} off={off} "
+            f"started in {time.monotonic() - t:.1f}s",
+            flush=True,
+        )
+        try:
+            yield e
+        finally:
+            e.shutdown()
 
 
 def generate(e: Any, texts: list[str], max_new: int) -> list[dict[str, Any]]:
@@ -235,7 +231,7 @@ def phase_unpatch(args, res, texts) -> None:
 
 
 def phase_gemm(args, res, texts) -> None:
-    from specdash.runs.sglang import switch_gemm
+    from specdash.runs.sglang.backend import switch_gemm
 
     with (
         engine(args, algorithm="NGRAM", k=3, graphs=True, mem=0.35) as spec,
@@ -321,7 +317,6 @@ def main() -> int:
     args.speed_graphs = args.speed_graphs == "on"
     args.skip_cells = args.skip_cells.split(",")
     args.no_graph_algorithms = args.no_graph_algorithms.split(",")
-    os.environ.setdefault(ERROR_FILE_ENV, new_shared_file())
     texts = [pr.text for pr in load_prompts(None)][: args.prompts]
     res = Results(args.json, args.budget_s)
     import sglang

@@ -1,5 +1,5 @@
 """Resident memory of the native engine over mixed prompt lengths, with and without
-`Engine.reserve` (issue 12's RSS peak that followed each prompt's KV working set).
+`Engine.reserve` (without it, RSS peaks follow each prompt's KV working set).
 
 Decodes a cycle of prompts of mixed lengths (default ~120 to 8k tokens: the embedded pair has
 8192 positions) with the embedded pair, exact speculation and the shadow on, sampling the
@@ -23,9 +23,9 @@ import torch
 
 from specdash.engine.drafters import ModelDrafter
 from specdash.engine.engine import Engine
+from specdash.engine.loader import load_models
 from specdash.prompts import load_prompts
 from specdash.runs.heap import trim_heap
-from specdash.runs.native import load_models
 from specdash.settings import SessionSettings
 
 
@@ -75,7 +75,7 @@ def main() -> None:
                     trim_heap()  # prefill's activations back to the OS
                 phase[0] = "decode"
                 while not seq.done:
-                    engine.spec_step(seq, a.k, "exact", a.max_new_tokens)
+                    engine.spec_step([seq], a.k, "exact", a.max_new_tokens)
                 assert seq.diverged_at is None
                 engine.release(seq)
                 del seq

@@ -1,4 +1,4 @@
-"""Soak: the dashboard's resident memory over a long live session (issue 12).
+"""Soak: the dashboard's resident memory over a long live session, which must not grow.
 
 Runs the real dashboard (`specdash run ...` as the CLI builds it, `dashboard_app`) under
 Textual's headless driver at 160x48 over a live native session, and samples the process RSS
@@ -81,7 +81,7 @@ def probe(app) -> dict:
         "errors": len(m.errors),
         # not len(gc.get_objects()): that hands out tuples the engine thread is still
         # building (`tuple(generator)`), whose next resize then raises SystemError there
-        # (CPython gh-107137, fixed in 3.13): that stopped soak sessions on 2026-12-04
+        # (CPython gh-107137, fixed in 3.13) and stops the engine thread mid-session
         "allocated_blocks": sys.getallocatedblocks(),
     }
 
@@ -130,7 +130,7 @@ async def soak(app, args) -> dict:
     result = {
         "samples": samples,
         "session_finished_at_s": finished_at,
-        # an engine thread that stops mid-session (seen twice on 2026-12-04) says why here
+        # an engine thread that stops mid-session says why here
         "engine_errors": [(e.fatal, e.message) for e in app.model.errors],
         "growth_after_warmup": growth(samples, args.warmup),
     }

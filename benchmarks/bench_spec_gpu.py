@@ -46,7 +46,8 @@ from specdash.engine.drafters import RandomDrafter, ReplayDrafter
 from specdash.engine.engine import Engine
 from specdash.engine.graphs import CapturedForward
 from specdash.engine.model import PREFILL_CHUNK, Model
-from specdash.engine.rows import PrefillRows, Run, TritonPrefillRows, TritonRows
+from specdash.engine.rows import Rows, Run, prefill_rows, triton_prefill_rows
+from specdash.engine.rows.gdn import TritonGdn
 from specdash.engine.state import SeqState
 from specdash.kernels import pdl
 
@@ -97,14 +98,14 @@ def plain_decode(
 ) -> tuple[list[int], list[float], float]:
     seq, _ = engine.start(0, prompt, n, 16, shadow=False)
     torch.cuda.synchronize()
-    engine.spec_step(seq, 0, mode, n)  # captures the decode graph on a new slot
+    engine.spec_step([seq], 0, mode, n)  # captures the decode graph on a new slot
     if gpm is not None:
         gpm.start()
         time.sleep(0.25)  # the first GPM window opens before the timed steps
     t0 = time.perf_counter()
     steps = 0
     while not seq.done:
-        engine.spec_step(seq, 0, mode, n)
+        engine.spec_step([seq], 0, mode, n)
         steps += 1
     torch.cuda.synchronize()
     elapsed = time.perf_counter() - t0
@@ -115,9 +116,9 @@ def plain_decode(
     return seq.ids, seq.logprobs, steps / elapsed
 
 
-class ConvApartRows(TritonRows):
-    """The exact rows with the conv in its own launch before the GDN step (as before
-    2026-12-06): the fused kernel's side-by-side baseline."""
+class ConvApartGdn(TritonGdn):
+    """The exact rows' GDN with the conv in its own launch before the GDN step: the fused
+    kernel's side-by-side baseline."""
 
     def conv_in_gdn(self, run: Run) -> bool:
         return False
@@ -223,10 +224,10 @@ def main() -> int:
         shipped = model.rows["prefill"]
         variants = {"long_prefill": shipped}
         if args.prefill_sdpa_too:  # side by side: the same prefill with torch's flash attention
-            sdpa = TritonPrefillRows(cfg, model.rope, attention_kernel=False)
+            sdpa = triton_prefill_rows(cfg, model.rope, attention_kernel=False)
             variants["long_prefill_sdpa_attention"] = sdpa
         if args.prefill_torch_too:  # side by side: the same prefill with torch's row-wise ops
-            variants["long_prefill_torch_rows"] = PrefillRows(cfg, model.rope, gdn_kernel=True)
+            variants["long_prefill_torch_rows"] = prefill_rows(cfg, model.rope, gdn_kernel=True)
         p = torch.tensor(rand_prompt(args.long_prefill), device=dev)
         for key, rows in variants.items():
             model.rows["prefill"] = rows
@@ -262,7 +263,10 @@ def main() -> int:
     exact_gemm, cublas = model.gemm, gemm_backends.resolve("cublas", dev)
     fused = gemm_backends.resolve("triton-fused", dev)
     swiglu_apart = replace(exact_gemm, gate_up_swiglu=None)  # the SwiGLU row kernel's launch
-    fused_rows, conv_apart = model.rows["exact"], ConvApartRows(cfg, model.rope)
+    fused_rows = model.rows["exact"]
+    conv_apart = Rows(
+        fused_rows.rowwise, fused_rows.attention, ConvApartGdn(cfg, fused_rows.rowwise)
+    )
     variants = {  # name: (backend, exact rows, mode, PDL mode)
         "exact/triton": (exact_gemm, fused_rows, "exact", pdl.MODE),
         "exact/triton, conv and SwiGLU apart": (swiglu_apart, conv_apart, "exact", pdl.MODE),
@@ -321,13 +325,13 @@ def main() -> int:
     rows = torch.tensor(rand_prompt(args.k + 1), device=dev)
     captured = {t: CapturedForward(model, state, t, "exact") for t in times}
     for t in times:
-        captured[t].replay(rows[:t], state)
+        captured[t].replay(rows[:t], [state])
         state.pending = {}
     for _ in range(20):
         for t in times:
             torch.cuda.synchronize()
             t1 = time.perf_counter()
-            captured[t].replay(rows[:t], state)
+            captured[t].replay(rows[:t], [state])
             torch.cuda.synchronize()
             times[t].append(time.perf_counter() - t1)
             state.pending = {}
@@ -359,13 +363,13 @@ def main() -> int:
         eng = Engine(model, make, [])
         warm, _ = eng.start(0, prompts[0], args.spec_tokens, 16, shadow=True)
         while not warm.done:  # capture every graph this run will replay
-            eng.spec_step(warm, args.k, mode, args.spec_tokens)
+            eng.spec_step([warm], args.k, mode, args.spec_tokens)
         eng.release(warm)
         exact, tokens, spent, steps, accepted = 0, 0, 0.0, 0, 0
         for i, p in enumerate(prompts):
             seq, _ = eng.start(i, p, args.spec_tokens, 16, shadow=True)
             while not seq.done:
-                r = eng.spec_step(seq, args.k, mode, args.spec_tokens)
+                (r,) = eng.spec_step([seq], args.k, mode, args.spec_tokens)
                 spent += r.draft_s + r.verify_s + r.rollback_s
                 steps += 1
                 accepted += r.accepted

@@ -1,4 +1,5 @@
-"""The embedded tiny pair against issue 7's bar, on its 24 held-out prompts, greedy.
+"""The embedded tiny pair against its goals (docs/PERF.md: exact spec / no-spec and mean
+accepted length), on its 24 held-out prompts, greedy.
 
 One run reports, per prompt length (short / 2k / long) and overall:
   * mean accepted length (tokens emitted per verify step, bonus included) of the draft
@@ -29,16 +30,17 @@ from pathlib import Path
 
 import torch
 
+from specdash.engine.loader import load_models
 from specdash.events import Event, Prefill, Summary, VerifyStep
 from specdash.prompts import default_prompts_path
-from specdash.runs.native import SessionRunner, load_models
+from specdash.runs.native import native_session
 from specdash.settings import SessionSettings
 
 SPEED_CONFIGS = {
     "no-spec": {"speculation": False},
-    "exact spec": {"verify": "exact"},
-    "fast spec": {"verify": "fast"},
-    "exact spec, n-gram drafter": {"verify": "exact", "drafter": "ngram"},
+    "exact spec": {"verify_mode": "exact"},
+    "fast spec": {"verify_mode": "fast"},
+    "exact spec, n-gram drafter": {"verify_mode": "exact", "drafter": "ngram"},
 }
 
 
@@ -53,7 +55,7 @@ def run(base: SessionSettings, update: dict, loaded) -> tuple[Summary, list[Veri
         elif isinstance(e, Prefill):
             prefill[0] += e.seconds
 
-    summary = SessionRunner(base.model_copy(update=update), sink, loaded=loaded).run()
+    summary = native_session(base.model_copy(update=update), sink, loaded=loaded).run()
     return summary, steps, prefill[0]
 
 
@@ -87,7 +89,7 @@ def main() -> int:
         if not args.configs or name in args.configs.split(",")
     }
     if args.compare_draft:
-        configs["exact spec, compare draft"] = ({"verify": "exact"}, "compare")
+        configs["exact spec, compare draft"] = ({"verify_mode": "exact"}, "compare")
 
     prompts_path = args.prompts or default_prompts_path()
     rows = [json.loads(line) for line in prompts_path.read_text().splitlines() if line.strip()]
@@ -112,7 +114,7 @@ def main() -> int:
     if args.compare_draft:
         rows_q.append(("model (compare draft)", "model", "compare"))
     for label, drafter, which in rows_q:
-        summary, steps, _ = run(base, {"drafter": drafter, "verify": "exact"}, models[which])
+        summary, steps, _ = run(base, {"drafter": drafter, "verify_mode": "exact"}, models[which])
         quality[label] = {
             "mean_accepted_length": accepted_by_length(steps, lengths),
             "exact": f"{summary.exact_prompts}/{summary.prompts}",

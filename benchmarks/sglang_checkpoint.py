@@ -1,4 +1,5 @@
-"""A Qwen3.5-shaped target and a dense Qwen3 draft that SGLang loads, with real acceptance.
+"""A Qwen3.5-shaped target (with an MTP head) and a dense Qwen3 draft that SGLang loads, with
+real acceptance.
 
 Why this pair: SGLang's exactness problem needs the real Qwen3.5 head dims (attention head 256,
 partial RoPE 0.25, output gate; GDN key/value heads of 128), and a draft-model algorithm needs a
@@ -8,9 +9,19 @@ every layer writes into it through small output projections (std 0.02 * LAYER_SC
 target's greedy token is usually the "bigram" token lm_head(norm(embed(t))) but not always; the
 layers still move the low bits of every logit. The draft is a one-layer dense Qwen3 (STANDALONE
 refuses a Qwen3.5 draft: it becomes an MTP model) with the target's embedding and lm_head and
-zero output projections: exactly that bigram. Both use the embedded pair's tokenizer.
+zero output projections: exactly that bigram. The target also carries the MTP head real
+Qwen3.5 checkpoints carry (`mtp.fc`, `mtp.pre_fc_norm_*`, `mtp.layers.0.*`, `mtp.norm`; SGLang's
+NEXTN drafts with it): `fc` passes the next token's normed embedding and drops the hidden state,
+the layer's output projections are zero, so it proposes bigram(next token), which the target
+usually accepts. Both use the embedded pair's tokenizer.
+
+`--shape 27b` gives the real Qwen3.5-27B dimensions (hidden 5120, 24 query / 4 KV heads of 256,
+GDN 16 key / 48 value heads of 128, MLP 17408) with `--layers` layers: real-dim weights for
+acceptance at the real shape; `--config-only` writes the config and tokenizer alone, for
+SGLang's `load_format=dummy` (all 64 layers fit no disk budget of a test).
 
 Usage: python benchmarks/sglang_checkpoint.py OUT_DIR [--device cuda] [--layers 8]
+    [--shape small|27b] [--config-only]
 Writes OUT_DIR/target and OUT_DIR/draft (HF format: config.json, model.safetensors,
 tokenizer.json), the same bytes for the same arguments and torch version.
 """
@@ -21,6 +32,7 @@ import argparse
 import json
 import math
 import shutil
+from dataclasses import dataclass
 from importlib import resources
 from pathlib import Path
 
@@ -29,8 +41,29 @@ from safetensors.torch import save_file
 
 LAYER_SCALE = 0.15
 SEED = 1234
-HIDDEN, INTERMEDIATE, HEAD_DIM, HEADS, KV_HEADS = 2048, 6144, 256, 8, 2
-GDN_HEADS, GDN_HEAD_DIM, CONV = 16, 128, 4
+CONV = 4
+
+
+@dataclass(frozen=True)
+class Shape:
+    hidden: int
+    intermediate: int
+    heads: int
+    kv_heads: int
+    gdn_key_heads: int
+    gdn_value_heads: int
+    head_dim: int = 256
+    gdn_head_dim: int = 128
+
+
+SHAPES = {
+    "small": Shape(
+        hidden=2048, intermediate=6144, heads=8, kv_heads=2, gdn_key_heads=16, gdn_value_heads=16
+    ),
+    "27b": Shape(
+        hidden=5120, intermediate=17408, heads=24, kv_heads=4, gdn_key_heads=16, gdn_value_heads=48
+    ),
+}
 
 
 def _tokenizer() -> tuple[Path, int]:
@@ -40,17 +73,17 @@ def _tokenizer() -> tuple[Path, int]:
     return path, vocab
 
 
-def target_config(vocab: int, layers: int) -> dict:
+def target_config(vocab: int, layers: int, shape: Shape = SHAPES["small"]) -> dict:
     return {
         "architectures": ["Qwen3_5ForCausalLM"],
         "model_type": "qwen3_5_text",
         "vocab_size": vocab,
-        "hidden_size": HIDDEN,
-        "intermediate_size": INTERMEDIATE,
+        "hidden_size": shape.hidden,
+        "intermediate_size": shape.intermediate,
         "num_hidden_layers": layers,
-        "num_attention_heads": HEADS,
-        "num_key_value_heads": KV_HEADS,
-        "head_dim": HEAD_DIM,
+        "num_attention_heads": shape.heads,
+        "num_key_value_heads": shape.kv_heads,
+        "head_dim": shape.head_dim,
         "hidden_act": "silu",
         "rms_norm_eps": 1e-6,
         "max_position_embeddings": 8192,
@@ -65,11 +98,12 @@ def target_config(vocab: int, layers: int) -> dict:
             "full_attention" if (i + 1) % 4 == 0 else "linear_attention" for i in range(layers)
         ],
         "full_attention_interval": 4,
-        "linear_num_key_heads": GDN_HEADS,
-        "linear_num_value_heads": GDN_HEADS,
-        "linear_key_head_dim": GDN_HEAD_DIM,
-        "linear_value_head_dim": GDN_HEAD_DIM,
+        "linear_num_key_heads": shape.gdn_key_heads,
+        "linear_num_value_heads": shape.gdn_value_heads,
+        "linear_key_head_dim": shape.gdn_head_dim,
+        "linear_value_head_dim": shape.gdn_head_dim,
         "linear_conv_kernel_dim": CONV,
+        "mtp_num_hidden_layers": 1,
         "bos_token_id": 0,
         "eos_token_id": 0,
         "pad_token_id": 0,
@@ -77,12 +111,12 @@ def target_config(vocab: int, layers: int) -> dict:
     }
 
 
-def draft_config(vocab: int) -> dict:
+def draft_config(vocab: int, shape: Shape = SHAPES["small"]) -> dict:
     return {
         "architectures": ["Qwen3ForCausalLM"],
         "model_type": "qwen3",
         "vocab_size": vocab,
-        "hidden_size": HIDDEN,
+        "hidden_size": shape.hidden,
         "intermediate_size": 1024,
         "num_hidden_layers": 1,
         "num_attention_heads": 16,
@@ -114,46 +148,77 @@ class _Init:
 
 
 def target_weights(cfg: dict, init: _Init) -> dict[str, torch.Tensor]:
-    v, h, f = cfg["vocab_size"], HIDDEN, INTERMEDIATE
-    out_std = 0.02 * LAYER_SCALE
+    v, h = cfg["vocab_size"], cfg["hidden_size"]
+    # Output projections scaled with the width, so every shape keeps the bigram dominant.
+    out_std = 0.02 * LAYER_SCALE * math.sqrt(2048 / h)
     zeros = lambda *s: torch.zeros(s, dtype=torch.bfloat16)  # noqa: E731  (Qwen3.5 norms: 1 + w)
     w = {"model.embed_tokens.weight": init.normal(v, h, std=1.0)}
-    key_dim = GDN_HEADS * GDN_HEAD_DIM
     for i, kind in enumerate(cfg["layer_types"]):
-        p = f"model.layers.{i}."
-        if kind == "linear_attention":
-            a = p + "linear_attn."
-            w[a + "in_proj_qkv.weight"] = init.normal(2 * key_dim + key_dim, h, std=0.02)
-            w[a + "in_proj_z.weight"] = init.normal(key_dim, h, std=0.02)
-            w[a + "in_proj_b.weight"] = init.normal(GDN_HEADS, h, std=0.02)
-            w[a + "in_proj_a.weight"] = init.normal(GDN_HEADS, h, std=0.02)
-            w[a + "conv1d.weight"] = init.normal(3 * key_dim, 1, CONV, std=0.3)
-            w[a + "dt_bias"] = torch.ones(GDN_HEADS, dtype=torch.bfloat16)
-            decay = torch.linspace(1.0, 16.0, GDN_HEADS).log()
-            w[a + "A_log"] = decay.to(torch.bfloat16)
-            w[a + "norm.weight"] = torch.ones(GDN_HEAD_DIM, dtype=torch.bfloat16)
-            w[a + "out_proj.weight"] = init.normal(h, key_dim, std=out_std)
-        else:
-            a = p + "self_attn."
-            w[a + "q_proj.weight"] = init.normal(2 * HEADS * HEAD_DIM, h, std=0.02)
-            w[a + "k_proj.weight"] = init.normal(KV_HEADS * HEAD_DIM, h, std=0.02)
-            w[a + "v_proj.weight"] = init.normal(KV_HEADS * HEAD_DIM, h, std=0.02)
-            w[a + "o_proj.weight"] = init.normal(h, HEADS * HEAD_DIM, std=out_std)
-            w[a + "q_norm.weight"] = zeros(HEAD_DIM)
-            w[a + "k_norm.weight"] = zeros(HEAD_DIM)
-        w[p + "mlp.gate_proj.weight"] = init.normal(f, h, std=0.02)
-        w[p + "mlp.up_proj.weight"] = init.normal(f, h, std=0.02)
-        w[p + "mlp.down_proj.weight"] = init.normal(h, f, std=out_std)
-        w[p + "input_layernorm.weight"] = zeros(h)
-        w[p + "post_attention_layernorm.weight"] = zeros(h)
+        w |= _layer_weights(f"model.layers.{i}.", kind, cfg, init, out_std)
     w["model.norm.weight"] = zeros(h)
     w["lm_head.weight"] = init.normal(v, h, std=1.0 / math.sqrt(h))
+    return w | _mtp_weights(cfg, init)
+
+
+def _layer_weights(
+    p: str, kind: str, cfg: dict, init: _Init, out_std: float, zero_out: bool = False
+) -> dict[str, torch.Tensor]:
+    """One decoder layer; `zero_out`: output projections zero (the layer adds nothing)."""
+    h, f = cfg["hidden_size"], cfg["intermediate_size"]
+    zeros = lambda *s: torch.zeros(s, dtype=torch.bfloat16)  # noqa: E731
+    out = (lambda *s: zeros(*s)) if zero_out else (lambda *s: init.normal(*s, std=out_std))
+    w: dict[str, torch.Tensor] = {}
+    if kind == "linear_attention":
+        heads, vheads = cfg["linear_num_key_heads"], cfg["linear_num_value_heads"]
+        key_dim = heads * cfg["linear_key_head_dim"]
+        value_dim = vheads * cfg["linear_value_head_dim"]
+        a = p + "linear_attn."
+        w[a + "in_proj_qkv.weight"] = init.normal(2 * key_dim + value_dim, h, std=0.02)
+        w[a + "in_proj_z.weight"] = init.normal(value_dim, h, std=0.02)
+        w[a + "in_proj_b.weight"] = init.normal(vheads, h, std=0.02)
+        w[a + "in_proj_a.weight"] = init.normal(vheads, h, std=0.02)
+        w[a + "conv1d.weight"] = init.normal(2 * key_dim + value_dim, 1, CONV, std=0.3)
+        w[a + "dt_bias"] = torch.ones(vheads, dtype=torch.bfloat16)
+        w[a + "A_log"] = torch.linspace(1.0, 16.0, vheads).log().to(torch.bfloat16)
+        w[a + "norm.weight"] = torch.ones(cfg["linear_value_head_dim"], dtype=torch.bfloat16)
+        w[a + "out_proj.weight"] = out(h, value_dim)
+    else:
+        heads, kv, d = cfg["num_attention_heads"], cfg["num_key_value_heads"], cfg["head_dim"]
+        a = p + "self_attn."
+        w[a + "q_proj.weight"] = init.normal(2 * heads * d, h, std=0.02)
+        w[a + "k_proj.weight"] = init.normal(kv * d, h, std=0.02)
+        w[a + "v_proj.weight"] = init.normal(kv * d, h, std=0.02)
+        w[a + "o_proj.weight"] = out(h, heads * d)
+        w[a + "q_norm.weight"] = zeros(d)
+        w[a + "k_norm.weight"] = zeros(d)
+    w[p + "mlp.gate_proj.weight"] = init.normal(f, h, std=0.02)
+    w[p + "mlp.up_proj.weight"] = init.normal(f, h, std=0.02)
+    w[p + "mlp.down_proj.weight"] = out(h, f)
+    w[p + "input_layernorm.weight"] = zeros(h)
+    w[p + "post_attention_layernorm.weight"] = zeros(h)
     return w
+
+
+def _mtp_weights(cfg: dict, init: _Init) -> dict[str, torch.Tensor]:
+    """The MTP head: fc([norm(embed(next)), norm(hidden)]) keeps the embedding half only, and its
+    full-attention layer adds nothing, so it proposes bigram(next token)."""
+    h = cfg["hidden_size"]
+    fc = torch.zeros(h, 2 * h, dtype=torch.bfloat16)
+    fc[:, :h] = torch.eye(h, dtype=torch.bfloat16)
+    zeros = lambda *s: torch.zeros(s, dtype=torch.bfloat16)  # noqa: E731
+    return {
+        "mtp.fc.weight": fc,
+        "mtp.pre_fc_norm_embedding.weight": zeros(h),
+        "mtp.pre_fc_norm_hidden.weight": zeros(h),
+        **_layer_weights("mtp.layers.0.", "full_attention", cfg, init, 0.0, zero_out=True),
+        "mtp.norm.weight": zeros(h),
+    }
 
 
 def draft_weights(cfg: dict, target: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
     """One layer whose output projections are zero: logits = lm_head(norm(embed(token)))."""
-    h, heads, kv, d, f = HIDDEN, cfg["num_attention_heads"], cfg["num_key_value_heads"], 128, 1024
+    h, heads, kv = cfg["hidden_size"], cfg["num_attention_heads"], cfg["num_key_value_heads"]
+    d, f = 128, 1024
     bf16 = torch.bfloat16
     a, p = "model.layers.0.self_attn.", "model.layers.0."
     return {
@@ -174,12 +239,16 @@ def draft_weights(cfg: dict, target: dict[str, torch.Tensor]) -> dict[str, torch
     }
 
 
-def _write(directory: Path, config: dict, weights: dict[str, torch.Tensor], tok: Path) -> None:
+def _write(
+    directory: Path, config: dict, weights: dict[str, torch.Tensor] | None, tok: Path
+) -> None:
+    """An HF directory; `weights` None: config and tokenizer only (SGLang's dummy load)."""
     directory.mkdir(parents=True, exist_ok=True)
     (directory / "config.json").write_text(json.dumps(config, indent=2))
     gen = {"bos_token_id": 0, "eos_token_id": 0, "pad_token_id": 0, "do_sample": False}
     (directory / "generation_config.json").write_text(json.dumps(gen))
-    save_file(weights, str(directory / "model.safetensors"), metadata={"format": "pt"})
+    if weights is not None:
+        save_file(weights, str(directory / "model.safetensors"), metadata={"format": "pt"})
     shutil.copy(tok, directory / "tokenizer.json")
     (directory / "tokenizer_config.json").write_text(
         json.dumps(
@@ -194,11 +263,17 @@ def _write(directory: Path, config: dict, weights: dict[str, torch.Tensor], tok:
     )
 
 
-def build(out: Path, device: str = "cpu", layers: int = 8) -> tuple[Path, Path]:
+def build(
+    out: Path, device: str = "cpu", layers: int = 8, shape: str = "small", config_only: bool = False
+) -> tuple[Path, Path]:
     tok, vocab = _tokenizer()
-    tcfg = target_config(vocab, layers)
+    tcfg = target_config(vocab, layers, SHAPES[shape])
+    dcfg = draft_config(vocab, SHAPES[shape])
+    if config_only:
+        _write(out / "target", tcfg, None, tok)
+        _write(out / "draft", dcfg, None, tok)
+        return out / "target", out / "draft"
     target = target_weights(tcfg, _Init(device))
-    dcfg = draft_config(vocab)
     _write(out / "target", tcfg, target, tok)
     _write(out / "draft", dcfg, draft_weights(dcfg, target), tok)
     return out / "target", out / "draft"
@@ -209,8 +284,10 @@ def main() -> None:
     parser.add_argument("out", type=Path)
     parser.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu")
     parser.add_argument("--layers", type=int, default=8)
+    parser.add_argument("--shape", choices=sorted(SHAPES), default="small")
+    parser.add_argument("--config-only", action="store_true")
     args = parser.parse_args()
-    target, draft = build(args.out, args.device, args.layers)
+    target, draft = build(args.out, args.device, args.layers, args.shape, args.config_only)
     print(f"target {target} draft {draft} (device {args.device})")
 
 

@@ -6,12 +6,25 @@ Why: the dashboard compares GEMM kernels live on the same run. In SGLang's deter
 `torch.matmul` in `LogitsProcessor._compute_lm_head` both end up there. Rebinding that one
 global (never registering a second `aten::mm`) routes them all.
 
-Backends: `auto` (SGLang's own choice), `deepgemm` (SGLang's `_matmul_persistent_deepgemm`),
+Backends: `auto` (the default: prefill batches on SGLang's own choice, every other forward
+(decode, verify, draft) on specdash's Triton tile, below), `deepgemm` (SGLang's
+`_matmul_persistent_deepgemm`),
 `sglang-triton` (SGLang's `matmul_kernel_persistent`), and `specdash-<name>` for each backend
 in `specdash.engine.gemm_backends` (imported lazily; without it only the SGLang ones exist).
 The switch reaches every scheduler rank through `Engine.collective_rpc("specdash_set_gemm_backend",
 name=...)`, a method this patch adds to `Scheduler`; it recaptures the target's decode CUDA
 graphs (which froze the old kernel) or refuses when it cannot.
+
+Why `auto` splits by forward: SGLang's persistent matmul has one tile shape (BLOCK_M 128) for
+every M, which at decode's M = 1..k+1 streams each weight at a fraction of HBM bandwidth
+(docs/PERF.md: 17.8 tok/s at the 27B shape on an H100, against 52.4 for specdash's own engine
+with the BLOCK_M 16 tile), and prefill is where its large tile pays. The split is by forward
+mode, never by M: a row must go through the same kernel in the speculative and the shadow
+engine, and with several requests the same prompt's prefill (or a verify) comes in batches of
+any M. Every non-prefill forward of both engines runs the tile, every prefill SGLang's kernel,
+so a verify row and the decode row it must equal always share a kernel. The forward mode reaches
+the GEMM through `prefill_forward`, set around each `model.forward` (CUDA graph captures
+included: they call the same `model.forward`) by the wrapper `load_model` installs.
 
 Exactness: SGLang's persistent matmul and specdash's Triton tile are batch-invariant (a row's
 bits do not depend on M). cuBLAS and DeepGEMM are not, so they run row by row for M up to
@@ -24,6 +37,7 @@ recaptures with `ModelRunner.init_decode_cuda_graph` (0.5.23: `recapture_decode_
 
 from __future__ import annotations
 
+import functools
 import logging
 from collections.abc import Callable
 from typing import Any
@@ -41,6 +55,11 @@ ROWWISE_MAX_ROWS = 64
 BATCH_INVARIANT = ("auto", "sglang-triton", "specdash-triton")
 
 _active = "auto"
+DECODE_BACKEND = f"{SPECDASH_PREFIX}triton"
+"""What `auto` runs every non-prefill forward's GEMMs on: the tile with BLOCK_M 16."""
+prefill_forward = False
+"""Whether the forward running in this process is a prefill batch (`auto` keeps its GEMMs on
+SGLang's kernel); set by `mark_prefill_forwards`."""
 
 
 def specdash_backends() -> dict[str, str | None]:
@@ -97,6 +116,8 @@ def route(original: Callable[..., Any], a: Any, b: Any, bias: Any = None, **sgla
     import torch
 
     name = _active
+    if name == "auto" and not prefill_forward and _tile_available():
+        name = DECODE_BACKEND
     if name == "auto" or a.dtype != torch.bfloat16 or b.dtype != torch.bfloat16:
         return original(a, b, bias=bias, **sglang)
     if name == "sglang-triton":
@@ -111,6 +132,41 @@ def route(original: Callable[..., Any], a: Any, b: Any, bias: Any = None, **sgla
     if bias is not None:
         out = out + bias
     return out.to(out_dtype)
+
+
+@functools.cache
+def _tile_available() -> bool:
+    """Whether `DECODE_BACKEND` runs here (else `auto` is SGLang's kernel throughout)."""
+    return specdash_backends().get(DECODE_BACKEND, "absent") is None
+
+
+def mark_prefill_forwards(original: Callable[..., Any]) -> Callable[..., Any]:
+    """`ModelRunner.load_model` that wraps the loaded model's `forward` so `prefill_forward`
+    says, for the GEMMs inside, whether this forward is a prefill (extend without
+    speculation: EXTEND, MIXED, SPLIT_PREFILL, DLLM_EXTEND). Target verify, decode, draft
+    extend and idle forwards are not."""
+
+    def load_model(self: Any, *args: Any, **kwargs: Any) -> Any:
+        result = original(self, *args, **kwargs)
+        self.model.forward = marking_prefill(self.model.forward)
+        return result
+
+    return load_model
+
+
+def marking_prefill(forward: Callable[..., Any]) -> Callable[..., Any]:
+    @functools.wraps(forward)  # keeps the signature SGLang inspects (pp_proxy_tensors)
+    def marked(*args: Any, **kwargs: Any) -> Any:
+        global prefill_forward
+        batch = kwargs["forward_batch"] if "forward_batch" in kwargs else args[2]
+        outer = prefill_forward
+        prefill_forward = batch.forward_mode.is_extend_without_speculative()
+        try:
+            return forward(*args, **kwargs)
+        finally:
+            prefill_forward = outer
+
+    return marked
 
 
 def _gemm(
@@ -130,8 +186,8 @@ def _gemm(
 def cublas_unrouted(x: Any, w: Any) -> Any:
     """x @ w.T on cuBLAS through `aten::addmm.out`. SGLang's deterministic mode sends
     `aten::mm`, `addmm` (and in 0.5.23 `mm.out`) to `matmul_persistent`, i.e. back into this
-    router: specdash's cuBLAS backend (`F.linear`) recursed until the CUDA graph recapture
-    failed. `addmm.out` it leaves to the vendor kernel in both releases."""
+    router: through `F.linear`, specdash's cuBLAS backend would recurse until the CUDA graph
+    recapture fails. `addmm.out` it leaves to the vendor kernel in both releases."""
     import torch
 
     out = x.new_empty(x.shape[0], w.shape[0])
@@ -193,6 +249,7 @@ _ATEN_TARGETS = (  # how deterministic mode sends aten::mm/addmm here; same in b
     ),
 )
 _SCHEDULER = "sglang.srt.managers.scheduler.Scheduler"
+_FORWARD_MODE = "sglang.srt.model_executor.forward_batch_info.ForwardMode"
 
 PATCH = Patch(
     name="gemm_routing",
@@ -232,6 +289,15 @@ PATCH = Patch(
                     role="relied on",
                 ),
                 Target(
+                    f"{_RUNNER}.load_model",
+                    "6fbe26943e7eea341c7088f0d1abd90812e1625514a09dcfe944cce5cfc06423",
+                ),
+                Target(
+                    f"{_FORWARD_MODE}.is_extend_without_speculative",
+                    "3f6ec29c9cf7bbf7d03cebd8355e6ceb2c9a584d4f8a352591b2d4eef15d9037",
+                    role="relied on",
+                ),
+                Target(
                     f"{_RUNNER}.init_decode_cuda_graph",
                     "a8493cc1e36f0dc8c3a38088f62b14034499dc70360318bda47ed8dd3a110e6f",
                     role="relied on",
@@ -239,6 +305,7 @@ PATCH = Patch(
             ),
             rebindings=(
                 Rebinding(_OPS, "matmul_persistent", _routed_0_5_17),
+                Rebinding(_RUNNER, "load_model", mark_prefill_forwards),
                 Rebinding(
                     _SCHEDULER,
                     "specdash_set_gemm_backend",
@@ -280,6 +347,15 @@ PATCH = Patch(
                     role="relied on",
                 ),
                 Target(
+                    f"{_RUNNER}.load_model",
+                    "655a134e49f25ec12d8da45f4aa1071022a448fea69c7bcbc3f692cf3f33665f",
+                ),
+                Target(
+                    f"{_FORWARD_MODE}.is_extend_without_speculative",
+                    "3f6ec29c9cf7bbf7d03cebd8355e6ceb2c9a584d4f8a352591b2d4eef15d9037",
+                    role="relied on",
+                ),
+                Target(
                     "sglang.srt.model_executor.model_runner.ModelRunner.recapture_decode_cuda_graph",
                     "982811a5f460dcb7d84058eeb163f92ef37b4abe1cec22500943182c17b6fbf8",
                     role="relied on",
@@ -287,6 +363,7 @@ PATCH = Patch(
             ),
             rebindings=(
                 Rebinding(_OPS, "matmul_persistent", _routed_0_5_23),
+                Rebinding(_RUNNER, "load_model", mark_prefill_forwards),
                 Rebinding(
                     _SCHEDULER,
                     "specdash_set_gemm_backend",

@@ -3,10 +3,10 @@
 Why: SGLang sizes an engine's KV and mamba pools as the memory free now minus
 `(1 - mem_fraction_static)` x the memory that was free before its weights loaded
 (`KVCacheConfigurator._profile_available_bytes`, 0.5.17 and 0.5.23). A specdash session starts
-its speculative engine and its shadow at the same time; each read "before" on an empty GPU and
-"now" after the other had taken its pools, so the difference went negative and both starts
-failed: "Not enough GPU memory for hybrid (mamba/linear-attention) state cache" (H100, 2026-12-05,
-the first GPU run of the parallel start). Engines started one after the other never met it.
+its speculative engine and its shadow at the same time; unpatched, each reads "before" on an
+empty GPU and "now" after the other has taken its pools, so the difference goes negative and
+both starts fail: "Not enough GPU memory for hybrid (mamba/linear-attention) state cache"
+(docs/PERF.md, the parallel start). Engines started one after the other never meet it.
 
 The patch holds an exclusive `flock` on the file `TURN_ENV` names from the first "before"
 reading (`ModelRunner.init_torch_distributed`, the draft's included) until the pools exist

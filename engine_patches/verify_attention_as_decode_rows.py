@@ -127,7 +127,7 @@ def verify_ancestors(backend: Any, seq_lens: Any, n: int) -> Any:
     tree mask in SGLang's full layout (request b: an [n, seq_lens[b] + n] block at
     mask_indptr[b]); a chain (j <= i) when the batch carries no mask. NGRAM drafts are trees
     even at BFS breadth 1: every trie anchor starts at the root, so a second anchor adds
-    siblings (seen on the H200 at k=5)."""
+    siblings (NGRAM at k=5 drafts such trees on the SGLang test pair)."""
     import torch
 
     meta = backend.forward_metadata
@@ -155,7 +155,7 @@ def decode_row_table(backend: Any, forward_batch: Any, n: int) -> tuple[Any, Any
     plus one slot that takes the non-ancestors), so this runs inside a CUDA graph capture.
     Built per layer call, never cached on the ForwardBatch: SGLang runs a captured batch
     eagerly before capturing it, and a table cached then would be frozen into the graph as a
-    constant (seen on the H200: every graphed verify wrong)."""
+    constant (every graphed verify would read the warm-up's table and be wrong)."""
     import torch
     from sglang.kernels.ops.kvcache.kv_indices import create_flashinfer_kv_indices_triton
 

@@ -1,4 +1,5 @@
-"""Gated DeltaNet: one recurrent-step kernel for decode and verify, plus a chunked prefill.
+"""Gated DeltaNet: one recurrent-step kernel for decode and verify (the prefill's chunked form is
+`specdash.engine.ops.gdn_prefill`: FLA's kernel or torch, the same for both runs).
 
 Why one kernel: verify must leave, after each of its T tokens, the same fp32 state and output bits
 that T decode steps would. So verify runs the decode recurrence token by token (never the chunked
@@ -13,7 +14,6 @@ q, k <- x / sqrt(sum x^2 + 1e-6); q *= Dk^-1/2; g = -exp(A_log) * softplus(a + d
 from __future__ import annotations
 
 import torch
-import torch.nn.functional as F
 import triton
 import triton.language as tl
 
@@ -311,71 +311,3 @@ def gdn_recurrent_step(
         q[:, None], k[:, None], v[:, None], a[:, None], b[:, None], A_log, dt_bias, state
     )
     return o[:, 0], states[:, 0]
-
-
-def gdn_chunked_prefill(
-    q: torch.Tensor,
-    k: torch.Tensor,
-    v: torch.Tensor,
-    a: torch.Tensor,
-    b: torch.Tensor,
-    A_log: torch.Tensor,
-    dt_bias: torch.Tensor,
-    state: torch.Tensor | None = None,
-    chunk_size: int = 64,
-) -> tuple[torch.Tensor, torch.Tensor]:
-    """Chunked (WY) prefill in torch, fp32: same shapes as gdn_verify_steps -> (o, final state).
-
-    Prefill is shared by the speculative and the plain run, so it need not match the recurrent
-    bits; this is the same math as the recurrence in chunk-parallel order (HF's torch reference).
-    """
-    from specdash.engine import ops  # one torch chunked implementation, shared with the CPU engine
-
-    bsz, _, h, dk = q.shape
-    hv, dv = v.shape[2], v.shape[3]
-    outs, finals = [], []
-    for i in range(bsz):
-        qi = ops.l2norm(q[i].repeat_interleave(hv // h, dim=1), exact=False) * dk**-0.5
-        ki = ops.l2norm(k[i].repeat_interleave(hv // h, dim=1), exact=False)
-        decay, beta = ops.gdn_gates(a[i], b[i], A_log, dt_bias)
-        s0 = torch.zeros(hv, dk, dv, device=q.device) if state is None else state[i].float()
-        o, final = ops.gdn_chunked(qi, ki, v[i].float(), decay, beta, s0, chunk_size)
-        outs.append(o.to(v.dtype))
-        finals.append(final)
-    return torch.stack(outs), torch.stack(finals)
-
-
-def gdn_prefill(
-    q: torch.Tensor,
-    k: torch.Tensor,
-    v: torch.Tensor,
-    a: torch.Tensor,
-    b: torch.Tensor,
-    A_log: torch.Tensor,
-    dt_bias: torch.Tensor,
-    state: torch.Tensor | None = None,
-) -> tuple[torch.Tensor, torch.Tensor]:
-    """Prefill: FLA's chunked Triton kernel on CUDA when fla-core imports, else the torch one.
-
-    Measured on an H200 (docs/PERF.md): FLA 1.2 ms vs torch 33 ms at 4096 tokens per layer.
-    """
-    if q.is_cuda:
-        try:
-            from fla.ops.gated_delta_rule import chunk_gated_delta_rule
-        except ImportError:
-            pass
-        else:
-            rep = v.shape[2] // q.shape[2]
-            g = -A_log.float().exp() * F.softplus(a.float() + dt_bias.float(), threshold=20.0)
-            o, final = chunk_gated_delta_rule(
-                q.repeat_interleave(rep, dim=2),
-                k.repeat_interleave(rep, dim=2),
-                v,
-                g,
-                torch.sigmoid(b.float()),
-                initial_state=None if state is None else state.float(),
-                output_final_state=True,
-                use_qk_l2norm_in_kernel=True,
-            )
-            return o.to(v.dtype), final.float()
-    return gdn_chunked_prefill(q, k, v, a, b, A_log, dt_bias, state)

@@ -46,8 +46,8 @@ class GemmConfig:
     tma: bool = False  # tiles through the Hopper bulk tensor copy engine instead of pointer loads
 
 
-# The fastest CUDA-graph time of a sweep on an H200 (benchmarks/bench_gemm.py --sweep, 2026-12-02,
-# docs/PERF.md) for the Qwen3.5-27B GEMMs as the native model runs them (q|k|v, GDN q|k|v|z|b|a and
+# The fastest CUDA-graph time of a sweep on an H200 (benchmarks/bench_gemm.py --sweep; docs/PERF.md,
+# GEMM section) for the Qwen3.5-27B GEMMs as the native model runs them (q|k|v, GDN q|k|v|z|b|a and
 # gate|up fused): (N, K) -> bf16 config. Where a pointer-load config was within 2% of a TMA one it
 # is kept, since eager (non-graph) launches of TMA descriptors cost more host time.
 TUNED_BF16: dict[tuple[int, int], GemmConfig] = {

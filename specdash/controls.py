@@ -9,18 +9,24 @@ from __future__ import annotations
 import threading
 from collections import deque
 from dataclasses import dataclass, replace
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any, Literal
 
 if TYPE_CHECKING:
-    from specdash.settings import SessionSettings
+    from specdash.settings import SessionSettings, VerifyMode
+
+Control = Literal["gemm_backend", "speculation", "k", "verify_mode"]
+CONTROLS: tuple[Control, ...] = ("gemm_backend", "speculation", "k", "verify_mode")
+"""The live settings an engine applies (or refuses) between steps; `paused` the session keeps."""
 
 
 @dataclass(frozen=True, slots=True)
 class ControlState:
+    """The live settings; each named as its `SessionSettings` field."""
+
     gemm_backend: str
     speculation: bool
     k: int
-    verify_mode: str
+    verify_mode: VerifyMode
     paused: bool = False
 
 
@@ -34,7 +40,7 @@ class Controls:
             gemm_backend=gemm_backend or settings.gemm_backend,
             speculation=settings.speculation,
             k=settings.k,
-            verify_mode=settings.verify,
+            verify_mode=settings.verify_mode,
         )
         return cls(state, stay_open)
 
@@ -54,7 +60,7 @@ class Controls:
         with self._lock:
             return self._state
 
-    def update(self, **changes: object) -> ControlState:
+    def update(self, **changes: Any) -> ControlState:
         with self._lock:
             self._state = replace(self._state, **changes)
             state = self._state

@@ -15,10 +15,15 @@ from typing import Annotated, Any, Literal
 from pydantic import BaseModel, ConfigDict, Field, TypeAdapter
 
 from specdash import metrics
+from specdash.settings import VerifyMode
 
 SCHEMA = "specdash/v2"
 """v2: `position` is the generated-token index, 0-based, for every engine (v1 native traces
 counted the prompt too; `read_trace` converts them)."""
+
+
+TokenSource = Literal["draft", "bonus", "decode"]
+"""Where a token came from: an accepted draft, a verify step's bonus row, or a decode row."""
 
 
 def now_ns() -> int:
@@ -92,7 +97,8 @@ class Draft(_Event):
 class VerifyStep(_Event):
     """One speculative step: k drafts verified, `accepted` of them kept, plus one bonus.
 
-    `accepted` counts drafts only (0..k); the step emits accepted + 1 tokens.
+    `accepted` counts drafts only (0..k); the step emits accepted + 1 tokens, or accepted when
+    the last of them is an end-of-text (no bonus, and the drafts after it are not accepted).
     Timings are host wall-clock seconds of each phase of this step.
     With speculation off (k == 0) the step is a plain decode step (`plain`): its tokens and
     timings count towards throughput, but it is not a verify step, so every acceptance number
@@ -106,7 +112,7 @@ class VerifyStep(_Event):
     accepted: int
     draft_tokens: list[int]
     emitted_tokens: list[int]
-    verify_mode: Literal["exact", "fast"]
+    verify_mode: VerifyMode
     gemm_backend: str
     draft_s: float
     verify_s: float
@@ -143,7 +149,7 @@ class Token(_Event):
     token_id: int
     logprob: float
     text: str
-    source: Literal["draft", "bonus", "decode"]
+    source: TokenSource
     step: int
 
 
@@ -158,6 +164,10 @@ class RootCause(BaseModel):
     max_abs_diff: float
     detail: str = ""
     origin_position: int | None = None
+    reproduced: bool | None = None
+    """Whether the replay gave the flagged token the id and fp32 logprob bits both runs
+    emitted. False: it did not, so it names no sub-op (`sub_op` "none") and `detail` says what
+    it got. None: not checked (traces recorded before the check)."""
 
 
 class Margin(BaseModel):
@@ -199,7 +209,7 @@ class Divergence(_Event):
     position: int
     step: int
     k: int
-    verify_mode: Literal["exact", "fast"]
+    verify_mode: VerifyMode
     gemm_backend: str
     what: Literal["token", "logprob"]
     spec_token: int
@@ -310,6 +320,10 @@ class Summary(_Event):
     @property
     def wall_tokens_per_s(self) -> float | None:
         return metrics.tokens_per_s(self.new_tokens, self.wall_seconds or 0.0)
+
+    unreproduced_root_causes: int = 0
+    """Divergences whose root-cause replay did not reproduce the flagged bits (no sub-op
+    named: `RootCause.reproduced` False)."""
 
     @property
     def exact_text(self) -> str:

@@ -28,7 +28,7 @@ def load_prompts(path: Path | None) -> list[Prompt]:
         raise UsageError(f"{path}: prompt file does not exist") from None
     except (OSError, UnicodeDecodeError) as e:
         raise UsageError(f"{path}: cannot read prompt file ({e})") from None
-    prompts = []
+    prompts: list[Prompt] = []
     for n, line in enumerate(lines, 1):
         if not line.strip():
             continue
@@ -38,7 +38,22 @@ def load_prompts(path: Path | None) -> list[Prompt]:
             raise UsageError(f"{path}:{n}: not JSON ({e.msg})") from None
         if not isinstance(obj, dict) or not isinstance(obj.get("prompt"), str):
             raise UsageError(f'{path}:{n}: expected an object with a "prompt" string')
-        prompts.append(Prompt(obj["prompt"], str(obj.get("name", f"prompt-{len(prompts)}"))))
+        prompt = Prompt(obj["prompt"], str(obj.get("name", f"prompt-{len(prompts)}")))
+        for key, value in (("prompt", prompt.text), ("name", prompt.name)):
+            _check_text(value, f"{path}:{n}: {key}")
+        prompts.append(prompt)
     if not prompts:
         raise UsageError(f"{path}: no prompts")
     return prompts
+
+
+def _check_text(text: str, where: str) -> None:
+    """JSON's \\u escapes can spell a lone surrogate, which is no Unicode text: no tokenizer
+    takes it and no terminal or UTF-8 file can show it."""
+    try:
+        text.encode("utf-8")
+    except UnicodeEncodeError as e:
+        raise UsageError(
+            f"{where} holds a lone surrogate ({ascii(text[e.start])} at character {e.start}), "
+            "which is not Unicode text"
+        ) from None

@@ -10,6 +10,8 @@ from typing import Literal
 from pydantic import BaseModel, ConfigDict, Field
 
 MAX_K = 16
+VerifyMode = Literal["exact", "fast"]
+"""How a verify step computes its rows: as decode does (`exact`), or in one batched pass."""
 
 
 class SessionSettings(BaseModel):
@@ -25,7 +27,7 @@ class SessionSettings(BaseModel):
     drafter: Literal["model", "ngram"] = "model"
     k: int = Field(default=4, ge=1, le=MAX_K)
     speculation: bool = True
-    verify: Literal["exact", "fast"] = "exact"
+    verify_mode: VerifyMode = "exact"
     gemm_backend: str = "auto"
     batch: int = Field(default=1, ge=1)
     prompts: Path | None = None

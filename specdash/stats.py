@@ -61,7 +61,7 @@ class SessionStats:
         self.seconds = 0.0
         self.shadow_seconds = 0.0
         self.verify_steps = self.accepted = self.proposed = self.emitted = 0
-        self.divergences = 0
+        self.divergences = self.unreproduced_root_causes = 0
         self.checked = True  # a shadow decode compares the output (not --no-shadow)
         self.clock = BusyClock()
 
@@ -78,6 +78,8 @@ class SessionStats:
             self.checked = bool(event.config.get("shadow", True))
         elif isinstance(event, Divergence):
             self.divergences += 1
+            cause = event.root_cause
+            self.unreproduced_root_causes += cause is not None and cause.reproduced is False
         elif isinstance(event, PromptDone):
             self.prompts += 1
             self.exact_prompts += event.exact
@@ -107,4 +109,5 @@ class SessionStats:
             if self.checked
             else None,
             wall_seconds=self.clock.seconds(t_ns),
+            unreproduced_root_causes=self.unreproduced_root_causes,
         )

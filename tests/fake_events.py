@@ -41,7 +41,7 @@ def fake_session(
         "model": "tiny-fake",
         "drafter": "model",
         "k": k,
-        "verify": "exact",
+        "verify_mode": "exact",
         "speculation": True,
         "gemm_backends": ["rowwise", "torch"],
     }

@@ -56,7 +56,7 @@ def header(plan: Plan) -> SessionStart:
     return SessionStart(
         t_ns=T0_NS,
         config={"engine": plan.engine, "k": plan.k, "max_new_tokens": plan.new_tokens,
-                "verify": "exact", "drafter": "model", **plan.extra},
+                "verify_mode": "exact", "drafter": "model", **plan.extra},
         versions={"specdash": "0.1.0", "torch": "2.13.0+cpu", "textual": "8.2.8"},
         device="cpu",
         gemm_backend="triton",

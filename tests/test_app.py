@@ -228,8 +228,8 @@ async def test_non_fatal_engine_error_keeps_recording(tmp_path):
 
 
 async def test_a_timer_tick_while_quitting_draws_nothing(tmp_path):
-    """Under load a UI tick can land after the screens are gone (an IndexError seen once in
-    this file): it records what arrived and draws nothing."""
+    """Under load a UI tick can land after the screens are gone (drawing then raises
+    IndexError): it records what arrived and draws nothing."""
     app = make_app(tmp_path)
     async with app.run_test(size=SIZE) as pilot:
         await settle(pilot)
@@ -299,7 +299,7 @@ def fake_engine(monkeypatch):
     ],
 )
 def test_live_session_reports_an_engine_exception(fake_engine, error, message):
-    def run_session(settings, sink, controls, stop, sglang_options):
+    def run_session(settings, sink, controls, stop, options):
         raise error
 
     fake_engine.run_engine = run_session
@@ -312,7 +312,7 @@ def test_live_session_reports_an_engine_exception(fake_engine, error, message):
 
 
 async def test_an_engine_error_is_not_doubled_by_the_thread_ending(fake_engine, tmp_path):
-    def run_session(settings, sink, controls, stop, sglang_options):
+    def run_session(settings, sink, controls, stop, options):
         raise RuntimeError("weights on fire")
 
     fake_engine.run_engine = run_session
@@ -324,11 +324,11 @@ async def test_an_engine_error_is_not_doubled_by_the_thread_ending(fake_engine, 
 
 
 async def test_dashboard_says_when_the_engine_thread_ends_unfinished(fake_engine, tmp_path):
-    """A session whose engine thread is gone with neither a summary nor an error (seen in a
-    soak) is reported, not shown as a dashboard that silently stops moving."""
+    """A session whose engine thread is gone with neither a summary nor an error is
+    reported, not shown as a dashboard that silently stops moving."""
     ended = threading.Event()
 
-    def run_session(settings, sink, controls, stop, sglang_options):
+    def run_session(settings, sink, controls, stop, options):
         for event in fake_session()[:5]:
             sink(event)
         ended.set()
@@ -347,7 +347,7 @@ async def test_dashboard_says_when_the_engine_thread_ends_unfinished(fake_engine
 def test_live_session_stop_ends_the_engine(fake_engine):
     running = threading.Event()
 
-    def run_session(settings, sink, controls, stop, sglang_options):
+    def run_session(settings, sink, controls, stop, options):
         running.set()
         stop.wait(10)
 
@@ -406,7 +406,7 @@ async def test_unwritable_export_directory_is_a_notification(tmp_path):
 @pytest.mark.parametrize(
     ("argv", "code", "message"),
     [
-        (["-k", "99"], 2, "k: Input should be less than or equal to 16"),
+        (["-k", "99"], 2, "argument -k: 99 is out of range (1..16)"),
         (["run", "--trace", "/nonexistent/dir/t.jsonl"], 4, "cannot write trace"),
         (["--engine", "sglang", "--sglang-arg", "no_value"], 2, "expected KEY=VALUE"),
     ],
@@ -414,9 +414,15 @@ async def test_unwritable_export_directory_is_a_notification(tmp_path):
 def test_dashboard_entry_rejects_bad_input_before_the_ui(capsys, argv, code, message):
     from specdash.cli import main
 
-    assert main(argv) == code
-    err = capsys.readouterr().err
-    assert err.startswith("specdash: error: ") and message in err and err.count("\n") == 1
+    try:
+        got = main(argv)
+    except SystemExit as e:  # argparse's own flag errors
+        got = e.code
+    assert got == code
+    line, *rest = capsys.readouterr().err.splitlines()
+    assert line.startswith("specdash: error: ") and message in line
+    hint = f"hint: `specdash{' run' * (argv[0] == 'run')} --help` lists every flag"
+    assert rest == ([hint] if message.startswith("argument") else [])  # a flag error: + the hint
 
 
 SGLANG_FLAGS = [
@@ -440,7 +446,7 @@ def test_dashboard_gets_the_sglang_options_headless_gets(fake_engine, prefix):
     from specdash.cli import build_parser
     from specdash.cli.dashboard import dashboard_app
     from specdash.cli.session_args import session_options, settings_from_args
-    from specdash.runs.sglang import SGLangOptions
+    from specdash.runs.sglang.args import SGLangOptions
 
     args = build_parser().parse_args([*prefix, *SGLANG_FLAGS])
     expected = SGLangOptions("EAGLE3", {"mem_fraction_static": 0.3}, "sequential", True)
@@ -449,7 +455,7 @@ def test_dashboard_gets_the_sglang_options_headless_gets(fake_engine, prefix):
     source = dashboard_app(args).source
     # SGLang's own output goes to a log file (the session's default) in both
     dashboard_options = expected
-    assert source.sglang_options == dashboard_options
+    assert source.engine_options == dashboard_options
     received = []
     fake_engine.run_engine = lambda settings, sink, controls, stop, options: received.append(
         (settings.engine, options)
@@ -467,7 +473,7 @@ def test_native_engine_gets_no_sglang_options_and_keeps_sigquit(fake_engine):
     from specdash.cli.dashboard import dashboard_app
 
     source = dashboard_app(build_parser().parse_args(["--speculative-algorithm", "EAGLE3"])).source
-    assert source.sglang_options is None
+    assert source.engine_options is None
     fake_engine.run_engine = lambda *args: None
     before = signal.getsignal(signal.SIGQUIT)
     source._telemetry = False

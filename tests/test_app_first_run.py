@@ -8,7 +8,8 @@ from fake_events import ScriptedSource, fake_session
 from textual.geometry import Region
 
 from specdash.controls import Controls
-from specdash.events import PromptStart, SessionStart, StartPhase, Summary
+from specdash.events import EngineError, PromptStart, SessionStart, StartPhase, Summary
+from specdash.runs.runner import loading_label
 from specdash.settings import SessionSettings
 from specdash.ui.app import SpecdashApp
 from specdash.ui.replay_app import ReplayApp
@@ -22,7 +23,7 @@ class Loading:
     """A live source whose engine is still loading its weights: no event yet."""
 
     def __init__(self, settings: SessionSettings) -> None:
-        self.settings = settings
+        self.loading = loading_label(settings)  # what LiveSession tells the dashboard
         self.controls = Controls.from_settings(settings)
 
     def start(self, sink: Sink) -> None:
@@ -100,6 +101,41 @@ async def test_verdict_after_the_first_compared_token_and_without_a_shadow() -> 
         await pilot.pause()
         app.refresh_numbers()
         assert "NOT CHECKED (no shadow)" in status(app)
+
+
+async def test_without_a_shadow_no_shadow_rate_and_no_speedup_are_shown() -> None:
+    events = fake_session(prompts=1, divergence_at=None)
+    header = events[0].model_copy(update={"config": events[0].config | {"shadow": False}})
+    app = SpecdashApp(ScriptedSource.live_like([header, *events[1:]]))
+    async with app.run_test(size=SIZE) as pilot:
+        await pilot.pause()
+        app.refresh_numbers()
+        app.refresh_plots()
+        numbers = str(app.dashboard.query_one("#throughput-numbers").render())
+        header, *rows = numbers.splitlines()
+        assert header.split()[3:] == ["–", "(--no-shadow)"]  # no shadow, and why
+        assert all(row.split()[-2:] == ["–", "–"] for row in rows), numbers
+        assert app.model.session_steps.shadow_tps is None
+        assert all(point[2] == 0.0 for point in app.model.tps_series)
+        key = str(app.dashboard.query_one("#throughput-plot .chart-key").render())
+        assert "spec" in key and "shadow" not in key
+
+
+async def test_an_engine_error_before_the_start_ends_loading() -> None:
+    app = SpecdashApp(Loading(SessionSettings()))
+    async with app.run_test(size=SIZE) as pilot:
+        app.refresh_numbers()
+        await pilot.pause()
+        assert "LOADING" in status(app)
+        app.source.sink(EngineError(message="/m: checkpoint directory does not exist"))
+        app.refresh_numbers()
+        await pilot.pause()
+        text = status(app)
+        assert "LOADING" not in text and " FAILED " in text
+        assert (
+            "loading embedded target + embedded draft on cpu (native engine): stopped by an "
+            in text
+        )
 
 
 async def test_palette_shows_keys_as_typed() -> None:

@@ -24,7 +24,7 @@ from specdash.events import (
     TelemetrySample,
     VerifyStep,
 )
-from specdash.runs.native import SessionRunner
+from specdash.runs.native import native_session
 from specdash.settings import SessionSettings
 from specdash.trace.jsonl import TraceWriter, read_trace
 from specdash.trace.recorder import TraceRecorder
@@ -61,7 +61,7 @@ def test_next_prompt_is_a_control_event_and_the_skipped_prompt_is_marked(pair):
         if isinstance(e, VerifyStep) and e.prompt_index == 0 and e.step == 1:
             controls.request_next_prompt()
 
-    SessionRunner(settings, sink, controls).run()
+    native_session(settings, sink, controls).run()
     (change,) = [e for e in events if isinstance(e, ControlChange)]
     assert (change.name, change.old, change.new, change.applied_step) == (
         "prompt",
@@ -84,7 +84,7 @@ def test_stop_mid_prompt_ends_the_prompt_then_the_summary(pair):
         if isinstance(e, VerifyStep) and e.step == 1:
             runner.stop.set()
 
-    runner = SessionRunner(settings, sink)
+    runner = native_session(settings, sink)
     runner.run()
     assert [e.kind for e in events[-2:]] == ["prompt_done", "summary"]
     assert events[-2].prompt_index == 0

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import itertools
 import json
 import os
 import shutil
@@ -137,7 +138,7 @@ def test_prompt_longer_than_context(capsys, pair, tmp_path) -> None:
     expect(
         capsys,
         EXIT_USAGE,
-        "the model has 4096",
+        f"the target model ({pair[0]}) has 4096",
         "--model",
         str(pair[0]),
         "--drafter",
@@ -147,9 +148,64 @@ def test_prompt_longer_than_context(capsys, pair, tmp_path) -> None:
     )
 
 
-@pytest.mark.parametrize("k", ["0", "17", "-3"])
-def test_k_out_of_range(capsys, pair, k) -> None:
-    expect(capsys, EXIT_USAGE, "k", "--model", str(pair[0]), "--drafter", "ngram", "-k", k)
+def expect_flag_error(capsys, line: str, *args: str, command: str = "run") -> None:
+    """A flag error: its line, then the hint every flag error has, exit 2 (argparse's own
+    errors exit through SystemExit, the ones it cannot see alone return the code)."""
+    try:
+        code = main([command, *(["--headless"] if command == "run" else []), *args])
+    except SystemExit as e:
+        code = e.code
+    err = capsys.readouterr().err
+    assert code == EXIT_USAGE, err
+    assert err == f"specdash: error: {line}\nhint: `specdash {command} --help` lists every flag\n"
+
+
+@pytest.mark.parametrize(
+    ("flag", "value", "bounds"),
+    [
+        ("-k", "0", "1..16"),
+        ("-k", "17", "1..16"),
+        ("-k", "-3", "1..16"),
+        ("--batch", "0", "1 or more"),
+        ("--max-new-tokens", "0", "1 or more"),
+    ],
+)
+def test_a_value_out_of_range_is_a_flag_error(capsys, pair, flag, value, bounds) -> None:
+    line = f"argument {flag}: {value} is out of range ({bounds})"
+    expect_flag_error(capsys, line, "--model", str(pair[0]), "--drafter", "ngram", flag, value)
+
+
+def test_audit_ks_out_of_range_is_a_flag_error(capsys) -> None:
+    line = "argument --ks: 0 is out of range (1..16)"
+    expect_flag_error(capsys, line, "--ks", "1,0", command="audit")
+
+
+def test_replay_speed_zero_is_a_flag_error(capsys, tmp_path) -> None:
+    line = "argument --speed: 0 is out of range (above 0)"
+    expect_flag_error(capsys, line, str(tmp_path / "t.jsonl"), "--speed", "0", command="replay")
+
+
+def test_a_draft_with_the_ngram_drafter_is_refused(capsys, pair) -> None:
+    line = (
+        f"--draft: {pair[1]} is not used with --drafter ngram (it drafts from the prompt); "
+        "leave out --draft, or draft with it: --drafter model"
+    )
+    expect_flag_error(
+        capsys, line, "--model", str(pair[0]), "--draft", str(pair[1]), "--drafter", "ngram"
+    )
+
+
+def test_a_draft_whose_config_disagrees_with_its_weights_is_named(capsys, pair, tmp_path) -> None:
+    draft = tmp_path / "draft"
+    shutil.copytree(pair[1], draft)
+    cfg = json.loads((draft / "config.json").read_text())
+    (draft / "config.json").write_text(json.dumps(cfg | {"intermediate_size": 96}))
+    args = ["--model", str(pair[0]), "--draft", str(draft), "--prompts", str(pair[2])]
+    fragment = (
+        f"{draft / 'model.safetensors'}: model.layers.0.mlp.gate_proj.weight has shape "
+        f"(128, 64), {draft / 'config.json'} implies (96, 64)"
+    )
+    expect(capsys, EXIT_CHECKPOINT, fragment, *args)
 
 
 @pytest.mark.parametrize(
@@ -273,7 +329,7 @@ def test_ctrl_c_mid_step_exits_130_and_keeps_the_trace(pair, tmp_path) -> None:
 def test_prompt_that_fills_the_context_exactly_runs(capsys, pair, tmp_path) -> None:
     """prompt + new - 1 positions are fed (the last generated token never is): a prompt
     that needs exactly the model's positions runs, one token more is refused."""
-    from specdash.runs.native import load_models
+    from specdash.engine.loader import load_models
     from specdash.settings import SessionSettings
 
     loaded = load_models(SessionSettings(model=pair[0], drafter="ngram"))
@@ -289,4 +345,55 @@ def test_prompt_that_fills_the_context_exactly_runs(capsys, pair, tmp_path) -> N
     code = main(["run", "--headless", "--max-new-tokens", str(new + 1), *args])
     err = capsys.readouterr().err.strip()
     assert code == EXIT_USAGE
-    assert f"it needs {limit + 1} positions, the model has {limit}" in err
+    assert f"it needs {limit + 1} positions, the target model ({pair[0]}) has {limit}" in err
+
+
+def test_prompt_with_a_lone_surrogate(capsys, pair, tmp_path) -> None:
+    """JSON can spell a lone surrogate (\\ud800): no Unicode text, and no tokenizer takes it."""
+    prompts = tmp_path / "surrogate.jsonl"
+    prompts.write_text('{"prompt": "fine"}\n{"prompt": "abc \\ud800 def"}\n')
+    args = ["--model", str(pair[0]), "--drafter", "ngram", "--prompts", str(prompts)]
+    expect(capsys, EXIT_USAGE, f"{prompts}:2: prompt holds a lone surrogate", *args)
+
+
+def test_short_draft_is_refused_at_load(capsys, pair, tmp_path) -> None:
+    """The draft is fed the prompt, then every position but the last two: a draft with fewer
+    positions than that is refused before any prompt decodes, naming the draft (the target has
+    room); one with exactly that many decodes every token, its last position included. The
+    draft is the target's weights, so (nearly) every draft is accepted and the steps end in
+    one that drafts the most tokens the room allows."""
+    from specdash.engine.loader import load_models
+    from specdash.settings import SessionSettings
+
+    tok = load_models(SessionSettings(model=pair[0], drafter="ngram")).tokenizer
+    text = " ".join(f"w{i % 97}" for i in range(60))
+    while len(tok.encode(text)) % 8 != 5:  # full acceptance then ends with a room of 4
+        text += " x"
+    n, positions = len(tok.encode(text)), 256
+    prompts = tmp_path / "p.jsonl"
+    prompts.write_text(json.dumps({"prompt": text}) + "\n")
+    draft = tmp_path / "draft"
+    shutil.copytree(pair[0], draft)
+    cfg = json.loads((draft / "config.json").read_text())
+    (draft / "config.json").write_text(json.dumps(cfg | {"max_position_embeddings": positions}))
+    new = positions - n + 2
+    args = ["--model", str(pair[0]), "--draft", str(draft), "--prompts", str(prompts), "-k", "7"]
+    trace = tmp_path / "t.jsonl"
+    code = main(["run", "--headless", "--max-new-tokens", str(new), *args, "--trace", str(trace)])
+    assert code == 0, capsys.readouterr().err
+    _, events, _ = read_trace(trace)
+    steps = [e for e in events if e.kind == "verify_step"]
+    assert sum(len(e.emitted_tokens) for e in steps) == new - 1
+    # the draft feeds the last emitted token and all its proposals but the last
+    before = list(itertools.accumulate([1] + [len(e.emitted_tokens) for e in steps]))
+    fed = [n + b - 1 + len(e.draft_tokens) - 1 for b, e in zip(before, steps, strict=False)]
+    assert max(fed) == positions - 1
+    capsys.readouterr()
+    expect(
+        capsys,
+        EXIT_USAGE,
+        f"it needs {positions + 1} positions, the draft model ({draft}) has {positions}",
+        *args,
+        "--max-new-tokens",
+        str(new + 1),
+    )

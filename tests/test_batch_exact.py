@@ -1,6 +1,6 @@
 """Real batching stays exact: B sequences decoded and verified in one forward give every
 sequence the ids and fp32 logprob bits it gets alone (B = 1), spec and plain, and the shadow
-(batched too) still finds no divergence. Issue 15, item 1; the CPU tiny pair."""
+(batched too) still finds no divergence. The CPU tiny pair."""
 
 from __future__ import annotations
 
@@ -10,8 +10,8 @@ from tiny_models import write_pair
 
 from specdash.engine.drafters import Drafter, ModelDrafter, NgramDrafter
 from specdash.engine.engine import Engine, Sequence
+from specdash.engine.loader import Loaded, load_models
 from specdash.engine.state import SeqState
-from specdash.runs.native import Loaded, load_models
 from specdash.settings import SessionSettings
 
 MAX_NEW = 10

@@ -6,10 +6,11 @@ import json
 from pathlib import Path
 
 import pytest
-from tiny_models import write_pair
+from tiny_models import CORPUS, PROMPTS, write_pair
 
 from specdash.cli import main
 from specdash.errors import EXIT_DIVERGED, EXIT_OK
+from specdash.events import Event, PromptStart
 
 
 @pytest.fixture(scope="module")
@@ -80,6 +81,39 @@ def test_audit_json_reports_every_cell_and_exact_mode_is_all_exact(capsys, pair)
         if c["verify"] == "exact":
             assert c["exact_prompts"] == 3
             assert c["token_divergences"] == c["logprob_divergences"] == 0
+
+
+def test_audit_decodes_the_longest_prompts_too(capsys, pair, tmp_path, monkeypatch) -> None:
+    """The audit's prompts spread over the set's lengths, the shortest and the longest included:
+    with the long prompts last in the file, `--num-prompts 3` still decodes the longest (long
+    prompts move GEMM M, attention splits and the KV each row reads)."""
+    from specdash.cli import audit
+
+    text = "".join(CORPUS)
+    texts = [*PROMPTS, text * 3, text * 6]
+    prompts = tmp_path / "p.jsonl"
+    prompts.write_text(
+        "".join(json.dumps({"prompt": t, "name": f"p{i}"}) + "\n" for i, t in enumerate(texts))
+    )
+    decoded: list[str] = []
+    native_session = audit.native_session
+
+    def recording(settings, sink, *args, **kwargs):  # noqa: ANN001, ANN002, ANN003, ANN202
+        def seen(e: Event) -> None:
+            if isinstance(e, PromptStart):
+                decoded.append(e.text)
+            sink(e)
+
+        return native_session(settings, seen, *args, **kwargs)
+
+    monkeypatch.setattr(audit, "native_session", recording)
+    args = ["--ks", "1", "--num-prompts", "3", "--max-new-tokens", "4", *_model_args(pair)]
+    code = main(["audit", "--json", *args[:-1], str(prompts)])
+    report = json.loads(capsys.readouterr().out)
+    assert code == EXIT_OK and report["exact_mode_all_exact"]
+    assert len(set(decoded)) == 3 and {min(texts, key=len), max(texts, key=len)} <= set(decoded)
+    assert report["prompts"] == [f"p{i}" for i, t in enumerate(texts) if t in decoded]
+    assert all(c["prompts"] == 3 for c in report["cells"])
 
 
 def test_no_shadow_says_not_checked_instead_of_zero_exact(capsys, pair) -> None:

@@ -70,7 +70,11 @@ def test_top_level_help_starts_with_the_dashboard(capsys) -> None:
 @pytest.mark.parametrize(
     ("argv", "message", "hint"),
     [
-        (["run", "-k", "x"], "argument -k: invalid int value: 'x'", "specdash run --help"),
+        (
+            ["run", "-k", "x"],
+            "argument -k: expected a whole number, got 'x'",
+            "specdash run --help",
+        ),
         (["run", "--bogus"], "unrecognized arguments: --bogus", "specdash --help"),
         (["frobnicate"], "argument COMMAND: invalid choice: 'frobnicate'", "specdash --help"),
         (["run", "--gemm-backend", "cutlass"], "invalid choice: 'cutlass'", "specdash run --help"),

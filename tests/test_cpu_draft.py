@@ -9,9 +9,9 @@ import torch
 from specdash.engine import cpu_draft
 from specdash.engine.checkpoint import load_checkpoint
 from specdash.engine.drafters import ModelDrafter
+from specdash.engine.loader import default_checkpoint
 from specdash.engine.model import Model
 from specdash.engine.state import SeqState
-from specdash.runs.native import default_checkpoint
 
 pytestmark = pytest.mark.skipif(
     cpu_draft.load() is None, reason=f"no compiled draft step: {cpu_draft.unavailable}"

@@ -6,7 +6,7 @@ import pytest
 from synthetic_trace import Plan, session
 
 from specdash.cli import main
-from specdash.errors import EXIT_DIVERGED, EXIT_OK, EXIT_USAGE
+from specdash.errors import EXIT_DIVERGED, EXIT_INCOMPLETE, EXIT_OK, EXIT_USAGE
 from specdash.events import PromptStart, Token
 from specdash.trace.diff import diff_prompts
 from specdash.trace.jsonl import TraceWriter
@@ -158,3 +158,52 @@ def test_a_recorded_shadow_margin_at_the_difference_is_shown(tmp_path, capsys):
     assert main(["diff", a, b]) == EXIT_DIVERGED
     line = capsys.readouterr().out.splitlines()[1]
     assert line.endswith(f"B's {margin.text(flipped=True)}"), line
+
+
+def killed_after(events, prompt: int, tokens: int):
+    """What a recording killed mid-run holds: everything before `prompt`'s token `tokens`."""
+    cut = next(
+        i
+        for i, e in enumerate(events)
+        if isinstance(e, Token) and e.prompt_index == prompt and e.position == tokens
+    )
+    return events[:cut]
+
+
+def test_an_incomplete_recording_is_not_a_divergence(tmp_path, capsys):
+    base = session(Plan())
+    a = write(tmp_path / "a.jsonl", base)
+    b = write(tmp_path / "b.jsonl", killed_after(base, 1, 20))
+    assert main(["diff", a, b]) == EXIT_INCOMPLETE
+    out = capsys.readouterr().out.splitlines()
+    assert out[:3] == [
+        "prompt 0: identical (24 tokens)",
+        "prompt 1: incomplete in B: the recording stops mid-prompt (A 24 tokens, B 20); "
+        "the 20 tokens both hold are identical",
+        "prompt 2: incomplete in B: the recording stops mid-prompt (A 24 tokens, B 0); "
+        "no token to compare",
+    ]
+    assert out[3].startswith("summary: 0 of 3 prompts differ, 2 incomplete (a recording stops")
+    assert out[3].endswith(
+        ": token ids and logprob bits are identical as far as both recordings go"
+    )
+    assert main(["diff", b, a]) == EXIT_INCOMPLETE  # either side
+    assert "prompt 1: incomplete in A:" in capsys.readouterr().out
+
+
+def test_a_divergence_before_the_cut_is_still_a_divergence(tmp_path, capsys):
+    base, changed = session(Plan()), session(Plan(change=(1, 13, "token")))
+    a = write(tmp_path / "a.jsonl", base)
+    b = write(tmp_path / "b.jsonl", killed_after(changed, 1, 20))
+    assert main(["diff", a, b]) == EXIT_DIVERGED
+    out = capsys.readouterr().out.splitlines()
+    assert out[1].startswith("prompt 1: first token difference at generated token 13")
+    assert out[2].startswith("prompt 2: incomplete in B")
+    assert out[3].startswith("summary: 1 of 3 prompts differ, 1 incomplete")
+
+
+def test_both_cut_at_the_same_token_is_incomplete_not_identical(tmp_path, capsys):
+    cut = killed_after(session(Plan(prompts=1)), 0, 10)
+    a, b = write(tmp_path / "a.jsonl", cut), write(tmp_path / "b.jsonl", cut)
+    assert main(["diff", a, b]) == EXIT_INCOMPLETE
+    assert capsys.readouterr().out.startswith("prompt 0: incomplete in A and B:")

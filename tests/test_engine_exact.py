@@ -14,9 +14,11 @@ import pytest
 import torch
 from tiny_models import plain_greedy, write_pair
 
+from specdash.engine.loader import load_models
 from specdash.events import Divergence, Event, PromptDone, Token
 from specdash.prompts import load_prompts
-from specdash.runs.native import SessionRunner, load_models
+from specdash.runs.native import native_session
+from specdash.runs.session import Session
 from specdash.settings import SessionSettings
 
 MAX_NEW = 24
@@ -33,7 +35,7 @@ class Run:
     logprobs: dict[int, torch.Tensor]
     divergences: list[Divergence]
     done: dict[int, PromptDone]
-    runner: SessionRunner
+    session: Session
 
 
 def run(pair: tuple[Path, Path, Path], fault=None, **kw: object) -> Run:  # noqa: ANN001
@@ -53,15 +55,15 @@ def run(pair: tuple[Path, Path, Path], fault=None, **kw: object) -> Run:  # noqa
         elif isinstance(e, PromptDone):
             done[e.prompt_index] = e
 
-    runner = SessionRunner(settings, sink)
-    runner.engine.fault = fault
-    runner.run()
+    session = native_session(settings, sink)
+    session.backend.engine.fault = fault
+    session.run()
     return Run(
         {i: torch.tensor([t.token_id for t in ts]) for i, ts in tokens.items()},
         {i: torch.tensor([t.logprob for t in ts], dtype=torch.float32) for i, ts in tokens.items()},
         divergences,
         done,
-        runner,
+        session,
     )
 
 
@@ -88,7 +90,7 @@ def first_moved(ids: torch.Tensor, lps: torch.Tensor, ref_ids, ref_lps) -> int |
     "k,drafter,batch", list(itertools.product([1, 3, 5, 9], ["model", "ngram"], [1, 8]))
 )
 def test_exact_spec_equals_plain_greedy(pair, reference, k, drafter, batch) -> None:  # noqa: ANN001
-    r = run(pair, k=k, drafter=drafter, batch=batch, verify="exact")
+    r = run(pair, k=k, drafter=drafter, batch=batch, verify_mode="exact")
     assert r.divergences == []
     assert sorted(r.ids) == sorted(reference)
     for i, (ref_ids, ref_lps) in reference.items():
@@ -103,7 +105,7 @@ def test_model_drafter_exercises_every_acceptance_length(pair) -> None:  # noqa:
         model=target, draft=draft, prompts=prompts, k=3, max_new_tokens=MAX_NEW
     )
     events: list[Event] = []
-    SessionRunner(settings, events.append).run()
+    native_session(settings, events.append).run()
     accepted = {e.accepted for e in events if e.kind == "verify_step"}
     assert accepted == {0, 1, 2, 3}
 
@@ -124,7 +126,7 @@ def test_fast_mode_reports_what_it_finds(pair, reference, dtype) -> None:  # noq
     change after the first bit divergence is flagged too, and every prompt says whether its
     text (ids) and its bits stayed the same. In bf16 the reference is the exact run (which equals
     plain greedy: the tests above), and there the text can change after the bits."""
-    r = run(pair, k=4, verify="fast", dtype=dtype)
+    r = run(pair, k=4, verify_mode="fast", dtype=dtype)
     if dtype is not None:
         exact = run(pair, k=4, dtype=dtype)
         reference = {i: (exact.ids[i], exact.logprobs[i]) for i in exact.ids}
@@ -151,7 +153,7 @@ def test_fast_mode_reports_what_it_finds(pair, reference, dtype) -> None:  # noq
         assert d.what == ("token" if d.spec_token != d.shadow_token else "logprob")
         assert d.root_cause is not None and d.root_cause.sub_op != "none"
         assert all(later.what == "token" for later in flagged[1:])
-    summary = r.runner.stats.summary()
+    summary = r.session.stats.summary()
     assert summary.same_text_prompts == sum(d.same_text for d in r.done.values())
     assert summary.exact_prompts == sum(d.exact for d in r.done.values())
 
@@ -180,9 +182,9 @@ def test_one_ulp_fault_is_flagged_at_its_token_with_its_layer(
         model=target, draft=draft, prompts=prompts, k=3, max_new_tokens=MAX_NEW
     )
     events: list[Event] = []
-    runner = SessionRunner(settings, events.append)
-    runner.engine.fault = lambda step: perturb if step == fault_step else None
-    runner.run()
+    session = native_session(settings, events.append)
+    session.backend.engine.fault = lambda step: perturb if step == fault_step else None
+    session.run()
     flagged = {e.prompt_index: e for e in events if isinstance(e, Divergence)}
     # Whether and where the fault reaches an emitted token depends on rounding, so on the
     # CPU's vector ISA: on AVX-512 it surfaces at the perturbed token in some prompts and

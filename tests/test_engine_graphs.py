@@ -19,7 +19,7 @@ from specdash.engine import gemm_backends, graphs
 from specdash.engine.drafters import ModelDrafter
 from specdash.engine.engine import Engine
 from specdash.engine.model import Model, random_tensors
-from specdash.engine.rows import Mode
+from specdash.engine.rows import Mode, Run
 from specdash.engine.state import SeqState, SlotPool, commit_batch
 from specdash.errors import UsageError
 
@@ -37,7 +37,8 @@ class EagerStandIn:
         self.replays = self.commits = 0
         EagerStandIn.made.append(self)
 
-    def replay(self, tokens: Tensor, state: SeqState) -> Tensor:
+    def replay(self, tokens: Tensor, states: list[SeqState]) -> Tensor:
+        (state,) = states
         assert tokens.shape[0] == self.rows
         self.replays += 1
         return self.model.forward(tokens, state, self.mode)
@@ -56,7 +57,7 @@ class BatchStandIn(EagerStandIn):
         super().__init__(model, pool.scratch, rows, mode)
         self.pool, self.size, self.replayed_sizes = pool, size, set()
 
-    def replay(self, tokens: Tensor, states: list[SeqState]) -> Tensor:  # type: ignore[override]
+    def replay(self, tokens: Tensor, states: list[SeqState]) -> Tensor:
         assert len(states) <= self.size < 2 * len(states) and {st.pool for st in states} == {
             self.pool
         }
@@ -103,7 +104,7 @@ def _decode(engine: Engine, mode: Mode = "exact") -> Decoded:
         prompt = torch.randint(0, 320, (6 + 5 * i,), generator=gen).tolist()
         seq, _ = engine.start(i, prompt, MAX_NEW, K, shadow=True)
         while not seq.done:
-            engine.spec_step(seq, K, mode, MAX_NEW)
+            engine.spec_step([seq], K, mode, MAX_NEW)
         if mode == "exact":
             assert seq.diverged_at is None and seq.compared == len(seq.ids) == MAX_NEW
         out.ids.append(seq.ids)
@@ -153,7 +154,7 @@ def test_capacity_is_checked_before_a_capture(target: Model) -> None:
     seq, _ = engine.start(0, [1, 2, 3], 4, K, shadow=False)
     room = seq.state.capacity - seq.state.length
     with pytest.raises(UsageError):
-        engine._graph(seq.state, room + 1, "exact")
+        engine._graph([seq.state], [room + 1], "exact")
     assert not engine._graphs and not EagerStandIn.made
 
 
@@ -167,7 +168,10 @@ def test_batches_of_pool_slots_replay_one_capture_per_padded_size(
     from test_batch_exact import MAX_NEW as BATCH_NEW
     from test_batch_exact import decode
 
-    monkeypatch.setattr(target.rows["exact"], "steps_slots_together", True)
+    exact = target.rows["exact"]
+    monkeypatch.setattr(exact, "steps_slots_together", True)  # what the engine asks
+    monkeypatch.setattr(exact, "run", lambda states, rows: Run(states, rows))  # the torch parts
+    # still step sequence by sequence
     monkeypatch.setattr(torch.cuda, "graph_pool_handle", object)  # no CUDA: a token
     gen = torch.Generator().manual_seed(8)
     prompts = [torch.randint(0, 320, (5 + 3 * i,), generator=gen).tolist() for i in range(7)]

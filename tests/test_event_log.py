@@ -83,7 +83,7 @@ def test_memory_stays_bounded_over_a_long_session():
 
 
 def test_a_full_window_is_packed_small():
-    """Issue 12: a full window of pydantic objects was ~65 MB and the dashboard's RSS grew
+    """A full window of pydantic objects would be ~65 MB, and the dashboard's RSS would grow
     until it filled; packed it is a few MB."""
     log = EventLog()
     tracemalloc.start()

@@ -1,6 +1,8 @@
 """Exit codes that tell what happened: an existing --trace file is refused (2) unless
---overwrite-trace, a recording cut short by a full disk exits 4, and the dashboard exits with
-the code of the error that ended its session (a bad --model: 3)."""
+--overwrite-trace, and an input (the prompt file, a checkpoint's file) or a trace another
+specdash records whatever the flag; a recording cut short by a full disk exits 4, the
+dashboard exits with the code of the error that ended its session (a bad --model: 3), and
+Ctrl-C in it with 130."""
 
 from __future__ import annotations
 
@@ -14,10 +16,17 @@ from pathlib import Path
 import pytest
 from tiny_models import write_pair
 
+from specdash import output_files
 from specdash.cli import build_parser, main
 from specdash.cli.dashboard import dashboard_app, run_dashboard
-from specdash.errors import EXIT_CHECKPOINT, EXIT_ENVIRONMENT, EXIT_OK, EXIT_USAGE, UsageError
-from specdash.trace import jsonl
+from specdash.errors import (
+    EXIT_CHECKPOINT,
+    EXIT_ENVIRONMENT,
+    EXIT_INTERRUPTED,
+    EXIT_OK,
+    EXIT_USAGE,
+    UsageError,
+)
 from specdash.trace.jsonl import TraceWriter, read_trace
 
 
@@ -64,7 +73,7 @@ class FullDisk(io.StringIO):
 
 
 def test_disk_full_while_recording_exits_4(capsys, monkeypatch, pair, tmp_path) -> None:
-    monkeypatch.setattr(jsonl, "open", lambda *a, **k: FullDisk(), raising=False)
+    monkeypatch.setattr(output_files, "open", lambda *a, **k: FullDisk(), raising=False)
     code = main(headless(pair, "--trace", str(tmp_path / "t.jsonl")))
     out, err = capsys.readouterr()
     assert code == EXIT_ENVIRONMENT
@@ -75,18 +84,23 @@ def test_disk_full_while_recording_exits_4(capsys, monkeypatch, pair, tmp_path) 
     )
 
 
-def test_dashboard_with_a_bad_model_exits_3_after_q(pair, tmp_path) -> None:
-    args = build_parser().parse_args(["--model", str(tmp_path / "missing"), "--drafter", "ngram"])
-    app = dashboard_app(args)
+def press_once(app, ready, key: str) -> None:
+    """Run the dashboard until `ready()` (60 s at most), then press `key`."""
 
     async def drive() -> None:
         async with app.run_test(size=(100, 30)) as pilot:
             deadline = time.monotonic() + 60
-            while not app.model.errors and time.monotonic() < deadline:
+            while not ready() and time.monotonic() < deadline:
                 await pilot.pause(0.1)
-            await pilot.press("q")
+            await pilot.press(key)
 
     asyncio.run(drive())
+
+
+def test_dashboard_with_a_bad_model_exits_3_after_q(pair, tmp_path) -> None:
+    args = build_parser().parse_args(["--model", str(tmp_path / "missing"), "--drafter", "ngram"])
+    app = dashboard_app(args)
+    press_once(app, lambda: app.model.errors, "q")
     assert app.model.errors and app.model.errors[0].exit_code == EXIT_CHECKPOINT
     assert app.return_value == app.exit_code == EXIT_CHECKPOINT
 
@@ -103,3 +117,71 @@ def test_run_dashboard_returns_the_code_with_one_line(capsys, monkeypatch, tmp_p
     args = build_parser().parse_args(["--model", str(tmp_path / "missing")])
     assert run_dashboard(args) == EXIT_CHECKPOINT
     assert capsys.readouterr().err == "specdash: error: no such checkpoint\n"
+
+
+@pytest.mark.parametrize("via", ["the path", "a symlink"])
+def test_a_trace_onto_the_prompt_file_is_refused_and_the_prompts_kept(
+    capsys, pair, tmp_path, via
+) -> None:
+    prompts = tmp_path / "p.jsonl"
+    prompts.write_bytes(pair[2].read_bytes())
+    trace = prompts
+    if via == "a symlink":
+        trace = tmp_path / "link.jsonl"
+        trace.symlink_to(prompts)
+    args = ["run", "--headless", "--model", str(pair[0]), "--drafter", "ngram"]
+    code = main([*args, "--prompts", str(prompts), "--trace", str(trace), "--overwrite-trace"])
+    assert code == EXIT_USAGE
+    assert capsys.readouterr().err == (
+        f"specdash: error: trace {trace} would overwrite the prompt file {prompts}; "
+        "specdash never writes over its inputs\n"
+    )
+    assert prompts.read_bytes() == pair[2].read_bytes()
+
+
+def test_a_trace_onto_a_checkpoint_file_is_refused(capsys, pair, tmp_path) -> None:
+    config = pair[0] / "config.json"
+    before = config.read_bytes()
+    args = build_parser().parse_args(
+        ["--model", str(pair[0]), "--drafter", "ngram", "--trace", str(config), "--overwrite"]
+    )
+    with pytest.raises(UsageError, match="would overwrite the model checkpoint"):
+        dashboard_app(args)  # refused before the dashboard takes the terminal
+    assert config.read_bytes() == before
+
+
+def test_a_second_writer_of_one_trace_is_refused(capsys, pair, tmp_path) -> None:
+    trace = tmp_path / "t.jsonl"
+    first = TraceWriter(trace)  # a session recording there now
+    try:
+        code = main(headless(pair, "--trace", str(trace), "--overwrite-trace"))
+        assert code == EXIT_USAGE
+        assert capsys.readouterr().err == (
+            f"specdash: error: trace {trace} is being written by another specdash; "
+            "wait for it to finish or record to another file\n"
+        )
+        assert trace.read_text() == ""  # the first writer's file, untouched
+    finally:
+        first.close()
+    assert main(headless(pair, "--trace", str(trace), "--overwrite-trace")) == EXIT_OK
+    header, events, warnings = read_trace(trace)
+    assert [e.kind for e in events].count("summary") == 1 and warnings == []
+
+
+def test_ctrl_c_in_the_dashboard_exits_130(pair, tmp_path) -> None:
+    trace = tmp_path / "t.jsonl"
+    flags = ["--model", str(pair[0]), "--drafter", "ngram", "--prompts", str(pair[2])]
+    app = dashboard_app(build_parser().parse_args([*flags, "--trace", str(trace)]))
+    press_once(app, lambda: app.model.steps, "ctrl+c")
+    assert app.return_value == EXIT_INTERRUPTED
+    header, events, _ = read_trace(trace)  # the trace so far is kept
+    assert any(e.kind == "verify_step" for e in events)
+
+
+def test_run_dashboard_says_interrupted(capsys, monkeypatch, tmp_path) -> None:
+    from specdash.ui.app import SpecdashApp
+
+    monkeypatch.setattr(SpecdashApp, "run", lambda self: EXIT_INTERRUPTED)
+    args = build_parser().parse_args(["--model", str(tmp_path / "missing")])
+    assert run_dashboard(args) == EXIT_INTERRUPTED
+    assert capsys.readouterr().err == "specdash: interrupted\n"

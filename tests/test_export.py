@@ -7,6 +7,7 @@ at first use), so the JSON is checked structurally against the rules its importe
 from __future__ import annotations
 
 import csv
+import io
 import json
 import math
 import subprocess
@@ -18,7 +19,7 @@ from synthetic_trace import T0_NS, Plan, session
 from specdash.cli import main
 from specdash.errors import EXIT_ENVIRONMENT, EXIT_OK, EXIT_USAGE
 from specdash.events import TelemetrySample, VerifyStep
-from specdash.trace.export import GPU_COUNTERS, perfetto_trace, step_rows
+from specdash.trace.export import GPU_COUNTERS, perfetto_trace, step_rows, write_csv
 from specdash.trace.jsonl import TraceWriter
 
 PHASES = {"B", "E", "X", "i", "I", "C", "b", "e", "n", "s", "t", "f", "M"}
@@ -168,3 +169,42 @@ def test_stdout_closed_early_is_not_an_error(tmp_path):
     child.stdout.close()
     assert child.wait(timeout=60) == EXIT_OK
     assert child.stderr.read() == b""
+
+
+@pytest.mark.parametrize("overwrite", [[], ["--overwrite"]])
+def test_export_never_writes_over_the_trace_it_reads(trace, capsys, overwrite):
+    path, _ = trace
+    before = path.read_bytes()
+    code = main(["export", str(path), "--format", "csv", "-o", str(path), *overwrite])
+    assert code == EXIT_USAGE
+    assert capsys.readouterr().err == (
+        f"specdash: error: output {path} would overwrite the trace it reads {path}; "
+        "specdash never writes over its inputs\n"
+    )
+    assert path.read_bytes() == before
+
+
+@pytest.mark.parametrize("fmt", ["perfetto", "csv"])
+def test_an_existing_output_is_replaced_only_when_asked(trace, capsys, fmt):
+    path, _ = trace
+    out = path.with_suffix(".perfetto.json" if fmt == "perfetto" else ".csv")
+    out.write_text("keep me")
+    assert main(["export", str(path), "--format", fmt]) == EXIT_USAGE
+    assert capsys.readouterr().err == (
+        f"specdash: error: output {out} already exists; pass --overwrite to replace it\n"
+    )
+    assert out.read_text() == "keep me"
+    assert main(["export", str(path), "--format", fmt, "--overwrite"]) == EXIT_OK
+    assert out.read_text() != "keep me"
+    assert sorted(p.name for p in path.parent.iterdir()) == sorted([path.name, out.name])
+
+
+def test_without_a_shadow_there_is_no_shadow_rate(tmp_path):
+    events = session(Plan(extra={"shadow": False}))
+    rows = step_rows(events[0], events[1:])
+    assert rows and all(r.shadow_tokens_per_s is None and r.shadow_s == 0.0 for r in rows)
+    names = {e["name"] for e in perfetto_trace(events[0], events[1:])["traceEvents"]}
+    assert "tokens_per_s" in names and "shadow_tokens_per_s" not in names
+    out = io.StringIO()
+    write_csv(events[0], events[1:], out)
+    assert {r["shadow_tokens_per_s"] for r in csv.DictReader(io.StringIO(out.getvalue()))} == {""}

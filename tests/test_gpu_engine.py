@@ -17,7 +17,7 @@ from specdash.engine.config import preset
 from specdash.engine.drafters import ModelDrafter, RandomDrafter, ReplayDrafter
 from specdash.engine.engine import Engine
 from specdash.engine.model import Model, random_tensors
-from specdash.engine.rows import BatchedRows, TritonRows
+from specdash.engine.rows.attention import TorchAttention, TritonAttention, attend_masked
 from specdash.engine.state import SeqState
 from specdash.kernels import pdl
 
@@ -57,14 +57,14 @@ def _model(seed: int, noise: float = 0.0, gemm: str = "triton") -> Model:
 def test_graphed_spec_equals_eager_plain_greedy(k: int, gemm: str) -> None:
     target, draft = _model(0, gemm=gemm), _model(1, noise=0.05)
     engine = Engine(target, lambda: ModelDrafter(draft), [])
-    assert engine.cuda_graphs and isinstance(target.rows["exact"], TritonRows)
+    assert engine.cuda_graphs and isinstance(target.rows["exact"].attention, TritonAttention)
     gen = torch.Generator().manual_seed(k)
     accepted = 0
     for i in range(6):
         prompt = torch.randint(0, target.cfg.vocab_size, (5 + 7 * i,), generator=gen).tolist()
         seq, _ = engine.start(i, prompt, 32, 16, shadow=True)
         while not seq.done:
-            accepted += engine.spec_step(seq, k, "exact", 32).accepted
+            accepted += engine.spec_step([seq], k, "exact", 32)[0].accepted
         ref_ids, ref_lps = plain_greedy(target, prompt, 32)
         assert seq.diverged_at is None
         assert torch.equal(torch.tensor(seq.ids), ref_ids)
@@ -85,7 +85,7 @@ def _decode_prompts(engine: Engine, k: int, mode: str, seed: int) -> tuple[list[
         prompt = torch.randint(0, cfg.vocab_size, (9 + 5 * i,), generator=gen).tolist()
         seq, _ = engine.start(i, prompt, 24, 16, shadow=False)
         while not seq.done:
-            engine.spec_step(seq, k, mode, 24)
+            engine.spec_step([seq], k, mode, 24)
         ids += seq.ids
         lps += seq.logprobs
         engine.release(seq)
@@ -114,7 +114,8 @@ def test_fast_verify_diverges_from_exact_on_cuda() -> None:
     """Fast mode is the usual batched verify on a GPU too (batched SDPA and GDN chunks, not
     the row kernels), so the dashboard's divergence demo shows something there."""
     target, draft = _model(0), _model(1, noise=0.05)
-    assert isinstance(target.rows["fast"], BatchedRows)
+    fast = target.rows["fast"].attention
+    assert isinstance(fast, TorchAttention) and fast.attend is attend_masked
     engine = Engine(target, lambda: ModelDrafter(draft), [])
     exact = _decode_prompts(engine, 4, "exact", 5)
     fast = _decode_prompts(engine, 4, "fast", 5)
@@ -156,17 +157,19 @@ def test_chunked_prefill_on_cuda(monkeypatch) -> None:
 def test_prefill_attention_kernel_computes_what_sdpa_does(monkeypatch) -> None:
     """The CUDA prefill with kernels.prefill_attention (shipped on Hopper) next to torch's
     SDPA, in one pass and in chunks whose later ones are lower-right causal."""
-    from specdash.engine.rows import TritonPrefillRows
+    from specdash.engine.rows import triton_prefill_rows
+    from specdash.engine.rows.attention import attend_causal_kernel
 
     m = _model(0)
     prompt = torch.randint(0, m.cfg.vocab_size, (300,), generator=torch.Generator().manual_seed(6))
     shipped = m.rows["prefill"]
     hopper = torch.cuda.get_device_capability()[0] >= 9
-    assert isinstance(shipped, TritonPrefillRows) and shipped.attention_kernel == hopper
+    assert isinstance(shipped.attention, TorchAttention)
+    assert (shipped.attention.attend is attend_causal_kernel) == hopper
     for chunk in (1 << 20, 64):
         monkeypatch.setattr(model_module, "PREFILL_CHUNK", chunk)
         out = []
-        for rows in (TritonPrefillRows(m.cfg, m.rope, attention_kernel=x) for x in (True, False)):
+        for rows in (triton_prefill_rows(m.cfg, m.rope, attention_kernel=x) for x in (True, False)):
             m.rows["prefill"] = rows
             state = SeqState.empty(m.cfg, 310, m.dtype, m.device)
             out.append(m.forward(prompt.cuda(), state, "prefill", all_logits=True))
@@ -197,7 +200,7 @@ def test_27b_shape_spec_equals_shadow_on_24_prompts(model_27b: Model, drafter: s
         for i, p in enumerate(prompts):
             seq, _ = plain.start(i, p, n + 10, 16, shadow=False)
             while not seq.done:
-                plain.spec_step(seq, 0, "exact", n + 10)
+                plain.spec_step([seq], 0, "exact", n + 10)
             continuation[tuple(p)] = seq.ids
             plain.release(seq)
         make = lambda: ReplayDrafter(continuation)  # noqa: E731
@@ -206,7 +209,7 @@ def test_27b_shape_spec_equals_shadow_on_24_prompts(model_27b: Model, drafter: s
     for i, p in enumerate(prompts):
         seq, _ = engine.start(i, p, n, 16, shadow=True)
         while not seq.done:
-            accepted += engine.spec_step(seq, 9, "exact", n).accepted
+            accepted += engine.spec_step([seq], 9, "exact", n)[0].accepted
         assert seq.diverged_at is None and seq.compared == len(seq.ids) == n, i
         engine.release(seq)
     if drafter == "replay":  # the k+1 verify rows were really compared
@@ -219,13 +222,13 @@ def test_27b_shape_spec_equals_shadow_on_24_prompts(model_27b: Model, drafter: s
 )
 @pytest.mark.parametrize("k", [0, 3])
 def test_27b_shape_batched_equals_one_at_a_time(model_27b: Model, k: int) -> None:
-    """Issue 15, item 1 on the real shapes: 32 prompts decoded with B = 1, 8 and 32 sequences per
+    """Batching on the real shapes: 32 prompts decoded with B = 1, 8 and 32 sequences per
     forward (B > 1: one batched forward on a slot pool, GEMM M = all rows, attention and GDN one
     launch per run of equal row counts, captured as a graph where all row counts are equal, and
     B = 32 eagerly too; B = 1: the graphed path) give
     every sequence the same ids and fp32 logprob bits, plain (k = 0) and speculative, and the
     batched shadow finds no divergence. Random weights never continue a pattern, so n-gram
-    drafts are never accepted here (an H200 run showed it); the drafts replay the plain output
+    drafts are never accepted here; the drafts replay the plain output
     instead, every fifth token spoiled on odd prompts, so rows of one batch commit different
     lengths."""
     from test_batch_exact import MAX_NEW, assert_same, decode

@@ -132,13 +132,13 @@ def test_the_graph_sees_every_kind_of_import():
     # function-level: the runner is picked lazily (torch, SGLang)
     assert "specdash.runs.native" in graph["specdash.runs.runner"]
     # TYPE_CHECKING-guarded
-    assert "specdash.runs.sglang" in graph["specdash.runs.runner"]
+    assert "specdash.settings" in graph["specdash.controls"]
     # `from specdash.engine import gemm_backends, ops`: the submodules
     assert {"specdash.engine.gemm_backends", "specdash.engine.ops"} <= set(
         graph["specdash.engine.model"]
     )
     # `from specdash.engine_patches import telemetry` (a package-dir mapped package)
-    assert "specdash.engine_patches.telemetry" in graph["specdash.runs.sglang"]
+    assert "specdash.engine_patches.telemetry" in graph["specdash.runs.sglang.process"]
     # `from specdash.errors import UsageError`: the module, not a submodule
     assert "specdash.errors" in graph["specdash.engine.model"]
 
@@ -212,3 +212,62 @@ def test_only_the_ui_imports_textual():
                 if top & {"textual", "textual_plotext"}:
                     wrong.append(f"{name} (line {node.lineno})")
     assert not wrong, "Textual imported outside specdash.ui: " + ", ".join(wrong)
+
+
+def _imports_of(prefix: str) -> list[tuple[str, str, int]]:
+    """(module, module or top-level package it imports, line) for every module under `prefix`,
+    third-party imports included (by their top-level name)."""
+    found = []
+    for name, (path, _) in package_modules().items():
+        if name != prefix and not name.startswith(prefix + "."):
+            continue
+        package = name.rpartition(".")[0]
+        for node in ast.walk(ast.parse(path.read_text(), str(path))):
+            if isinstance(node, ast.Import | ast.ImportFrom):
+                for target in imported_names(node, package):
+                    found.append((name, target, node.lineno))
+    return found
+
+
+def _under(name: str, prefixes: tuple[str, ...]) -> bool:
+    return any(name == p or name.startswith(p + ".") for p in prefixes)
+
+
+BACKENDS = (
+    "specdash.engine",
+    "specdash.engine_patches",
+    "specdash.kernels",
+    "specdash.runs.native",
+    "specdash.runs.sglang",
+    "sglang",
+    "torch",
+)
+"""What runs one engine or another: the dashboard sees sessions only through events,
+`specdash.runs.runner` (what a session loads, how its engine's failures reach it) and the GPU
+sampler."""
+
+
+def test_the_ui_imports_no_backend():
+    wrong = [
+        f"{a} -> {b} (line {n})" for a, b, n in _imports_of("specdash.ui") if _under(b, BACKENDS)
+    ]
+    assert not wrong, "the dashboard imports a backend:\n" + "\n".join(sorted(set(wrong)))
+
+
+def test_kernels_import_nothing_from_the_engine():
+    """The kernels are the engine's tools; the engine picks them, never the other way round."""
+    engine = ("specdash.engine", "specdash.runs", "specdash.engine_patches")
+    wrong = [
+        f"{a} -> {b} (line {n})" for a, b, n in _imports_of("specdash.kernels") if _under(b, engine)
+    ]
+    assert not wrong, "kernels import the engine:\n" + "\n".join(sorted(set(wrong)))
+
+
+def test_the_engine_imports_no_sglang():
+    """The native engine runs without SGLang installed; SGLang's side reads the engine's tables,
+    not the other way round."""
+    sglang = ("sglang", "specdash.engine_patches", "specdash.runs")
+    wrong = [
+        f"{a} -> {b} (line {n})" for a, b, n in _imports_of("specdash.engine") if _under(b, sglang)
+    ]
+    assert not wrong, "the engine imports SGLang:\n" + "\n".join(sorted(set(wrong)))

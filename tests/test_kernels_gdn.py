@@ -8,10 +8,10 @@ import pytest
 import torch
 import torch.nn.functional as F
 
+from specdash.engine import ops
 from specdash.kernels.elementwise import causal_conv_silu_in_place
 from specdash.kernels.gdn import (
     conv_gdn_steps_in_place,
-    gdn_chunked_prefill,
     gdn_recurrent_step,
     gdn_steps_in_place,
     gdn_verify_steps,
@@ -141,7 +141,7 @@ def test_conv_fused_into_the_decode_step_gives_the_two_launches_bits() -> None:
 
 def test_chunked_prefill_matches_recurrence():
     q, k, v, a, b, a_log, dt_bias, state = _inputs(torch.float32, t=11)
-    o, s = gdn_chunked_prefill(q, k, v, a, b, a_log, dt_bias, state, chunk_size=4)
+    o, s = ops.gdn_chunked_prefill(q, k, v, a, b, a_log, dt_bias, state, chunk_size=4)
     ro, rs = _reference(q, k, v, a, b, a_log, dt_bias, state)
     assert ((o.double() - ro).norm() / ro.norm()).item() < 1e-5
     assert ((s.double() - rs[:, -1]).norm() / rs[:, -1].norm()).item() < 1e-5
@@ -175,23 +175,24 @@ def test_gpu_27b_shape_conv_fused_into_the_decode_step() -> None:
 
 
 def test_model_prefill_through_kernels_equals_the_native_torch_path() -> None:
-    """The GPU prefill route's GDN (kernels.gdn.gdn_prefill, torch fallback here) is the same
+    """The GPU prefill route's GDN (ops.gdn_prefill, torch fallback here) is the same
     math in the same order as the CPU engine's, bit for bit. (CUDA's prefill also takes the
     fused row kernels for its row-wise ops: close to torch's, not equal, in
     test_kernels_model_rows.)"""
     from specdash.engine.config import preset
     from specdash.engine.model import Model, random_tensors
-    from specdash.engine.rows import PrefillRows, TritonPrefillRows, row_implementations
+    from specdash.engine.rows import prefill_rows, row_implementations
+    from specdash.engine.rows.gdn import ChunkedGdn
     from specdash.engine.state import SeqState
 
     cfg = replace(preset("tiny-hybrid"), linear_value_head_dim=32)  # inside the kernels' shapes
     model = Model.from_tensors(cfg, random_tensors(cfg, 3))
     cuda_prefill = row_implementations(cfg, model.rope, torch.device("cuda"))["prefill"]
-    assert isinstance(cuda_prefill, TritonPrefillRows) and cuda_prefill.gdn_kernel
+    assert isinstance(cuda_prefill.gdn, ChunkedGdn) and cuda_prefill.gdn.kernel
     tokens = torch.randint(0, cfg.vocab_size, (70,), generator=torch.Generator().manual_seed(4))
     out = []
     for gdn_kernel in (False, True):  # the CPU route's GDN, then the one chosen on CUDA
-        model.rows["prefill"] = PrefillRows(cfg, model.rope, gdn_kernel)
+        model.rows["prefill"] = prefill_rows(cfg, model.rope, gdn_kernel)
         state = SeqState.empty(cfg, 80, torch.float32, torch.device("cpu"))
         out.append((model.forward(tokens, state, "prefill"), state.gdn[0].ssm.clone()))
     assert torch.equal(out[0][0], out[1][0]) and torch.equal(out[0][1], out[1][1])

@@ -13,7 +13,8 @@ import torch
 from specdash.engine import gemm_backends
 from specdash.engine.config import preset
 from specdash.engine.model import Model, random_tensors
-from specdash.engine.rows import BatchedRows, Run, TritonRows, row_implementations
+from specdash.engine.rows import Run, row_implementations
+from specdash.engine.rows.attention import TorchAttention, TritonAttention, attend_masked
 from specdash.engine.state import PooledSteps, SeqState, SlotPool, commit_batch
 
 # Padding tile rows in the attention kernel compute -inf - -inf = NaN that is never read.
@@ -84,8 +85,9 @@ def test_fast_verify_on_the_cuda_route_is_the_batched_pass(model: Model) -> None
     """Chosen as on CUDA, fast verify is the usual batched pass (SDPA over the k+1 rows with
     the positions read on the device, fused norms), not the exact row kernels: the same
     model, other bits. A CUDA state keeps its length on the device; here a CPU tensor does."""
-    assert isinstance(model.rows["fast"], BatchedRows) and model.rows["fast"].graphable
-    assert isinstance(model.rows["exact"], TritonRows)
+    fast = model.rows["fast"].attention
+    assert isinstance(fast, TorchAttention) and fast.attend is attend_masked
+    assert isinstance(model.rows["exact"].attention, TritonAttention)
     prompt = torch.randint(0, CFG.vocab_size, (9,), generator=torch.Generator().manual_seed(2))
     tokens = torch.tensor([3, 77, 400, 12, 5])
     out = {}
@@ -113,7 +115,7 @@ def test_speculation_on_the_row_path_equals_plain_greedy(model: Model) -> None:
     prompt = (prompt.tolist() * 2)[:20]  # repeats, so the n-gram drafter proposes and hits
     seq, _ = engine.start(0, prompt, 16, 4, shadow=True)
     while not seq.done:
-        engine.spec_step(seq, 4, "exact", 16)
+        engine.spec_step([seq], 4, "exact", 16)
     ids, lps = plain_greedy(model, prompt, 16)
     assert seq.ids == ids.tolist() and seq.diverged_at is None
     assert torch.equal(torch.tensor(seq.logprobs, dtype=torch.float32), lps)
@@ -134,7 +136,7 @@ def test_fused_decode_rows_equal_the_launches_they_replace(monkeypatch) -> None:
         m = Model.from_tensors(CFG, random_tensors(CFG, 5), backend)
         m.rows = row_implementations(CFG, m.rope, CUDA)
         if name == "apart":
-            monkeypatch.setattr(m.rows["exact"], "conv_in_gdn", lambda run: False)
+            monkeypatch.setattr(m.rows["exact"].gdn, "conv_in_gdn", lambda run: False)
         state, lps = _prefilled(m, prompt, in_place=True), []
         for step in range(3):
             if name == "fused":
@@ -151,7 +153,7 @@ def test_fused_decode_rows_equal_the_launches_they_replace(monkeypatch) -> None:
 
 
 def test_batched_forward_equals_each_sequence_alone(model: Model) -> None:
-    """Issue 15's batching through the row kernels: three sequences at different positions,
+    """Batching through the row kernels: three sequences at different positions,
     1, 3 and 2 rows, in one forward (GEMMs and row kernels over all 6 rows, attention and GDN
     per sequence) give each sequence's rows the bits of its own forward."""
     gen = torch.Generator().manual_seed(11)
@@ -345,7 +347,7 @@ def test_speculation_through_the_fused_gemms_equals_plain_greedy(tile_model: Mod
     engine = Engine(tile_model, lambda: ReplayDrafter({tuple(prompt.tolist()): drafts}), [])
     seq, _ = engine.start(0, prompt.tolist(), 10, 3, shadow=True)
     while not seq.done:
-        engine.spec_step(seq, 3, "exact", 10)
+        engine.spec_step([seq], 3, "exact", 10)
     assert seq.ids == ids.tolist() and seq.diverged_at is None
     assert torch.equal(torch.tensor(seq.logprobs, dtype=torch.float32), lps)
     assert any(s.accepted > 0 for s in seq.steps) and any(
@@ -358,7 +360,7 @@ def test_prefill_with_the_attention_kernel_computes_what_sdpa_does(monkeypatch) 
     with SDPA (the shipped attention), in chunks: the first causal, the later ones lower-right
     causal after cached keys; the kernel's wiring (positions, the cache's used keys) on the CPU."""
     from specdash.engine import model as model_module
-    from specdash.engine.rows import TritonPrefillRows
+    from specdash.engine.rows import triton_prefill_rows
 
     m = Model.from_tensors(CFG, random_tensors(CFG, 5, torch.bfloat16))
     m.rows = row_implementations(CFG, m.rope, CUDA)
@@ -366,7 +368,7 @@ def test_prefill_with_the_attention_kernel_computes_what_sdpa_does(monkeypatch) 
     monkeypatch.setattr(model_module, "PREFILL_CHUNK", 16)
     out = []
     for kernel in (True, False):
-        m.rows["prefill"] = TritonPrefillRows(CFG, m.rope, attention_kernel=kernel)
+        m.rows["prefill"] = triton_prefill_rows(CFG, m.rope, attention_kernel=kernel)
         state = SeqState.empty(CFG, 64, torch.bfloat16, torch.device("cpu"))
         out.append(m.forward(prompt, state, "prefill", all_logits=True))
     torch.testing.assert_close(out[0], out[1], rtol=0, atol=0.1)  # bf16 model

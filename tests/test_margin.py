@@ -16,8 +16,8 @@ from tiny_models import write_pair
 from specdash.engine.state import SeqState
 from specdash.events import Divergence, Event, Margin, PromptStart, Token
 from specdash.metrics import fp32_ulps
-from specdash.runs.native import SessionRunner
-from specdash.runs.session_events import shadow_margin
+from specdash.runs.native import native_session
+from specdash.runs.session import Session, shadow_margin
 from specdash.settings import SessionSettings
 
 
@@ -49,16 +49,16 @@ def pair(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, Path, Path]:
 @pytest.fixture(scope="module")
 def fast_session(pair):
     settings = SessionSettings(model=pair[0], draft=pair[1], prompts=pair[2], max_new_tokens=8,
-                               k=4, verify="fast")  # fmt: skip
+                               k=4, verify_mode="fast")  # fmt: skip
     events: list[Event] = []
-    runner = SessionRunner(settings, events.append)
+    runner = native_session(settings, events.append)
     runner.run()
     return runner, events
 
 
-def _shadow_row(runner: SessionRunner, prompt: list[int], before: list[int]) -> torch.Tensor:
+def _shadow_row(runner: Session, prompt: list[int], before: list[int]) -> torch.Tensor:
     """The plain greedy row that predicts generated token len(before), from Model.forward."""
-    m = runner.loaded.target
+    m = runner.backend.loaded.target
     state = SeqState.empty(m.cfg, len(prompt) + len(before) + 2, m.dtype, m.device)
     with torch.inference_mode():
         row = m.forward(torch.tensor(prompt), state, "prefill")[-1]
@@ -81,7 +81,7 @@ def test_native_divergences_carry_the_shadows_margin(fast_session):
             key=lambda e: e.position,
         )
         before = [t.token_id for t in tokens[: d.position]]  # the ids agree before it
-        prompt = runner.loaded.tokenizer.encode(texts[d.prompt_index])
+        prompt = runner.backend.loaded.tokenizer.encode(texts[d.prompt_index])
         values, ids = _shadow_row(runner, prompt, before).topk(2)
         assert [m.top1_token, m.top2_token] == ids.tolist()
         assert m.gap == values[0].item() - values[1].item()

@@ -58,7 +58,7 @@ def test_spec_after_chunked_prefill_equals_its_shadow(monkeypatch) -> None:
         seq, _ = engine.start(i, prompt, 24, 16, shadow=True)
         with torch.inference_mode():
             while not seq.done:
-                engine.spec_step(seq, 4, "exact", 24)
+                engine.spec_step([seq], 4, "exact", 24)
         assert seq.diverged_at is None and seq.compared == len(seq.ids) == 24
         engine.release(seq)
 
@@ -66,7 +66,7 @@ def test_spec_after_chunked_prefill_equals_its_shadow(monkeypatch) -> None:
 def test_a_prefilled_state_keeps_no_chunk_buffer_alive() -> None:
     """After prefill each GDN layer's conv window and state own their storage: a view into the
     chunk's conv sequence (T + 3 rows) would pin that buffer per layer (16 GB at a 16k chunk of
-    the 27B shape, which ran an 80 GB H100 out of memory at 128k)."""
+    the 27B shape: an 80 GB H100 then runs out of memory at 128k)."""
     m = _model(0)
     _, state = _prefill(m, list(range(40)))
     assert state.gdn

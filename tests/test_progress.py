@@ -22,7 +22,7 @@ from specdash.cli import main
 from specdash.cli.progress import SessionProgress, make_progress
 from specdash.errors import EXIT_OK
 from specdash.events import Event, StartPhase
-from specdash.runs.native import run_session
+from specdash.runs.runner import run_engine
 from specdash.settings import SessionSettings
 
 
@@ -85,7 +85,7 @@ def test_session_progress_follows_the_events_of_a_real_session(pair) -> None:
 
     assert progress.tasks[0].description == "loading model weights"
     settings = SessionSettings(model=pair[0], draft=pair[1], prompts=pair[2], max_new_tokens=12)
-    summary = run_session(settings, sink)
+    summary = run_engine(settings, sink)
     starts = [d for kind, d, _, _ in seen if kind == "prompt_start"]
     assert starts[0].startswith("prompts 0/8 · prefill #1 (") and starts[0].endswith(" tokens)")
     assert [d for kind, d, _, _ in seen if kind == "prefill"][0] == "prompts 0/8 · decoding #1"

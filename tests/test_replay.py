@@ -10,7 +10,7 @@ from textual.widgets import DataTable, Static
 from textual_plotext import PlotextPlot
 
 from specdash.cli import main
-from specdash.errors import EXIT_OK, EXIT_USAGE, UsageError
+from specdash.errors import EXIT_INTERRUPTED, EXIT_OK, EXIT_USAGE, UsageError
 from specdash.events import PromptStart, VerifyStep
 from specdash.trace.jsonl import TraceWriter, read_trace
 from specdash.trace.replay import TraceReplay
@@ -218,17 +218,20 @@ def test_cli_replay_opens_the_app_on_the_trace(tmp_path, monkeypatch):
 def test_cli_replay_bad_input(tmp_path, capsys):
     assert main(["replay", str(tmp_path / "none.jsonl")]) == EXIT_USAGE
     (tmp_path / "t.jsonl").write_text(session(Plan())[0].model_dump_json() + "\n")
-    assert main(["replay", str(tmp_path / "t.jsonl"), "--speed", "-1"]) == EXIT_USAGE
+    with pytest.raises(SystemExit) as flag_error:
+        main(["replay", str(tmp_path / "t.jsonl"), "--speed", "-1"])
+    assert flag_error.value.code == EXIT_USAGE
     err = capsys.readouterr().err.splitlines()
     assert err == [
         f"specdash: error: trace not found: {tmp_path / 'none.jsonl'}",
-        "specdash: error: replay speed must be above 0, got -1.0",
+        "specdash: error: argument --speed: -1 is out of range (above 0)",
+        "hint: `specdash replay --help` lists every flag",
     ]
 
 
 async def test_replay_plays_on_under_the_help_screen_and_while_quitting():
     """The position bar lives on the dashboard screen: a tick with the help screen on top
-    updates it, and a tick after the bar is gone (the app quitting; CI saw a NoMatches there)
+    updates it, and a tick after the bar is gone (the app quitting: a query raises NoMatches)
     moves the replay on without failing."""
     from specdash.ui.widgets.help_screen import HelpScreen
 
@@ -251,3 +254,18 @@ async def test_replay_plays_on_under_the_help_screen_and_while_quitting():
             clock.t += step
             app.tick()
         assert not app.replay.finished and app.replay.cursor > cursor  # moved, drawn nowhere
+
+
+async def test_ctrl_c_ends_a_replay_with_130(tmp_path, monkeypatch, capsys):
+    replay, _, _ = replay_of()
+    app = ReplayApp(replay, name="s")
+    async with app.run_test(size=SIZE) as pilot:
+        await pilot.press("ctrl+c")
+    assert app.return_value == EXIT_INTERRUPTED
+    path = tmp_path / "s.jsonl"
+    with TraceWriter(path) as w:
+        for e in session(Plan(prompts=1)):
+            w(e)
+    monkeypatch.setattr(ReplayApp, "run", lambda self: EXIT_INTERRUPTED)
+    assert main(["replay", str(path)]) == EXIT_INTERRUPTED
+    assert capsys.readouterr().err == "specdash: interrupted\n"

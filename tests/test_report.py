@@ -5,6 +5,7 @@ from __future__ import annotations
 import base64
 import re
 import sys
+from pathlib import Path
 
 import pytest
 from synthetic_trace import Plan, session
@@ -107,3 +108,24 @@ def test_windowed_throughput_covers_the_last_second():
     assert spec[1] == pytest.approx(6 / 0.06)
     assert spec[2] == pytest.approx(3 / 0.06)  # the step at 0.0 s left the window
     assert shadow[1] == pytest.approx(6 / 0.08)
+
+
+def test_an_existing_report_is_replaced_only_when_asked(tmp_path, capsys):
+    trace = record(tmp_path / "s.jsonl", Plan(prompts=1))
+    html = tmp_path / "s.html"
+    html.write_text("keep me")
+    assert main(["report", trace]) == EXIT_USAGE
+    assert capsys.readouterr().err == (
+        f"specdash: error: output {html} already exists; pass --overwrite to replace it\n"
+    )
+    assert html.read_text() == "keep me"
+    assert main(["report", trace, "--overwrite"]) == EXIT_OK
+    assert html.read_text().startswith("<!DOCTYPE html>")
+
+
+def test_a_report_never_overwrites_its_trace(tmp_path, capsys):
+    trace = record(tmp_path / "s.jsonl", Plan(prompts=1))
+    before = Path(trace).read_bytes()
+    assert main(["report", trace, "-o", trace, "--overwrite"]) == EXIT_USAGE
+    assert "would overwrite the trace it reads" in capsys.readouterr().err
+    assert Path(trace).read_bytes() == before

@@ -10,7 +10,7 @@ from tiny_models import write_pair
 
 from specdash.controls import Controls
 from specdash.events import ControlChange, EngineError, Event, PromptDone, PromptStart
-from specdash.runs.native import SessionRunner
+from specdash.runs.native import native_session
 from specdash.settings import SessionSettings
 
 
@@ -28,7 +28,7 @@ def test_typed_prompts_run_first_and_a_bad_one_does_not_end_the_session(pair) ->
     controls.submit_prompt("def typed():")
     controls.submit_prompt("x" * 20000)  # longer than the model's context
     events: list[Event] = []
-    SessionRunner(_settings(pair, k=3), events.append, controls).run()
+    native_session(_settings(pair, k=3), events.append, controls).run()
     starts = [e for e in events if isinstance(e, PromptStart)]
     assert starts[0].text == "def typed():" and starts[0].prompt_index == 8
     errors = [e for e in events if isinstance(e, EngineError)]
@@ -46,7 +46,7 @@ def test_control_changes_apply_between_steps_and_are_events(pair) -> None:
         if e.kind == "verify_step" and e.step == 3:
             controls.update(k=5, verify_mode="fast", speculation=False)
 
-    SessionRunner(_settings(pair, k=2), sink, controls).run()
+    native_session(_settings(pair, k=2), sink, controls).run()
     changes = {e.name: e for e in events if isinstance(e, ControlChange)}
     assert set(changes) == {"k", "verify_mode", "speculation"}
     assert all(c.applied_step == 4 for c in changes.values())
@@ -67,7 +67,7 @@ def test_pause_and_resume_are_both_recorded(pair) -> None:
             controls.update(paused=True)
             threading.Timer(0.2, lambda: controls.update(paused=False)).start()
 
-    SessionRunner(_settings(pair, k=3), sink, controls).run()
+    native_session(_settings(pair, k=3), sink, controls).run()
     pauses = [(e.old, e.new) for e in events if isinstance(e, ControlChange)]
     assert pauses == [("False", "True"), ("True", "False")]
 
@@ -81,7 +81,7 @@ def test_unavailable_backend_is_refused_without_ending_the_session(pair) -> None
         if e.kind == "verify_step" and e.step == 1:
             controls.update(gemm_backend="deepgemm")
 
-    summary = SessionRunner(_settings(pair, k=3), sink, controls).run()
+    summary = native_session(_settings(pair, k=3), sink, controls).run()
     errors = [e for e in events if isinstance(e, EngineError)]
     assert len(errors) == 1 and not errors[0].fatal and "deepgemm" in errors[0].message
     assert controls.snapshot().gemm_backend == "torch"
@@ -105,7 +105,7 @@ def test_plain_steps_with_speculation_off_are_not_verify_steps(pair) -> None:
         if e.kind == "verify_step" and e.step == 2:
             controls.update(speculation=False)
 
-    summary = SessionRunner(_settings(pair, k=3), sink, controls).run()
+    summary = native_session(_settings(pair, k=3), sink, controls).run()
     steps = [e for e in events if e.kind == "verify_step"]
     verify = [s for s in steps if s.step <= 2]
     assert len(steps) > len(verify) and all(s.plain for s in steps if s.step > 2)
@@ -146,7 +146,7 @@ def test_no_spec_session_has_no_verify_steps_and_a_verdict(pair) -> None:
     from specdash.ui.dashboard_model import DashboardModel
 
     events: list[Event] = []
-    summary = SessionRunner(_settings(pair, speculation=False), events.append).run()
+    summary = native_session(_settings(pair, speculation=False), events.append).run()
     assert summary.verify_steps == 0 and summary.mean_accepted_length == 0.0
     assert summary.exact_prompts == summary.prompts == 8
     model = DashboardModel()
@@ -171,12 +171,12 @@ def test_speculation_switched_on_loads_the_draft_model(pair) -> None:
         if e.kind == "verify_step" and e.step == 1:
             controls.update(speculation=True)
         if e.kind == "draft":
-            drafters.extend(type(seq.drafter) for seq in runner._group)
+            drafters.extend(type(seq.drafter) for seq in session.backend.seqs.values())
 
-    runner = SessionRunner(settings, sink, controls)
-    assert runner.loaded.draft is None
-    runner.run()
-    assert runner.loaded.draft is not None
+    session = native_session(settings, sink, controls)
+    assert session.backend.loaded.draft is None
+    session.run()
+    assert session.backend.loaded.draft is not None
     drafts = [e for e in events if e.kind == "draft"]
     assert drafts and all(d.drafter == "model" for d in drafts)
     assert set(drafters) == {ModelDrafter}
@@ -184,11 +184,33 @@ def test_speculation_switched_on_loads_the_draft_model(pair) -> None:
     assert all(d.exact for d in events if isinstance(d, PromptDone))
 
 
-def test_a_draft_that_cannot_load_keeps_speculation_off(pair, tmp_path) -> None:
-    settings = SessionSettings(
-        model=pair[0], draft=tmp_path / "missing", prompts=pair[2], max_new_tokens=8,
-        k=3, speculation=False,
-    )  # fmt: skip
+def short_draft(pair: tuple[Path, Path, Path], tmp_path: Path) -> Path:
+    """The draft with 64 positions: fewer than the tiny prompt set's longest needs."""
+    import json
+    import shutil
+
+    draft = tmp_path / "draft"
+    shutil.copytree(pair[1], draft)
+    cfg = json.loads((draft / "config.json").read_text())
+    (draft / "config.json").write_text(json.dumps(cfg | {"max_position_embeddings": 64}))
+    return draft
+
+
+@pytest.mark.parametrize(
+    "make_draft,code,fragment",
+    [
+        (lambda pair, tmp_path: tmp_path / "missing", 3, "does not exist"),
+        (short_draft, 2, "positions, the draft model ("),
+    ],
+    ids=["missing", "too-short-for-the-prompts"],
+)
+def test_a_draft_that_cannot_serve_keeps_speculation_off(
+    pair, tmp_path, make_draft, code, fragment
+) -> None:
+    """Switched on mid-session, a draft that cannot load, or has fewer positions than a prompt
+    of the session needs, is refused with a non-fatal error naming why; the session goes on."""
+    draft = make_draft(pair, tmp_path)
+    settings = _settings(pair, k=3, speculation=False).model_copy(update={"draft": draft})
     controls = Controls.from_settings(settings, "torch")
     events: list[Event] = []
 
@@ -197,13 +219,16 @@ def test_a_draft_that_cannot_load_keeps_speculation_off(pair, tmp_path) -> None:
         if e.kind == "verify_step" and e.step == 1:
             controls.update(speculation=True)
 
-    SessionRunner(settings, sink, controls).run()
+    session = native_session(settings, sink, controls)
+    session.run()
     errors = [e for e in events if isinstance(e, EngineError)]
-    assert len(errors) == 1 and not errors[0].fatal and errors[0].exit_code == 3
+    assert len(errors) == 1 and not errors[0].fatal and errors[0].exit_code == code
     assert errors[0].message.startswith("speculation stays off: the draft model did not load")
+    assert fragment in errors[0].message and str(draft) in errors[0].message
     assert not [e for e in events if isinstance(e, ControlChange) and e.name == "speculation"]
     assert all(e.k == 0 for e in events if e.kind == "verify_step")
-    assert controls.snapshot().speculation is False
+    assert session.backend.loaded.draft is None and controls.snapshot().speculation is False
+    assert len([e for e in events if isinstance(e, PromptDone)]) == 8
 
 
 def test_batch_steps_sequences_in_one_forward_with_the_same_bits(pair, monkeypatch) -> None:
@@ -224,7 +249,7 @@ def test_batch_steps_sequences_in_one_forward_with_the_same_bits(pair, monkeypat
 
     def tokens(batch: int) -> dict[int, list[tuple[int, str]]]:
         events: list[Event] = []
-        summary = SessionRunner(_settings(pair, k=3, batch=batch), events.append).run()
+        summary = native_session(_settings(pair, k=3, batch=batch), events.append).run()
         assert summary.exact_prompts == summary.prompts == 8
         out: dict[int, list[tuple[int, str]]] = {}
         for e in events:
@@ -237,3 +262,40 @@ def test_batch_steps_sequences_in_one_forward_with_the_same_bits(pair, monkeypat
     rows_per_forward.clear()
     assert tokens(4) == one
     assert max(rows_per_forward) == 4
+
+
+def test_the_verify_mode_has_one_name_from_the_settings_to_the_events(pair) -> None:
+    """`verify_mode` in the settings, the live controls, the control events and every verify
+    step: nothing translates between names."""
+    settings = _settings(pair, k=2, verify_mode="fast")
+    controls = Controls.from_settings(settings, "torch")
+    assert controls.snapshot().verify_mode == "fast"
+    events: list[Event] = []
+
+    def sink(e: Event) -> None:
+        events.append(e)
+        if e.kind == "verify_step" and e.step == 1:
+            controls.update(verify_mode="exact")
+
+    native_session(settings, sink, controls).run()
+    assert events[0].kind == "session_start" and events[0].config["verify_mode"] == "fast"
+    changes = [(e.name, e.new) for e in events if isinstance(e, ControlChange)]
+    assert changes == [("verify_mode", "exact")]
+    modes = [e.verify_mode for e in events if e.kind == "verify_step"]
+    assert modes[:2] == ["fast", "fast"] and set(modes[2:]) == {"exact"}
+
+
+def test_the_core_names_the_setting_and_the_command_line_its_flag(pair, capsys) -> None:
+    from specdash.cli import main
+    from specdash.engine.loader import load_models
+    from specdash.errors import UsageError
+
+    with pytest.raises(UsageError) as e:
+        load_models(SessionSettings(model=pair[0], drafter="ngram", device="xpu"))
+    assert e.value.setting == "device" and "--" not in str(e.value)
+    assert main(["run", "--headless", "--model", str(pair[0]), "--device", "xpu"]) == 2
+    err = capsys.readouterr().err
+    assert err == "specdash: error: --device: 'xpu': only cpu and cuda are supported\n"
+    with pytest.raises(UsageError) as e:
+        load_models(SessionSettings(model=pair[0], drafter="model"))
+    assert e.value.setting == "draft" and "--" not in str(e.value)

@@ -1,14 +1,15 @@
 """Why SGLang cannot start, in one line that says what to do: before the start from the
 settings (more GPUs than visible, a kernel module the install lacks), after it from the
 traceback of a scheduler that died (which module was missing, who imported it, what avoids it).
-The traceback is the one the H200 gave for STANDALONE with CUDA graphs before lazy_dsa_import."""
+The traceback is a real one: SGLang 0.5.17's STANDALONE with CUDA graphs on a GPU without
+deep_gemm, where lazy_dsa_import is not applied."""
 
 from __future__ import annotations
 
 import pytest
 
 from specdash.errors import EnvironmentProblem
-from specdash.runs.sglang_preflight import check_can_start, explain_failure, refusal
+from specdash.runs.sglang.preflight import check_can_start, explain_failure, refusal
 
 SITE = "/tmp/site/sglang/srt"
 DEEP_GEMM_TRACEBACK = f"""Scheduler hit an exception: Traceback (most recent call last):
@@ -70,14 +71,14 @@ def test_headless_refuses_before_any_engine_starts(monkeypatch, capsys, tmp_path
 
     from specdash.cli import main
     from specdash.engine_patches import check
-    from specdash.runs import sglang as se
+    from specdash.runs.sglang import process
 
     monkeypatch.delenv("CUDA_VISIBLE_DEVICES", raising=False)
     monkeypatch.setattr(check, "require_sglang", lambda: "0.5.17")
     monkeypatch.setattr(check, "ensure_patchable", lambda force: [])
     monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
     monkeypatch.setattr(torch.cuda, "device_count", lambda: 1)
-    monkeypatch.setattr(se, "start_engine", lambda *a, **k: pytest.fail("an engine started"))
+    monkeypatch.setattr(process, "start_engine", lambda *a, **k: pytest.fail("an engine started"))
     argv = ["run", "--headless", "--engine", "sglang", "--model", str(tmp_path)]
     assert main([*argv, "--sglang-arg", "tp_size=2"]) == 4
     assert capsys.readouterr().err == (

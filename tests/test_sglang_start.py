@@ -10,7 +10,7 @@ from pathlib import Path
 import pytest
 
 from specdash.events import StartPhase
-from specdash.runs.sglang_start import StartWatch, phase_of
+from specdash.runs.sglang.start import StartWatch, phase_of
 
 LOG = [
     "[2026-12-04 10:00:00] Using custom SIGQUIT handler\n",

@@ -1,6 +1,6 @@
-"""Issue 12's RSS peak: `Engine.reserve` allocates the session's state slots once, sized for
-its longest prompt, and every prompt reuses them. Reusing a slot across prompts of different
-lengths changes no bit, and no slot buffer is reallocated."""
+"""`Engine.reserve` allocates the session's state slots once, sized for its longest prompt, and
+every prompt reuses them, so RSS does not follow each prompt's KV. Reusing a slot across prompts
+of different lengths changes no bit, and no slot buffer is reallocated."""
 
 from __future__ import annotations
 
@@ -11,8 +11,8 @@ from tiny_models import write_pair
 
 from specdash.engine.drafters import _shared
 from specdash.engine.engine import Engine
+from specdash.engine.loader import Loaded, load_models
 from specdash.engine.state import SeqState
-from specdash.runs.native import Loaded, load_models
 from specdash.settings import SessionSettings
 
 

@@ -84,12 +84,14 @@ class StartingSGLang:
         from pathlib import Path
 
         from specdash.controls import Controls
+        from specdash.runs.runner import loading_label
         from specdash.settings import SessionSettings
 
-        self.settings = SessionSettings(
+        settings = SessionSettings(
             engine="sglang", model=Path("/models/Qwen3.5-27B"), trace=Path("/tmp/session.jsonl")
         )
-        self.controls = Controls.from_settings(self.settings)
+        self.loading = loading_label(settings)  # what LiveSession tells the dashboard
+        self.controls = Controls.from_settings(settings)
 
     def start(self, sink) -> None:
         from specdash.events import StartPhase

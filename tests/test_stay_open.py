@@ -12,7 +12,7 @@ from tiny_models import write_pair
 
 from specdash.controls import Controls
 from specdash.events import ControlChange, Event, Idle, PromptDone, PromptStart, VerifyStep
-from specdash.runs.native import SessionRunner
+from specdash.runs.native import native_session
 from specdash.settings import SessionSettings
 from specdash.ui.app import SpecdashApp
 
@@ -37,7 +37,7 @@ def test_runner_waits_idle_for_a_typed_prompt_and_ends_on_stop(pair):
         if isinstance(e, Idle):
             idle.set()
 
-    thread = threading.Thread(target=SessionRunner(settings, sink, controls, stop).run)
+    thread = threading.Thread(target=native_session(settings, sink, controls, stop).run)
     thread.start()
     assert idle.wait(120), "the prompt set ends in an idle engine"
     assert [e.kind for e in events].count("prompt_done") == 8 and events[-1].kind == "idle"
@@ -61,7 +61,7 @@ def test_runner_waits_idle_for_a_typed_prompt_and_ends_on_stop(pair):
 def test_without_staying_open_the_runner_ends_after_the_set(pair):
     settings = SessionSettings(model=pair[0], draft=pair[1], prompts=pair[2], max_new_tokens=4)
     events: list[Event] = []
-    SessionRunner(settings, events.append).run()
+    native_session(settings, events.append).run()
     assert events[-1].kind == "summary" and not any(isinstance(e, Idle) for e in events)
 
 

@@ -3,12 +3,14 @@ the screen read back with capture-pane, and `q` exits 0."""
 
 from __future__ import annotations
 
+import contextlib
 import os
 import shutil
 import subprocess
 import sys
 import time
 import uuid
+from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
@@ -49,22 +51,32 @@ def wait_for(session: str, predicate, timeout: float = 90) -> str:
     raise AssertionError(f"timed out; last screen:\n{screen}")
 
 
-def quit_status(session: str, status: Path) -> str:
-    """Press q; the exit status the shell wrote once specdash ended."""
-    tmux("send-keys", "-t", session, "q")
+@contextlib.contextmanager
+def specdash_in_tmux(cwd: Path, flags: str) -> Iterator[tuple[str, Path]]:
+    """`specdash FLAGS` in a tmux pane, running once its first steps are on screen: the
+    session's name and the file its exit status goes to. The pane stays open after the exit,
+    so its last lines can be read."""
+    session = f"specdash-test-{uuid.uuid4().hex[:8]}"
+    status = cwd / "exit_status"
+    start_session(session, cwd, f"{SPECDASH} {flags}; echo $? > {status}; sleep 60")
+    try:
+        wait_for(session, lambda s: "steps " in s and "steps 0" not in s)
+        yield session, status
+    finally:
+        subprocess.run(["tmux", "-L", SOCKET, "kill-server"], capture_output=True)
+
+
+def exit_status(path: Path) -> str:
+    """What the shell wrote to `path` once the command exited (20 s at most)."""
     deadline = time.monotonic() + 20
-    while not status.exists() and time.monotonic() < deadline:
+    while not path.exists() and time.monotonic() < deadline:
         time.sleep(0.2)
-    return status.read_text().strip()
+    return path.read_text().strip()
 
 
 def test_specdash_in_a_real_terminal(tmp_path):
-    session = f"specdash-test-{uuid.uuid4().hex[:8]}"
-    status = tmp_path / "exit_status"
-    command = f"{SPECDASH} --max-new-tokens 24; echo $? > {status}"
-    start_session(session, tmp_path, command)
-    try:
-        screen = wait_for(session, lambda s: "steps " in s and "steps 0" not in s)
+    with specdash_in_tmux(tmp_path, "--max-new-tokens 24") as (session, status):
+        screen = tmux("capture-pane", "-p", "-t", session)
         assert "t/s         wall    spec  shadow  speedup" in screen
         assert "│1 s " in screen and "│session " in screen
         assert "acceptance rate" in screen and "mean accepted length" in screen
@@ -78,30 +90,33 @@ def test_specdash_in_a_real_terminal(tmp_path):
         wait_for(session, lambda s: "specdash help" in s, timeout=10)
         tmux("send-keys", "-t", session, "Escape")
         wait_for(session, lambda s: "specdash help" not in s, timeout=10)
-        assert quit_status(session, status) == "0"
-    finally:
-        subprocess.run(["tmux", "-L", SOCKET, "kill-server"], capture_output=True)
+        tmux("send-keys", "-t", session, "q")
+        assert exit_status(status) == "0"
+
+
+def test_ctrl_c_in_a_real_terminal_exits_130_and_keeps_the_trace(tmp_path):
+    flags = "--max-new-tokens 24 --trace t.jsonl"
+    with specdash_in_tmux(tmp_path, flags) as (session, status):
+        tmux("send-keys", "-t", session, "C-c")
+        wait_for(session, lambda s: "specdash: interrupted" in s, timeout=20)
+        assert exit_status(status) == "130"
+    _, events, _ = read_trace(tmp_path / "t.jsonl")
+    assert any(e.kind == "verify_step" for e in events)
 
 
 def test_a_prompt_typed_after_the_shipped_set_is_decoded(tmp_path):
     """The session stays open after its prompts: `/`, a prompt and Enter decode it, and `q`
     then ends the session with the typed prompt in its trace and summary."""
-    session = f"specdash-test-{uuid.uuid4().hex[:8]}"
-    status = tmp_path / "exit_status"
-    trace = tmp_path / "s.jsonl"
-    command = f"{SPECDASH} --max-new-tokens 4 --trace {trace}; echo $? > {status}"
-    start_session(session, tmp_path, command)
-    try:
+    with specdash_in_tmux(tmp_path, "--max-new-tokens 4 --trace s.jsonl") as (session, status):
         wait_for(session, lambda s: "IDLE" in s and "24 done" in s, timeout=300)
         tmux("send-keys", "-t", session, "/")
         tmux("send-keys", "-t", session, "-l", "def typed_by_hand(x):")
         tmux("send-keys", "-t", session, "Enter")
         screen = wait_for(session, lambda s: "25 done" in s and "IDLE" in s, timeout=60)
         assert "prompt 24: def typed_by_hand(x):" in screen
-        assert quit_status(session, status) == "0"
-    finally:
-        subprocess.run(["tmux", "-L", SOCKET, "kill-server"], capture_output=True)
-    _, events, _ = read_trace(trace)
+        tmux("send-keys", "-t", session, "q")
+        assert exit_status(status) == "0"
+    _, events, _ = read_trace(tmp_path / "s.jsonl")
     typed = [e for e in events if e.kind == "prompt_start" and e.prompt_index == 24]
     assert typed and typed[0].text == "def typed_by_hand(x):"
     assert [e.kind for e in events].count("idle") == 2 and events[-1].kind == "summary"

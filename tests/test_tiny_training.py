@@ -12,9 +12,9 @@ import pytest
 import torch
 
 from specdash.engine.checkpoint import load_checkpoint
+from specdash.engine.loader import default_checkpoint
 from specdash.engine.model import Model
 from specdash.engine.state import SeqState
-from specdash.runs.native import default_checkpoint
 
 ROOT = Path(__file__).resolve().parents[1]
 DATA = ROOT / "specdash" / "data"

@@ -246,12 +246,12 @@ def test_kill_9_mid_session_keeps_every_flushed_line(tmp_path):
 
 def test_trace_tools_never_import_textual():
     """The core stays headless: only the replay UI (specdash.ui.replay_app) may import Textual.
-    The recorder, the runner protocol, its SessionEvents and the headless CLI need neither Textual
-    nor torch."""
+    The recorder, the runner protocol, the session skeleton and the headless CLI need neither
+    Textual nor torch."""
     code = (
         "import sys, specdash.trace.jsonl, specdash.trace.export, specdash.trace.diff, "
         "specdash.trace.report, specdash.trace.replay, specdash.trace.recorder, "
-        "specdash.runs.runner, specdash.runs.session_events, specdash.cli.headless, "
+        "specdash.runs.runner, specdash.runs.session, specdash.cli.headless, "
         "specdash.cli.traces; "
         "print(sorted(m for m in ('textual', 'torch') if m in sys.modules))"
     )

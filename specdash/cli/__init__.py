@@ -11,7 +11,8 @@ from collections.abc import Callable
 from typing import NoReturn
 
 from specdash.engine_patches import patch_set
-from specdash.errors import EXIT_INTERRUPTED, EXIT_USAGE, SpecdashError
+from specdash.errors import EXIT_INTERRUPTED, EXIT_USAGE, FlagError, SpecdashError
+from specdash.settings import MAX_K
 
 DESCRIPTION = """\
 Plain `specdash` opens the dashboard: the embedded tiny target + draft pair decodes the
@@ -42,6 +43,39 @@ class _Formatter(argparse.RawDescriptionHelpFormatter):
         return text
 
 
+def flag_error(prog: str, message: str) -> None:
+    """A flag error as every command reports it: one line, then the hint to `--help`."""
+    sys.stderr.write(f"specdash: error: {message}\nhint: `{prog} --help` lists every flag\n")
+
+
+def whole_number(low: int, high: int | None = None) -> Callable[[str], int]:
+    """An argparse type: an integer in low..high (no upper bound when None), said in the
+    flag's own words when it is not."""
+    bounds = f"{low}..{high}" if high is not None else f"{low} or more"
+
+    def parse(text: str) -> int:
+        try:
+            value = int(text)
+        except ValueError:
+            raise argparse.ArgumentTypeError(f"expected a whole number, got {text!r}") from None
+        if value < low or (high is not None and value > high):
+            raise argparse.ArgumentTypeError(f"{value} is out of range ({bounds})")
+        return value
+
+    return parse
+
+
+def above_zero(text: str) -> float:
+    """An argparse type: a number above 0 (a playback speed)."""
+    try:
+        value = float(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected a number, got {text!r}") from None
+    if not value > 0:  # NaN too
+        raise argparse.ArgumentTypeError(f"{text} is out of range (above 0)")
+    return value
+
+
 class _Parser(argparse.ArgumentParser):
     """A usage error is one line and a hint, not the whole usage block."""
 
@@ -50,9 +84,7 @@ class _Parser(argparse.ArgumentParser):
         super().__init__(*args, **kwargs)  # type: ignore[arg-type]
 
     def error(self, message: str) -> NoReturn:
-        sys.stderr.write(
-            f"specdash: error: {message}\nhint: `{self.prog} --help` lists every flag\n"
-        )
+        flag_error(self.prog, message)
         sys.exit(EXIT_USAGE)
 
 
@@ -80,7 +112,12 @@ def _add_session_flags(p: argparse.ArgumentParser) -> None:
         default="model",
         help="draft with a small model, or by prompt lookup (n-gram)",
     )
-    p.add_argument("-k", type=int, default=4, help="draft tokens per verify step, 1..16")
+    p.add_argument(
+        "-k",
+        type=whole_number(1, MAX_K),
+        default=4,
+        help=f"draft tokens per verify step, 1..{MAX_K}",
+    )
     p.add_argument(
         "--verify",
         choices=["exact", "fast"],
@@ -96,7 +133,7 @@ def _add_session_flags(p: argparse.ArgumentParser) -> None:
     )
     p.add_argument(
         "--batch",
-        type=int,
+        type=whole_number(1),
         default=1,
         metavar="N",
         help="N prompts decoded together, one forward a step (exact mode: the same bits at "
@@ -108,7 +145,11 @@ def _add_session_flags(p: argparse.ArgumentParser) -> None:
         help='JSONL, one {"prompt": ...} per line; default: the shipped 24 prompts',
     )
     p.add_argument(
-        "--max-new-tokens", type=int, default=64, metavar="N", help="tokens generated per prompt"
+        "--max-new-tokens",
+        type=whole_number(1),
+        default=64,
+        metavar="N",
+        help="tokens generated per prompt",
     )
     p.add_argument("--device", default="cpu", help="cpu, cuda or cuda:N")
     p.add_argument(
@@ -121,8 +162,9 @@ def _add_session_flags(p: argparse.ArgumentParser) -> None:
     p.add_argument("--trace", metavar="PATH", help="record the session as a JSONL trace")
     p.add_argument(
         "--overwrite-trace",
+        "--overwrite",
         action="store_true",
-        help="replace an existing --trace file (otherwise it is refused, exit 2)",
+        help="replace an existing --trace file (otherwise it is refused, exit 2); never an input",
     )
     sgl = p.add_argument_group("--engine sglang")
     sgl.add_argument(
@@ -158,6 +200,14 @@ def _add_session_flags(p: argparse.ArgumentParser) -> None:
     )
 
 
+def _add_overwrite(p: argparse.ArgumentParser) -> None:
+    p.add_argument(
+        "--overwrite",
+        action="store_true",
+        help="replace an existing OUT (otherwise it is refused, exit 2); never the trace read",
+    )
+
+
 def _add_trace_commands(sub: argparse._SubParsersAction) -> None:
     export = sub.add_parser("export", help="a trace as Perfetto (Chrome Trace Event) JSON or CSV")
     export.add_argument("trace", metavar="TRACE", help="a JSONL trace (run --trace, or e)")
@@ -170,16 +220,20 @@ def _add_trace_commands(sub: argparse._SubParsersAction) -> None:
     export.add_argument(
         "-o", "--output", metavar="OUT", help="output file; default: next to TRACE; - for stdout"
     )
+    _add_overwrite(export)
 
     replay = sub.add_parser("replay", help="the dashboard on a recorded trace")
     replay.add_argument("trace", metavar="TRACE", help="a JSONL trace")
-    replay.add_argument("--speed", type=float, default=1.0, help="playback speed (x real time)")
+    replay.add_argument(
+        "--speed", type=above_zero, default=1.0, help="playback speed (x real time)"
+    )
 
     report = sub.add_parser("report", help="a self-contained HTML report of a trace")
     report.add_argument("trace", metavar="TRACE", help="a JSONL trace")
     report.add_argument(
         "-o", "--output", metavar="OUT", help="output file; default: TRACE with .html"
     )
+    _add_overwrite(report)
 
     diff = sub.add_parser("diff", help="first differing token per prompt of two traces")
     diff.add_argument("a", metavar="A", help="a JSONL trace")
@@ -218,7 +272,11 @@ def build_parser() -> argparse.ArgumentParser:
     audit.add_argument("--json", action="store_true", help="print the cells as one JSON object")
     audit.add_argument("--ks", default="1,3,5,9", metavar="K,K,...", help="the k values")
     audit.add_argument(
-        "--num-prompts", type=int, default=8, metavar="N", help="prompts per cell (the first N)"
+        "--num-prompts",
+        type=whole_number(1),
+        default=8,
+        metavar="N",
+        help="prompts per cell, spread over the set's lengths (the shortest and the longest)",
     )
     _add_trace_commands(sub)
     patches = sub.add_parser("patches", help="SGLang engine patches")
@@ -254,7 +312,14 @@ def main(argv: list[str] | None = None) -> int:
     try:
         return _command(args)(args)
     except SpecdashError as e:
-        print(f"specdash: error: {e}", file=sys.stderr)
+        from specdash.cli.session_args import describe
+
+        if isinstance(e, FlagError):
+            flag_error(
+                " ".join(["specdash", *([args.command] if args.command else [])]), describe(e)
+            )
+        else:
+            print(f"specdash: error: {describe(e)}", file=sys.stderr)
         return e.exit_code
     except KeyboardInterrupt:
         print("specdash: interrupted", file=sys.stderr)

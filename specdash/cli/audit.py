@@ -15,10 +15,11 @@ from typing import Any
 
 from specdash.cli.progress import AuditProgress, SessionProgress, make_progress
 from specdash.cli.session_args import settings_from_args
-from specdash.errors import EXIT_DIVERGED, EXIT_OK, UsageError
+from specdash.engine.loader import load_models
+from specdash.errors import EXIT_DIVERGED, EXIT_OK, FlagError
 from specdash.events import Divergence, Event
-from specdash.prompts import load_prompts
-from specdash.runs.native import NativeRunner, load_models
+from specdash.prompts import Prompt, load_prompts
+from specdash.runs.native import native_session
 from specdash.settings import MAX_K, SessionSettings
 
 BATCHES = (1, 8)
@@ -26,19 +27,33 @@ VERIFY_MODES = ("exact", "fast")
 DRAFTERS = ("model", "ngram")
 
 
-def _subset(settings: SessionSettings, n: int, workdir: Path) -> Path:
-    prompts = load_prompts(settings.prompts)[:n]
+def spread_by_length(prompts: list[Prompt], n: int) -> list[Prompt]:
+    """`n` prompts spread evenly over the set's lengths (in characters), the shortest and the
+    longest included, in the set's order: long prompts move GEMM M, attention splits and
+    the KV a row reads, which short ones never exercise."""
+    if n >= len(prompts):
+        return prompts
+    by_length = sorted(range(len(prompts)), key=lambda i: len(prompts[i].text))
+    last = len(prompts) - 1
+    picked = {by_length[round(j * last / max(n - 1, 1))] for j in range(n)}
+    return [p for i, p in enumerate(prompts) if i in picked]
+
+
+def _write(prompts: list[Prompt], workdir: Path) -> Path:
     path = workdir / "prompts.jsonl"
     path.write_text("".join(json.dumps({"prompt": p.text, "name": p.name}) + "\n" for p in prompts))
     return path
 
 
 def audit_cells(
-    base: SessionSettings, ks: list[int], num_prompts: int, progress: AuditProgress | None = None
+    base: SessionSettings,
+    ks: list[int],
+    chosen: list[Prompt],
+    progress: AuditProgress | None = None,
 ) -> list[dict[str, Any]]:
     cells = []
     with tempfile.TemporaryDirectory() as tmp:
-        prompts = _subset(base, num_prompts, Path(tmp))
+        prompts = _write(chosen, Path(tmp))
         for drafter in DRAFTERS:
             if progress is not None:
                 progress.loading(drafter)
@@ -49,7 +64,7 @@ def audit_cells(
                         "drafter": drafter,
                         "k": k,
                         "batch": batch,
-                        "verify": verify,
+                        "verify_mode": verify,
                         "prompts": prompts,
                         "shadow": True,
                         "root_cause": False,
@@ -72,7 +87,7 @@ def audit_cells(
                     if shown is not None:
                         shown(e)
 
-                summary = NativeRunner(loaded).run(settings, sink)
+                summary = native_session(settings, sink, loaded=loaded).run()
                 if progress is not None:
                     progress.end_cell()
                 cells.append(
@@ -98,19 +113,23 @@ def run_audit(args: argparse.Namespace) -> int:
     try:
         ks = [int(k) for k in args.ks.split(",")]
     except ValueError:
-        raise UsageError(f"--ks: expected comma-separated integers, got {args.ks!r}") from None
+        raise FlagError(
+            f"argument --ks: expected comma-separated whole numbers, got {args.ks!r}"
+        ) from None
     bad = [k for k in ks if not 1 <= k <= MAX_K]
     if bad:
-        raise UsageError(f"--ks: k must be in 1..{MAX_K}, got {bad[0]}")
-    prompts = min(args.num_prompts, len(load_prompts(base.prompts)))
+        raise FlagError(f"argument --ks: {bad[0]} is out of range (1..{MAX_K})")
+    chosen = spread_by_length(load_prompts(base.prompts), args.num_prompts)
     n_cells = len(ks) * len(DRAFTERS) * len(BATCHES) * len(VERIFY_MODES)
     with make_progress() as shown:
-        progress = AuditProgress(shown, n_cells, prompts, base.max_new_tokens)
-        cells = audit_cells(base, ks, args.num_prompts, progress)
+        progress = AuditProgress(shown, n_cells, len(chosen), base.max_new_tokens)
+        cells = audit_cells(base, ks, chosen, progress)
     failed = [c for c in cells if c["verify"] == "exact" and c["exact_prompts"] != c["prompts"]]
+    names = [p.name for p in chosen]
     if args.json:
-        print(json.dumps({"cells": cells, "exact_mode_all_exact": not failed}))
+        print(json.dumps({"prompts": names, "cells": cells, "exact_mode_all_exact": not failed}))
     else:
+        print("prompts: " + ", ".join(names))
         cols = list(cells[0])
         print("  ".join(f"{c:>12}" for c in cols))
         for cell in cells:

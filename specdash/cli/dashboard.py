@@ -5,8 +5,8 @@ from __future__ import annotations
 import argparse
 import sys
 
-from specdash.cli.session_args import session_options, settings_from_args
-from specdash.trace.jsonl import TraceWriter
+from specdash.cli.session_args import describe, open_trace, session_options, settings_from_args
+from specdash.errors import EXIT_INTERRUPTED
 from specdash.ui.app import SpecdashApp
 from specdash.ui.sources import LiveSession
 
@@ -16,10 +16,10 @@ def dashboard_app(args: argparse.Namespace) -> SpecdashApp:
     options and an unwritable `--trace` fail here, before the UI takes the terminal."""
     settings = settings_from_args(args)
     options = session_options(settings, args)  # SGLang's output: a log file (the session's)
-    source = LiveSession(settings, sglang_options=options)
+    writer = open_trace(settings)
+    source = LiveSession(settings, engine_options=options, describe=describe)
     if settings.trace is None:
         return SpecdashApp(source)
-    writer = TraceWriter(settings.trace, overwrite=settings.overwrite_trace)
     return SpecdashApp(source, settings.trace.parent, writer)
 
 
@@ -28,6 +28,8 @@ def run_dashboard(args: argparse.Namespace) -> int:
     ended (`SpecdashApp.exit_code`)."""
     app = dashboard_app(args)
     code = app.run() or 0
-    if code and app.exit_message:
+    if code == EXIT_INTERRUPTED:
+        print("specdash: interrupted", file=sys.stderr)
+    elif code and app.exit_message:
         print(f"specdash: error: {app.exit_message}", file=sys.stderr)
     return code

@@ -10,7 +10,7 @@ from collections.abc import Callable
 from contextlib import ExitStack
 
 from specdash.cli.progress import SessionProgress, make_progress
-from specdash.cli.session_args import session_options, settings_from_args
+from specdash.cli.session_args import open_trace, session_options, settings_from_args
 from specdash.errors import EXIT_DIVERGED, EXIT_OK
 from specdash.events import Divergence, Event, SessionStart, Summary
 from specdash.prompts import load_prompts
@@ -108,7 +108,7 @@ def run_headless(args: argparse.Namespace) -> int:
     recorder = None
     with ExitStack() as stack:
         progress = stack.enter_context(make_progress())
-        sinks: list[Callable[[Event], None]] = [
+        sinks: list[Callable[[Event], object]] = [
             SessionProgress(progress, prompts, settings.max_new_tokens)
         ]
         sampler = None
@@ -121,12 +121,11 @@ def run_headless(args: argparse.Namespace) -> int:
             if sampler is not None and isinstance(event, SessionStart):
                 sampler.start()
 
-        if settings.trace is not None:
+        writer = open_trace(settings)
+        if writer is not None:
             from specdash.runs.nvml_sampler import GpuSampler, device_index
-            from specdash.trace.jsonl import TraceWriter
             from specdash.trace.recorder import TraceRecorder
 
-            writer = TraceWriter(settings.trace, overwrite=settings.overwrite_trace)
             recorder = TraceRecorder(writer)
             stack.callback(recorder.close, "the session ended")
             sinks.append(recorder.consume)
@@ -135,7 +134,7 @@ def run_headless(args: argparse.Namespace) -> int:
             sampler = GpuSampler(sink, index=device_index(settings.device) or 0)
             stack.callback(sampler.stop)
 
-        summary = run_engine(settings, sink, sglang_options=session_options(settings, args))
+        summary = run_engine(settings, sink, options=session_options(settings, args))
     if args.json:
         print(summary_json(summary, divergences))
     else:

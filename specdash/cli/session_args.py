@@ -9,9 +9,45 @@ from pathlib import Path
 
 from pydantic import ValidationError
 
-from specdash.errors import UsageError
-from specdash.runs.sglang import SGLangOptions, parse_engine_arg
+from specdash.errors import FlagError, SpecdashError
+from specdash.output_files import Input, refuse_inputs
+from specdash.prompts import default_prompts_path
+from specdash.runs.sglang.args import SGLangOptions, parse_engine_arg
 from specdash.settings import SessionSettings
+from specdash.trace.jsonl import TraceWriter
+
+FLAGS = {
+    "engine": "--engine",
+    "model": "--model",
+    "draft": "--draft",
+    "preset": "--preset",
+    "drafter": "--drafter",
+    "k": "-k",
+    "speculation": "--no-spec",
+    "verify_mode": "--verify",
+    "gemm_backend": "--gemm-backend",
+    "batch": "--batch",
+    "prompts": "--prompts",
+    "max_new_tokens": "--max-new-tokens",
+    "device": "--device",
+    "dtype": "--dtype",
+    "shadow": "--no-shadow",
+    "trace": "--trace",
+    "overwrite_trace": "--overwrite-trace",
+    "speculative_algorithm": "--speculative-algorithm",
+    "engine_args": "--sglang-arg",
+    "shadow_mode": "--sglang-shadow",
+    "force_patches": "--force-patches",
+    "unpatch": "--sglang-unpatch",
+}
+"""The flag that sets each field of `SessionSettings` and `SGLangOptions`."""
+
+
+def describe(error: SpecdashError) -> str:
+    """An error's line as the command line says it: the flag of the setting it is about first."""
+    if error.setting is None:
+        return str(error)
+    return f"{FLAGS.get(error.setting, error.setting)}: {error}"
 
 
 def _path(value: str | None) -> Path | None:
@@ -19,7 +55,13 @@ def _path(value: str | None) -> Path | None:
 
 
 def settings_from_args(args: argparse.Namespace) -> SessionSettings:
-    """Settings from the CLI's session flags; a bad value is a one-line `UsageError`."""
+    """Settings from the CLI's session flags; a bad value or combination is a `FlagError`."""
+    if args.engine == "native" and args.drafter == "ngram" and args.draft is not None:
+        raise FlagError(
+            f"{args.draft} is not used with --drafter ngram (it drafts from the prompt); "
+            "leave out --draft, or draft with it: --drafter model",
+            setting="draft",
+        )
     try:
         return SessionSettings(
             engine=args.engine,
@@ -29,7 +71,7 @@ def settings_from_args(args: argparse.Namespace) -> SessionSettings:
             drafter=args.drafter,
             k=args.k,
             speculation=not args.no_spec,
-            verify=args.verify,
+            verify_mode=args.verify,
             gemm_backend=args.gemm_backend,
             batch=args.batch,
             prompts=_path(args.prompts),
@@ -43,7 +85,38 @@ def settings_from_args(args: argparse.Namespace) -> SessionSettings:
     except ValidationError as e:
         err = e.errors()[0]
         where = ".".join(str(p) for p in err["loc"])
-        raise UsageError(f"{where}: {err['msg']}") from None
+        raise FlagError(f"{err['msg']}", setting=where) from None
+
+
+def session_inputs(settings: SessionSettings) -> list[Input]:
+    """Every file a session reads, which nothing it writes may replace: the prompt file, the
+    checkpoints, and the data shipped in the package (the embedded pair, the default
+    prompts)."""
+    inputs: list[Input] = [(default_prompts_path().parent, "specdash's shipped data")]
+    for path, role in (
+        (settings.prompts, "the prompt file"),
+        (settings.model, "the model checkpoint"),
+        (settings.draft, "the draft checkpoint"),
+    ):
+        if path is not None:
+            inputs.append((path, role))
+    return inputs
+
+
+def open_trace(settings: SessionSettings) -> TraceWriter | None:
+    """The `--trace` recording, opened before the session loads anything: refused when it
+    would replace an input or (without --overwrite-trace) any existing file, or another
+    specdash is writing it (`specdash.output_files`)."""
+    if settings.trace is None:
+        return None
+    inputs = session_inputs(settings)
+    if settings.engine == "sglang":  # SGLang's logs are appended beside the trace
+        from specdash.runs.sglang.process import log_file_beside, shadow_log
+
+        log = log_file_beside(settings)
+        for path in (log, shadow_log(log)):
+            refuse_inputs(path, "SGLang log", inputs)
+    return TraceWriter(settings.trace, overwrite=settings.overwrite_trace, inputs=inputs)
 
 
 def sglang_options_from_args(args: argparse.Namespace) -> SGLangOptions:
@@ -59,6 +132,6 @@ def sglang_options_from_args(args: argparse.Namespace) -> SGLangOptions:
 
 def session_options(settings: SessionSettings, args: argparse.Namespace) -> SGLangOptions | None:
     """What a session started from the command line passes to `run_engine` as
-    `sglang_options`: the SGLang flags for `--engine sglang`, else None. The headless run and
+    `options`: the SGLang flags for `--engine sglang`, else None. The headless run and
     the dashboard both call this, so both run SGLang with the same options."""
     return sglang_options_from_args(args) if settings.engine == "sglang" else None

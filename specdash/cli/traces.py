@@ -11,11 +11,19 @@ import importlib.util
 import json
 import os
 import sys
+from collections.abc import Callable
 from pathlib import Path
 from typing import IO
 
-from specdash.errors import EXIT_DIVERGED, EXIT_OK, EnvironmentProblem
+from specdash.errors import (
+    EXIT_DIVERGED,
+    EXIT_INCOMPLETE,
+    EXIT_INTERRUPTED,
+    EXIT_OK,
+    EnvironmentProblem,
+)
 from specdash.events import Event, SessionStart
+from specdash.output_files import Output
 from specdash.trace.jsonl import read_trace
 
 
@@ -30,41 +38,47 @@ def default_output(trace: str, suffix: str) -> str:
     return str(Path(trace).with_suffix(suffix))
 
 
-def _open_output(path: str | None) -> IO[str]:
-    if path is None or path == "-":
-        return sys.stdout
+def _output(args: argparse.Namespace, suffix: str) -> Output:
+    """Where `export` / `report` write, checked before the trace is read: never the trace
+    itself, an existing file only with --overwrite."""
+    path = args.output or default_output(args.trace, suffix)
+    return Output(
+        path,
+        what="output",
+        inputs=[(Path(args.trace), "the trace it reads")],
+        overwrite=args.overwrite,
+        flag="--overwrite",
+    )
+
+
+def _to_stdout(write: Callable[[IO[str]], None]) -> None:
     try:
-        return open(path, "w", encoding="utf-8", newline="")
-    except OSError as e:
-        raise EnvironmentProblem(f"cannot write {path}: {e.strerror or e}") from None
+        write(sys.stdout)
+        sys.stdout.flush()
+    except BrokenPipeError:
+        # `| head`: the reader took what it wanted; point stdout at /dev/null for the exit flush
+        os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
 
 
 def run_export(args: argparse.Namespace) -> int:
     from specdash.trace.export import perfetto_trace, write_csv
 
-    header, events, _ = _read(args.trace)
     suffix = ".perfetto.json" if args.format == "perfetto" else ".csv"
-    path = args.output or default_output(args.trace, suffix)
-    out = _open_output(path)
-    try:
+    output = None if args.output == "-" else _output(args, suffix)
+    header, events, _ = _read(args.trace)
+
+    def write(out: IO[str]) -> None:
         if args.format == "perfetto":
             json.dump(perfetto_trace(header, events), out, allow_nan=False)
         else:
             write_csv(header, events, out)
-        out.flush()
-    except BrokenPipeError:
-        if out is not sys.stdout:
-            raise EnvironmentProblem(f"cannot write {path}: broken pipe") from None
-        # `| head`: the reader took what it wanted; point stdout at /dev/null for the exit flush
-        os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
+
+    if output is None:
+        _to_stdout(write)
         return EXIT_OK
-    except OSError as e:
-        raise EnvironmentProblem(f"cannot write {path}: {e.strerror or e}") from None
-    finally:
-        if out is not sys.stdout:
-            out.close()
-    if out is not sys.stdout:
-        print(f"wrote {path}", file=sys.stderr)
+    with output.replace() as f:
+        write(f)
+    print(f"wrote {output.path}", file=sys.stderr)
     return EXIT_OK
 
 
@@ -75,14 +89,12 @@ def run_report(args: argparse.Namespace) -> int:
         )
     from specdash.trace.report import render_report
 
+    output = _output(args, ".html")
     header, events, warnings = _read(args.trace)
-    out = Path(args.output or default_output(args.trace, ".html"))
     page = render_report(header, events, warnings, title=Path(args.trace).name)
-    try:
-        out.write_text(page, encoding="utf-8")
-    except OSError as e:
-        raise EnvironmentProblem(f"cannot write {out}: {e.strerror or e}") from None
-    print(f"wrote {out}", file=sys.stderr)
+    with output.replace() as f:
+        f.write(page)
+    print(f"wrote {output.path}", file=sys.stderr)
     return EXIT_OK
 
 
@@ -97,11 +109,15 @@ def run_diff(args: argparse.Namespace) -> int:
     for d in diffs:
         print(format_diff(d))
     differing = sum(d.index is not None for d in diffs)
+    incomplete = sum(bool(d.incomplete) for d in diffs)
+    cut = f", {incomplete} incomplete (a recording stops mid-prompt)" if incomplete else ""
     print(
-        f"summary: {differing} of {len(diffs)} prompts differ; A = {label(args.a, header_a)}, "
-        f"B = {label(args.b, header_b)}: {verdict(diffs)}"
+        f"summary: {differing} of {len(diffs)} prompts differ{cut}; "
+        f"A = {label(args.a, header_a)}, B = {label(args.b, header_b)}: {verdict(diffs)}"
     )
-    return EXIT_DIVERGED if differing else EXIT_OK
+    if differing:
+        return EXIT_DIVERGED
+    return EXIT_INCOMPLETE if incomplete else EXIT_OK
 
 
 def run_replay(args: argparse.Namespace) -> int:
@@ -110,5 +126,8 @@ def run_replay(args: argparse.Namespace) -> int:
     from specdash.ui.replay_app import ReplayApp
 
     replay = TraceReplay(header, events, speed=args.speed)
-    ReplayApp(replay, name=Path(args.trace).name, warnings=warnings).run()
+    # a replay's exit code is its own: a recorded engine error is no error of this run
+    if ReplayApp(replay, name=Path(args.trace).name, warnings=warnings).run() == EXIT_INTERRUPTED:
+        print("specdash: interrupted", file=sys.stderr)
+        return EXIT_INTERRUPTED
     return EXIT_OK

@@ -62,8 +62,8 @@ def load_tensors(
                     t = f.get_tensor(name)
                     if tuple(t.shape) != expected[name]:
                         raise CheckpointError(
-                            f"{file.name}: {name} has shape {tuple(t.shape)}, "
-                            f"config.json implies {expected[name]}"
+                            f"{file}: {name} has shape {tuple(t.shape)}, "
+                            f"{path / 'config.json'} implies {expected[name]}"
                         )
                     out[name] = t.to(device=device, dtype=dtype)
         except (SafetensorError, OSError, RuntimeError) as e:
@@ -112,7 +112,7 @@ def save_checkpoint(
                 size = 0
             shards[-1][name] = t
             size += nbytes
-        weight_map = {}
+        weight_map: dict[str, str] = {}
         for i, shard in enumerate(shards):
             fname = f"model-{i + 1:05d}-of-{len(shards):05d}.safetensors"
             save_file(shard, str(path / fname), metadata={"format": "pt"})

@@ -250,20 +250,20 @@ class DraftStep:
             keep.append(t)
             return t.data_ptr()
 
-        self.calls = []
+        self.calls: list[tuple[str, int, tuple[int, ...]]] = []  # (layer kind, index, pointers)
         for i, lw in enumerate(model.layers):
             mlp = (ptr(_kn(lw.gate_up)), ptr(_kn(lw.down)))
             m = lw.mixer
             if isinstance(m, AttentionWeights):
                 self.calls.append(
-                    ("attn", i, ptr(lw.input_norm), ptr(lw.post_norm), ptr(_kn(m.qkv)),
-                     ptr(m.q_norm), ptr(m.k_norm), ptr(_kn(m.o)), *mlp)
+                    ("attn", i, (ptr(lw.input_norm), ptr(lw.post_norm), ptr(_kn(m.qkv)),
+                     ptr(m.q_norm), ptr(m.k_norm), ptr(_kn(m.o)), *mlp))
                 )  # fmt: skip
             else:
                 self.calls.append(
-                    ("gdn", i, ptr(lw.input_norm), ptr(lw.post_norm), ptr(_kn(m.proj)),
+                    ("gdn", i, (ptr(lw.input_norm), ptr(lw.post_norm), ptr(_kn(m.proj)),
                      ptr(m.conv), ptr(m.a_log.float()), ptr(m.dt_bias.float()), ptr(m.norm),
-                     ptr(_kn(m.out)), *mlp)
+                     ptr(_kn(m.out)), *mlp))
                 )  # fmt: skip
         self.head = (ptr(model.final_norm), ptr(_kn(model.lm_head)))
         self.keep = keep
@@ -275,9 +275,8 @@ class DraftStep:
         xp, eps, zc = x.data_ptr(), cfg.rms_norm_eps, int(cfg.zero_centred_norm)
         hid, inter = cfg.hidden_size, cfg.intermediate_size
         rope = self.model.rope
-        for call in self.calls:
-            if call[0] == "attn":
-                _, i, *w = call
+        for kind, i, w in self.calls:
+            if kind == "attn":
                 cache = state.kv[i]
                 lib.draft_attention_layer(
                     xp, *w[:6], w[6], w[7], cache.k.data_ptr(), cache.v.data_ptr(),
@@ -286,7 +285,6 @@ class DraftStep:
                     cfg.rotary_dim, int(cfg.gated_attention), inter, eps, zc,
                 )  # fmt: skip
             else:
-                _, i, *w = call
                 g = state.gdn[i]
                 window, ssm = g.conv.contiguous(), g.ssm.contiguous()
                 new_window, new_ssm = torch.empty_like(window), torch.empty_like(ssm)

@@ -57,7 +57,8 @@ class ReplayDrafter:
     name = "replay"
 
     def __init__(self, continuation: dict[tuple[int, ...], list[int]]) -> None:
-        self.continuation, self.prompt = continuation, ()
+        self.continuation = continuation
+        self.prompt: tuple[int, ...] = ()
 
     def start(self, prompt: list[int], capacity: int) -> None:
         self.prompt = tuple(prompt)

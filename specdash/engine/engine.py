@@ -1,39 +1,42 @@
-"""Speculative decoding with a shadow: the mechanics of one sequence, no events, no I/O.
+"""Speculative decoding with a shadow: the mechanics of a batch of sequences, no events, no I/O.
 
-Greedy acceptance (gpt-fast's `speculative_decode`, greedy case):
+Greedy acceptance (gpt-fast's `speculative_decode`, greedy case), `accept`:
   rows = [last token, d1..dk] go through the target in one verify step; row i predicts
   t_{i+1}. Keep the longest prefix with d_i == t_i (a drafts), emit t_1..t_{a+1}: the a
-  accepted drafts plus one bonus token from row a. The state keeps rows 0..a.
+  accepted drafts plus one bonus token from row a, up to the first end-of-text. The state
+  keeps the row that predicted each emitted token: rows 0..a.
 
 The shadow is a plain greedy decode of the same prompt on the same weights, started
 from the same prefill and advanced to the same position after every step, so each
 emitted token is compared (id and fp32 logprob bits) the moment both exist.
 What makes the verify rows equal the shadow's decode rows: docs/exactness.md.
 
-On CUDA the engine, not the model, owns the CUDA graphs (as nano-vllm's `ModelRunner` and
-mini-sglang's `Engine` do): states are reusable slots, and a decode or verify forward on a slot
-replays a graph captured once per (slot, rows, GEMM backend, mode) (`graphs.CapturedForward`),
-then commits through a graph too; prefill, observed forwards and rows that read host-side
-lengths run eagerly. `spec_step` and `shadow_catch_up` show both paths.
-
 Batching (continuous, as nano-vllm's scheduler): `spec_step` takes a list of sequences and
 verifies all their rows in one forward (`Model.forward_batch`: GEMM M = every row of every
 sequence; attention and GDN on each sequence's own slot, one launch per op for the sequences
 with as many rows when `reserve` made their slots one `SlotPool`); acceptance stays per
-sequence, the commit is one batched copy per GDN buffer (`state.commit_batch`).
+sequence, the commit is one batched copy per GDN buffer (`state.commit_batch`), and the
+step's ids and log-probs reach the host in one copy (`greedy_to_host`).
 Batch-invariant GEMMs and per-row reductions make each row's bits independent of its
 neighbours, so a sequence's output is the same at any batch size (tests/test_batch_exact.py).
-On CUDA a batch of pool slots with as many rows each replays a graph too
-(`graphs.CapturedBatch`, one per padded size); others run eagerly. `reserve` sizes the slots
-once per session, so memory stays flat over mixed prompt lengths.
+
+Every decode and verify forward, the speculative run's and the shadow's, goes through one
+dispatcher (`Engine._forward`). On CUDA the engine, not the model, owns the CUDA graphs (as
+nano-vllm's `ModelRunner` and mini-sglang's `Engine` do): states are reusable slots; a forward
+on one slot replays a graph captured once per (slot, rows, GEMM backend, mode)
+(`graphs.CapturedForward`), a batch of pool slots with as many rows each one captured per
+padded size (`graphs.CapturedBatch`), and each commits through a graph too; prefill, observed
+forwards, other batches and rows that read host-side lengths run eagerly. `reserve` sizes the
+slots once per session, so memory stays flat over mixed prompt lengths.
 """
 
 from __future__ import annotations
 
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Container
 from dataclasses import dataclass, field
-from typing import overload
+from functools import partial
+from itertools import accumulate
 
 import torch
 
@@ -46,6 +49,8 @@ from specdash.engine.state import SeqState, SlotPool, commit_batch, take_fitting
 from specdash.metrics import same_fp32_bits
 
 Tensor = torch.Tensor
+Commit = Callable[[list[int]], None]
+"""Keep `kept[b]` rows of the last forward's state b."""
 
 
 @dataclass(slots=True)
@@ -56,6 +61,10 @@ class StepRecord:
     mode: Mode
     gemm: GemmBackend
     accepted: int
+    batch: list[Sequence] = field(default_factory=list)
+    """Every sequence of the step's forward (this one among them), in `spec_step`'s order, one
+    list shared by their records: a row's bits can depend on the whole forward's layout (a
+    CPU GEMM's on M), so replaying a step means replaying its batch."""
 
 
 @dataclass(slots=True)
@@ -83,8 +92,11 @@ class Sequence:
         return min(len(self.ids), len(self.shadow_ids))
 
 
-@dataclass(slots=True)
+@dataclass(slots=True, kw_only=True)
 class StepResult:
+    """One sequence's verify step. Times: its own drafting, and an equal share of the batch's
+    verify, commit and shadow time (so the batch's shares sum to the batch's)."""
+
     drafts: list[int]
     emitted: list[int]
     logprobs: list[float]
@@ -93,6 +105,37 @@ class StepResult:
     verify_s: float
     shadow_s: float
     rollback_s: float
+
+
+def accept(drafts: list[int], target: list[int], eos_ids: Container[int]) -> tuple[int, int]:
+    """(accepted drafts, emitted tokens) of one sequence's verify step, greedy.
+
+    drafts: [n] d_1..d_n; target: [n + 1] t_1..t_{n+1}, the target's greedy token of each row
+    (row 0 holds the last emitted token, row i holds d_i; row i predicts t_{i+1}).
+    Accept while d_i == t_i; emit t_1..t_{a+1}, the a accepted drafts and row a's bonus token,
+    but nothing after an end-of-text: a drafted end-of-text ends the step, with no bonus, and
+    the drafts after it are neither emitted nor accepted.
+    """
+    a = 0
+    while a < len(drafts) and drafts[a] == target[a]:
+        a += 1
+    emitted = next((j + 1 for j, t in enumerate(target[: a + 1]) if t in eos_ids), a + 1)
+    return min(a, emitted), emitted
+
+
+def batch_order(rows: list[list[int]]) -> list[int]:
+    """The order a batched forward lays its sequences' rows out in: by row count, so that
+    sequences with as many rows sit side by side and step together (`Rows.run`); stable."""
+    return sorted(range(len(rows)), key=lambda j: len(rows[j]))
+
+
+def greedy_to_host(logprobs: Tensor) -> tuple[list[int], list[float]]:
+    """`ops.greedy` of every row of logprobs [R, V] on the host: ids [R] and fp32 log-probs [R],
+    in one copy (one sync) as one float64 [2, R] tensor, which holds both exactly (ids are
+    below 2**53; every fp32 is a float64)."""
+    ids, lps = ops.greedy(logprobs)
+    host_ids, host_lps = torch.stack((ids.double(), lps.double())).tolist()
+    return [int(t) for t in host_ids], host_lps
 
 
 class Engine:
@@ -127,8 +170,8 @@ class Engine:
         """Allocate the session's state slots once, each sized for its longest prompt
         (`start`'s capacity rule), for `sequences` in flight (and their shadows), and reuse
         them for every prompt: memory reaches its level here and stays there, whatever the
-        prompt lengths (issue 12's RSS peak followed each prompt's KV). Call before the first
-        `start`; a longer prompt later still gets a (larger) slot of its own."""
+        prompt lengths (with a state per prompt, RSS would follow each prompt's KV). Call
+        before the first `start`; a longer prompt later still gets a (larger) slot of its own."""
         m = self.target
         self.reserved = True
         self.slot_capacity = max(self.slot_capacity, max_prompt_tokens + max_new_tokens + k_max + 1)
@@ -154,15 +197,14 @@ class Engine:
         m = self.target
         capacity = len(prompt) + max_new_tokens + k_max + 1
         state = self._new_state(capacity)
-        lp = m.forward(self._tensor(prompt), state, "prefill")
-        ids, lps = ops.greedy(lp)
+        ids, lps = greedy_to_host(m.forward(self._tensor(prompt), state, "prefill"))
         shadow_state = None
         if shadow:
             shadow_state = self._new_state(capacity)
             shadow_state.copy_from(state)
         drafter = self.make_drafter()
         seq = Sequence(index, prompt, capacity, state, shadow_state, drafter)
-        first, first_lp = int(ids[0]), float(lps[0])
+        first, first_lp = ids[0], lps[0]
         seq.context = [*prompt, first]
         seq.ids, seq.logprobs = [first], [first_lp]
         if shadow:
@@ -190,176 +232,133 @@ class Engine:
         if release is not None:  # a model drafter's state serves the next sequence
             release()
 
-    def _graph(self, state: SeqState, rows: int, mode: Mode) -> graphs.CapturedForward | None:
-        """The captured forward of `rows` rows on `state` (captured on first use), after the
-        eager forward's capacity check; None where the forward runs eagerly: a state that is no
-        slot (CUDA graphs off, or the CPU), or rows that read host-side lengths
-        (`Rows.graphable`), which a graph would freeze."""
-        if not self.cuda_graphs:
-            return None
-        slot = next((i for i, s in enumerate(self._slots) if s is state), None)
-        if slot is None or not self.target.rows[mode].graphable:
-            return None
-        self.target.check_fits(state, rows)  # a capture writes K/V at those rows too
-        key = (slot, rows, self.target.gemm.name, mode)
-        graph = self._graphs.get(key)
-        if graph is None:
-            graph = self._graphs[key] = graphs.CapturedForward(self.target, state, rows, mode)
-        return graph
-
-    def _batch_graph(
-        self, states: list[SeqState], rows: int, mode: Mode
-    ) -> graphs.CapturedBatch | None:
-        """The captured batch for `states`, `rows` rows each (captured on first use), after the
-        eager forward's capacity checks; None where the batch runs eagerly: no CUDA graphs,
-        states that are not slots of one pool, or rows that step slots one by one."""
-        pool = states[0].pool
-        if not self.cuda_graphs or pool is None or any(st.pool is not pool for st in states):
-            return None
-        if not self.target.rows[mode].steps_slots_together:
-            return None
-        for st in states:
-            self.target.check_fits(st, rows)
-        size = 1 << (len(states) - 1).bit_length()
-        key = (id(pool), size, rows, self.target.gemm.name, mode)
-        graph = self._batch_graphs.get(key)
-        if graph is None:
-            if self._batch_mempool is None:
-                self._batch_mempool = torch.cuda.graph_pool_handle()
-            graph = graphs.CapturedBatch(self.target, pool, size, rows, mode, self._batch_mempool)
-            self._batch_graphs[key] = graph
-        return graph
-
-    @overload
-    def spec_step(self, seqs: Sequence, k: int, mode: Mode, max_new_tokens: int) -> StepResult: ...
-    @overload
     def spec_step(
         self, seqs: list[Sequence], k: int, mode: Mode, max_new_tokens: int
-    ) -> list[StepResult]: ...
-    def spec_step(
-        self, seqs: Sequence | list[Sequence], k: int, mode: Mode, max_new_tokens: int
-    ) -> StepResult | list[StepResult]:
-        """One verify step of every sequence in `seqs`, in one forward (a list of one: the
-        graphed single-sequence path; a bare `Sequence` returns its bare `StepResult`).
-        Drafting, acceptance and commit stay per sequence; the shadows then catch up, batched
-        too. Per-sequence times: its own draft time, and an equal share of the batch's verify,
-        commit and shadow time (so they sum to the batch's)."""
-        if isinstance(seqs, Sequence):
-            return self.spec_step([seqs], k, mode, max_new_tokens)[0]
+    ) -> list[StepResult]:
+        """One verify step of every sequence in `seqs`, in one forward: each drafts up to k
+        tokens (k = 0: a plain decode step), the target verifies every row, `accept` decides
+        per sequence, the states commit together; then the shadows catch up, batched too.
+        Results in `seqs`' order."""
+        before = [len(seq.ids) for seq in seqs]
         drafts, draft_s = [], []
         for seq in seqs:
-            room = max_new_tokens - len(seq.ids)
             d0 = time.perf_counter()
-            n = min(k, room - 1)
-            drafts.append(seq.drafter.propose(seq.context, n) if k > 0 and room > 1 else [])
+            n = min(k, max_new_tokens - len(seq.ids) - 1)  # a step emits up to n + 1 tokens
+            drafts.append(seq.drafter.propose(seq.context, n) if n > 0 else [])
             draft_s.append(time.perf_counter() - d0)
         t1 = time.perf_counter()
-        rows = [[seq.context[-1], *d] for seq, d in zip(seqs, drafts, strict=True)]
-        lps, graph = self._verify(seqs, rows, mode)
-        results = []
-        accepted_all = []
-        for d, lp in zip(drafts, lps, strict=True):
-            ids, lp_ = ops.greedy(lp)
-            ids_l, lps_l = ids.tolist(), lp_.tolist()
-            accepted = 0
-            while accepted < len(d) and d[accepted] == ids_l[accepted]:
-                accepted += 1
-            accepted_all.append((accepted, ids_l, lps_l))
+        step_rows = [[seq.context[-1], *d] for seq, d in zip(seqs, drafts, strict=True)]
+        order = batch_order(step_rows)
+        batch = [seqs[b] for b in order]
+        rows = [step_rows[b] for b in order]  # [B][1 + n_b], as the forward lays them out
+        starts = [0, *accumulate(len(r) for r in rows[:-1])]  # [B]: each one's first row
+        observer = self.fault(len(batch[0].steps)) if self.fault and len(batch) == 1 else None
+        logprobs, commit = self._forward([s.state for s in batch], rows, mode, observer)
+        target, target_lps = greedy_to_host(logprobs)  # [sum(1 + n_b)] each
+        verdicts = [
+            accept(r[1:], target[s : s + len(r)], self.eos_ids)
+            for r, s in zip(rows, starts, strict=True)
+        ]  # (accepted, emitted) per sequence
         t2 = time.perf_counter()
-        kept = [a + 1 for a, _, _ in accepted_all]
-        if graph is not None:  # a graph's batch is in `seqs`' order (one row count: unsorted)
-            graph.commit([s.state for s in seqs], kept)
-        else:
-            commit_batch([s.state for s in seqs], kept)
-        for seq, d, r, (accepted, ids_l, lps_l) in zip(
-            seqs, drafts, rows, accepted_all, strict=True
-        ):
-            emitted, emitted_lp = ids_l[: accepted + 1], lps_l[: accepted + 1]
-            for j, tok in enumerate(emitted):  # stop at end of sequence
-                if tok in self.eos_ids:
-                    emitted, emitted_lp = emitted[: j + 1], emitted_lp[: j + 1]
-                    seq.done = True
-                    break
-            seq.steps.append(StepRecord(r, mode, self.target.gemm, accepted))
-            seq.context.extend(emitted)
-            seq.ids.extend(emitted)
-            seq.logprobs.extend(emitted_lp)
+        commit([emitted for _, emitted in verdicts])  # the row that predicted each token
+        in_forward = list(seqs)  # `StepRecord.batch`: one list shared by the step's records
+        for seq, r, s, (accepted, emitted) in zip(batch, rows, starts, verdicts, strict=True):
+            ids = target[s : s + emitted]
+            seq.steps.append(StepRecord(r, mode, self.target.gemm, accepted, in_forward))
+            seq.context.extend(ids)
+            seq.ids.extend(ids)
+            seq.logprobs.extend(target_lps[s : s + emitted])
+            seq.done = ids[-1] in self.eos_ids or len(seq.ids) >= max_new_tokens
             seq.drafter.accept(seq.context, accepted)
-            results.append((d, emitted, emitted_lp, accepted))
         t3 = time.perf_counter()
         shadow_s = self.shadow_catch_up(seqs)
-        for seq in seqs:
-            seq.done = seq.done or len(seq.ids) >= max_new_tokens
         n = len(seqs)
         return [
-            StepResult(d, e, lp, a, ds, (t2 - t1) / n, shadow_s / n, (t3 - t2) / n)
-            for (d, e, lp, a), ds in zip(results, draft_s, strict=True)
+            StepResult(
+                drafts=d,
+                emitted=seq.ids[j:],
+                logprobs=seq.logprobs[j:],
+                accepted=seq.steps[-1].accepted,
+                draft_s=ds,
+                verify_s=(t2 - t1) / n,
+                shadow_s=shadow_s / n,
+                rollback_s=(t3 - t2) / n,
+            )
+            for seq, d, j, ds in zip(seqs, drafts, before, draft_s, strict=True)
         ]
 
-    def _verify(
-        self, seqs: list[Sequence], rows: list[list[int]], mode: Mode
-    ) -> tuple[list[Tensor], graphs.CapturedForward | graphs.CapturedBatch | None]:
-        """Every sequence's rows through the target: one sequence replays its graph (or runs
-        eagerly, observed for fault tests); several replay their batch's graph, or run eagerly
-        in one batched forward."""
-        if len(seqs) == 1:
-            seq = seqs[0]
-            tokens = self._tensor(rows[0])
-            observer = self.fault(len(seq.steps)) if self.fault else None
-            graph = None if observer else self._graph(seq.state, len(rows[0]), mode)
-            if graph is not None:
-                return [graph.replay(tokens, seq.state)], graph
-            # an observed forward is eager: the observer sees (and may change) every sub-op
-            return [self.target.forward(tokens, seq.state, mode, observer)], None
-        # sequences with as many rows side by side, so that they step together (`Rows.run`)
-        order = sorted(range(len(seqs)), key=lambda j: len(rows[j]))
-        lens = [len(rows[j]) for j in order]
-        tokens = self._tensor([t for j in order for t in rows[j]])
-        states = [seqs[j].state for j in order]
-        graph = self._batch_graph(states, lens[0], mode) if lens[0] == lens[-1] else None
-        if graph is not None:
-            lp = graph.replay(tokens, states)
-        else:
-            lp = self.target.forward_batch(tokens, states, lens, mode)
-        out = dict(zip(order, lp.split(lens), strict=True))
-        return [out[j] for j in range(len(seqs))], graph
-
-    def shadow_catch_up(self, seqs: Sequence | list[Sequence]) -> float:
+    def shadow_catch_up(self, seqs: list[Sequence]) -> float:
         """Decode the shadows up to their speculative runs' lengths, one batched decode row per
         lagging sequence per forward, comparing as they go. A shadow runs to the end after a
         divergence too (its own greedy path), so a later change of the text is seen, and its
         time is always real."""
-        seqs = [seqs] if isinstance(seqs, Sequence) else seqs
         t0 = time.perf_counter()
         while lag := [s for s in seqs if s.shadow is not None and len(s.shadow_ids) < len(s.ids)]:
-            token = self._tensor([s.shadow_ids[-1] for s in lag])
-            if len(lag) == 1:
-                shadow = lag[0].shadow
-                assert shadow is not None
-                graph = self._graph(shadow, 1, "exact")
-                if graph is not None:
-                    lp = graph.replay(token, shadow)
-                    graph.commit([shadow], [1])
-                else:
-                    lp = self.target.forward(token, shadow, "exact")
-                    shadow.commit(1)
-            else:
-                states = [s.shadow for s in lag if s.shadow is not None]
-                ones = [1] * len(states)
-                batch = self._batch_graph(states, 1, "exact")
-                if batch is not None:
-                    lp = batch.replay(token, states)
-                    batch.commit(states, ones)
-                else:
-                    lp = self.target.forward_batch(token, states, ones, "exact")
-                    commit_batch(states, ones)
-            toks, tok_lps = ops.greedy(lp)
+            states = [s.shadow for s in lag if s.shadow is not None]
+            logprobs, commit = self._forward(states, [[s.shadow_ids[-1]] for s in lag], "exact")
+            commit([1] * len(lag))
             for i, (seq, tok, tok_lp) in enumerate(
-                zip(lag, toks.tolist(), tok_lps.tolist(), strict=True)
+                zip(lag, *greedy_to_host(logprobs), strict=True)
             ):
                 if self._compare(seq, tok, tok_lp):
-                    seq.shadow_rows[len(seq.shadow_ids) - 1] = lp[i].clone()
+                    seq.shadow_rows[len(seq.shadow_ids) - 1] = logprobs[i].clone()
         return time.perf_counter() - t0
+
+    def _forward(
+        self,
+        states: list[SeqState],
+        rows: list[list[int]],
+        mode: Mode,
+        observer: Observer | None = None,
+    ) -> tuple[Tensor, Commit]:
+        """`rows[b]` through the target at `states[b]`'s positions, all in one forward: the
+        log-probs [sum of rows, V] in `states`' order, and the commit. Replays (and commits
+        through) a captured graph where there is one (`_graph`); else runs eagerly, where an
+        observer sees, and may change, every sub-op."""
+        lens = [len(r) for r in rows]
+        tokens = self._tensor([t for r in rows for t in r])
+        graph = None if observer is not None else self._graph(states, lens, mode)
+        if graph is not None:
+            return graph.replay(tokens, states), partial(graph.commit, states)
+        logprobs = self.target.forward_batch(tokens, states, lens, mode, observe=observer)
+        return logprobs, partial(commit_batch, states)
+
+    def _graph(
+        self, states: list[SeqState], lens: list[int], mode: Mode
+    ) -> graphs.CapturedForward | graphs.CapturedBatch | None:
+        """The captured forward of `lens[b]` rows on each of `states` (captured on first use),
+        after the eager forward's capacity checks. None where the forward runs eagerly: CUDA
+        graphs off, rows that read host-side lengths (`Rows.graphable`), which a graph would
+        freeze, a lone state that is no slot, or a batch that is not slots of one pool with as
+        many rows each on rows that step slots together."""
+        target, n = self.target, lens[0]
+        if not self.cuda_graphs or not target.rows[mode].graphable or len(set(lens)) > 1:
+            return None
+        if len(states) == 1:
+            slot = next((i for i, s in enumerate(self._slots) if s is states[0]), None)
+            if slot is None:
+                return None
+            target.check_fits(states[0], n)  # a capture writes K/V at those rows too
+            key = (slot, n, target.gemm.name, mode)
+            if key not in self._graphs:
+                self._graphs[key] = graphs.CapturedForward(target, states[0], n, mode)
+            return self._graphs[key]
+        pool = states[0].pool
+        if not target.rows[mode].steps_slots_together or pool is None:
+            return None
+        if any(st.pool is not pool for st in states):
+            return None
+        for st in states:
+            target.check_fits(st, n)
+        size = 1 << (len(states) - 1).bit_length()
+        batch_key = (id(pool), size, n, target.gemm.name, mode)
+        if batch_key not in self._batch_graphs:
+            if self._batch_mempool is None:
+                self._batch_mempool = torch.cuda.graph_pool_handle()
+            self._batch_graphs[batch_key] = graphs.CapturedBatch(
+                target, pool, size, n, mode, self._batch_mempool
+            )
+        return self._batch_graphs[batch_key]
 
     @staticmethod
     def _compare(seq: Sequence, tok: int, tok_lp: float) -> bool:

@@ -33,7 +33,7 @@ class CapturedForward:
         self.tokens = torch.zeros(rows, dtype=torch.long, device=model.device)
         # Warm up on a side stream (Triton compiles, caches allocate), then capture. Both
         # write K/V at positions >= length, which the next real step overwrites, and leave GDN
-        # steps pending; a decode row updates GDN buffers in place (`rows.TritonRows`), so the
+        # steps pending; a decode row updates GDN buffers in place (`rows.gdn.TritonGdn`), so the
         # warm-up runs on a copy of them, put back after.
         side = torch.cuda.Stream()
         side.wait_stream(torch.cuda.current_stream())
@@ -53,9 +53,11 @@ class CapturedForward:
         state.pending = {}
         self.commits: dict[int, torch.cuda.CUDAGraph] = {}
 
-    def replay(self, tokens: Tensor, state: SeqState) -> Tensor:
-        """Run the graph on `tokens`; like the eager forward it leaves the GDN steps pending (so
-        `state.commit` would also be right; `commit` below is the graphed way)."""
+    def replay(self, tokens: Tensor, states: list[SeqState]) -> Tensor:
+        """Run the graph on `tokens` (`states` is [state], as for `CapturedBatch.replay`); like
+        the eager forward it leaves the GDN steps pending (so `state.commit` would also be
+        right; `commit` below is the graphed way)."""
+        (state,) = states
         self.tokens.copy_(tokens, non_blocking=True)
         self.graph.replay()
         state.pending = dict(self.pending)

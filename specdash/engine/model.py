@@ -153,8 +153,8 @@ class Model:
         consume: bool = False,
     ) -> Model:
         """`consume`: drop each layer's tensors from `t` once its fused copies exist, so the
-        unfused projections are freed layer by layer (the 27B shape's 51 GB of weights peaked
-        near 80 GB with every unfused copy alive: an H100 ran out)."""
+        unfused projections are freed layer by layer (the 27B shape's 51 GB of weights peak
+        near 80 GB with every unfused copy alive: more than an H100 holds)."""
         p = cfg.weight_prefix
         layers = []
         for i, lt in enumerate(cfg.layer_types):
@@ -264,6 +264,7 @@ class Model:
         lens: list[int],
         mode: Mode,
         run: Run | None = None,
+        observe: Observer | None = None,
     ) -> Tensor:
         """Decode or verify several sequences in one forward: `tokens` [sum(lens)] holds
         `lens[b]` rows of sequence b, at its own positions states[b].length.. . GEMMs, norms and
@@ -272,11 +273,12 @@ class Model:
         sequence's own state: consecutive slots of one pool with as many rows each in one launch
         per op (`Rows.run`), others one by one. Returns [sum(lens), V]; GDN steps stay pending
         per state (commit with `state.commit_batch`). `run`: every state as one prebuilt run (a
-        captured batch's, whose slots and positions are device tensors)."""
+        captured batch's, whose slots and positions are device tensors). `observe`: as in
+        `forward`, over every row of the batch."""
         assert mode != "prefill", "prefill runs per sequence"
         for state, n in zip(states, lens, strict=True):
             self.check_fits(state, n)
-        return self._forward_pass(tokens, states, mode, None, False, lens, run)
+        return self._forward_pass(tokens, states, mode, observe, False, lens, run)
 
     def _forward_pass(
         self,
@@ -295,7 +297,7 @@ class Model:
         x = obs(-1, "embed", self.embed[tokens])
         head = len(self.layers)
         norms = [lw.input_norm for lw in self.layers[1:]] + [self.final_norm]
-        h = obs(0, "input_norm", rows.norm(x, self.layers[0].input_norm))
+        h = obs(0, "input_norm", rows.rowwise.norm(x, self.layers[0].input_norm))
         for i, lw in enumerate(self.layers):
             if isinstance(lw.mixer, AttentionWeights):
                 a = self._attention(i, lw.mixer, h, runs, mode, obs)
@@ -331,10 +333,10 @@ class Model:
     ) -> tuple[Tensor, Tensor]:
         """x + a and the norm after it (one kernel on the Triton rows). Observed at `sum_at`
         and `norm_at`; a sum an observer replaced (fault injection) is normed again."""
-        s, h = rows.residual_norm(x, a, w)
+        s, h = rows.rowwise.residual_norm(x, a, w)
         seen = obs(*sum_at, s)
         if seen is not s:
-            s, h = seen, rows.norm(seen, w)
+            s, h = seen, rows.rowwise.norm(seen, w)
         return s, obs(*norm_at, h)
 
     def _linear(self, x: Tensor, w: Tensor, mode: Mode) -> Tensor:
@@ -357,7 +359,7 @@ class Model:
         gu = obs(i, "gate_up_proj", self._linear(h, lw.gate_up, mode))
         if fused is not None:
             return fused.swiglu(gu, lw.down)
-        return self._linear(rows.swiglu(gu), lw.down, mode)
+        return self._linear(rows.rowwise.swiglu(gu), lw.down, mode)
 
     def _fused(self, mode: Mode) -> gemm_backends.FusedGemms | None:
         """The backend's GEMMs with the row op before them computed in their operand loads, for
@@ -370,12 +372,12 @@ class Model:
         rows = self.rows[mode]
         qkv = obs(i, "qkv_proj", self._linear(h, w.qkv, mode))
         parts = qkv.split([r.size for r in runs])
-        o = cat_rows([rows.attention_run(p, w, i, r) for p, r in zip(parts, runs, strict=True)])
+        o = cat_rows([rows.attention.run(p, w, i, r) for p, r in zip(parts, runs, strict=True)])
         o = obs(i, "attention", o)
         fused = self._fused(mode)
         if fused is not None and self.cfg.gated_attention:
             return obs(i, "o_proj", fused.sigmoid_gate(o, attention_gate(qkv, self.cfg), w.o))
-        return obs(i, "o_proj", self._linear(rows.output_gate(o, qkv), w.o, mode))
+        return obs(i, "o_proj", self._linear(rows.rowwise.output_gate(o, qkv), w.o, mode))
 
     def _gdn(
         self, i: int, w: GdnWeights, h: Tensor, runs: list[Run], mode: Mode, obs: Observer
@@ -386,19 +388,19 @@ class Model:
         proj = obs(i, "in_proj", self._linear(h, w.proj, mode))
         qkv, z, b, a = proj.split([cfg.gdn_conv_dim, cfg.gdn_value_dim, nv, nv], dim=-1)
         sizes = [r.size for r in runs]
-        if obs is _identity and all(rows.conv_in_gdn(r) for r in runs):  # no conv to observe
+        if obs is _identity and all(rows.gdn.conv_in_gdn(r) for r in runs):  # no conv to observe
             per_run = zip(*(x.split(sizes) for x in (qkv, a, b)), runs, strict=True)
-            o = cat_rows([rows.conv_gdn_run(i, *qkvab, w, r) for *qkvab, r in per_run])
+            o = cat_rows([rows.gdn.conv_gdn_run(i, *qkvab, w, r) for *qkvab, r in per_run])
         else:
             parts = zip(qkv.split(sizes), runs, strict=True)
-            convs = [rows.conv_run(p, w.conv, i, r) for p, r in parts]
+            convs = [rows.gdn.conv_run(p, w.conv, i, r) for p, r in parts]
             mixed = obs(i, "conv", cat_rows([m for m, _ in convs]))
             q, k, v = mixed.split([cfg.gdn_key_dim, cfg.gdn_key_dim, cfg.gdn_value_dim], dim=-1)
             q, k, v = q.view(t_len, nk, dk), k.view(t_len, nk, dk), v.view(t_len, nv, dv)
             per_run = zip(*(x.split(sizes) for x in (q, k, v, a, b)), strict=True)
             o = cat_rows(
                 [
-                    rows.gdn_run(i, qkvab, w, r, cs)
+                    rows.gdn.run(i, qkvab, w, r, cs)
                     for qkvab, r, (_, cs) in zip(per_run, runs, convs, strict=True)
                 ]
             )
@@ -407,7 +409,7 @@ class Model:
         if fused is not None:
             o = o.reshape(t_len, nv * dv).to(z.dtype)
             return obs(i, "out_proj", fused.gated_norm(o, z, w.norm, cfg.rms_norm_eps, w.out))
-        o = obs(i, "gated_norm", rows.gated_norm(o, z, w.norm).reshape(t_len, nv * dv))
+        o = obs(i, "gated_norm", rows.rowwise.gated_norm(o, z, w.norm).reshape(t_len, nv * dv))
         return obs(i, "out_proj", self._linear(o, w.out, mode))
 
 

@@ -56,9 +56,9 @@ class SeqState:
     in_place: bool = False
     """Store GDN updates into the existing buffers: the engine sets it on its CUDA-graph slots,
     whose graphs hold these addresses. On the Triton rows a decode row (always kept) updates
-    them inside the forward (`TritonRows._decodes_in_place`); its commit only moves the length.
-    Otherwise new tensors replace them, which saves a copy and lets `ModelDrafter` snapshot a
-    state by reference."""
+    them inside the forward (`rows.gdn.TritonGdn._decodes_in_place`); its commit only moves
+    the length. Otherwise new tensors replace them, which saves a copy and lets `ModelDrafter`
+    snapshot a state by reference."""
 
     @classmethod
     def empty(

@@ -2,7 +2,7 @@
 
 q/k/v, the GDN input projections and gate/up are each fused into one GEMM's weight
 (`Model.from_tensors` builds them from Hugging Face tensor names); the model's forward and every
-`rows.Rows` implementation read them.
+`rows.Rows` part read them.
 """
 
 from __future__ import annotations

@@ -1,11 +1,11 @@
-"""Give the C heap's freed memory back to the OS after a prefill (issue 12).
+"""Give the C heap's freed memory back to the OS after a prefill.
 
 A prefill's activations are large temporaries: a 15k-token prompt frees ~100 MB of them on the
-embedded CPU pair. glibc keeps freed heap memory for reuse instead of returning it, so the
-process's RSS rose to the high-water mark of the longest prompt so far and stayed there (the
-dashboard went 319 -> 447 MB over the default prompt set). `malloc_trim(0)` returns the free
-pages of every arena: ~115 MB back after each long prefill, a few ms, once per prompt group.
-Where the C library has no `malloc_trim` (macOS, musl) this does nothing.
+embedded CPU pair. glibc keeps freed heap memory for reuse instead of returning it, so without
+a trim the process's RSS rises to the high-water mark of the longest prompt so far and stays
+there (the dashboard goes 319 -> 447 MB over the default prompt set). `malloc_trim(0)` returns
+the free pages of every arena: ~115 MB back after each long prefill, a few ms, once per prompt
+group. Where the C library has no `malloc_trim` (macOS, musl) this does nothing.
 """
 
 from __future__ import annotations

@@ -1,9 +1,9 @@
-"""The native runner: load weights, decode a prompt set with speculation and a shadow, emit events.
+"""specdash's own engine as a session backend: one verify step of every prompt in flight per
+step, in one batched forward, the shadow advancing in the same step.
 
-`NativeRunner.run(settings, sink, controls, stop)` is the `specdash.runs.runner.Runner`
-protocol on specdash's own engine: it blocks, calls `sink(event)` from the calling thread,
-reads `controls` once per step (so a change lands between steps) and returns the `Summary` it
-also emitted. `SessionRunner` is one session's loop; `run_session` the one-call form.
+`native_session` builds the `Session` where a caller wants the engine at hand or weights shared
+across sessions (the audit, tests, benchmarks); `specdash.runs.runner.run_engine` is the plain
+way to run one.
 """
 
 from __future__ import annotations
@@ -11,140 +11,32 @@ from __future__ import annotations
 import contextlib
 import platform
 import threading
-from collections import deque
 from collections.abc import Iterator
-from dataclasses import dataclass, field
-from importlib import metadata, resources
-from pathlib import Path
+from importlib import metadata
 
 import torch
 
 from specdash.controls import Controls, ControlState
-from specdash.engine import gemm_backends, memory
-from specdash.engine.checkpoint import load_checkpoint
-from specdash.engine.config import preset
+from specdash.engine import gemm_backends
 from specdash.engine.drafters import Drafter, ModelDrafter, NgramDrafter
 from specdash.engine.engine import Engine, Sequence, StepResult
-from specdash.engine.model import Model
-from specdash.engine.root_cause import find_root_cause
-from specdash.engine.tokenizer import ByteTokenizer, TextTokenizer
-from specdash.errors import CheckpointError, EnvironmentProblem, SpecdashError, UsageError
+from specdash.engine.loader import Loaded, load_draft, load_models
+from specdash.engine.root_cause import RootCauseFinder
+from specdash.errors import SpecdashError, UsageError
 from specdash.events import (
-    ControlChange,
+    Divergence,
     Draft,
     EngineError,
-    Idle,
     Margin,
     Prefill,
-    PromptStart,
     Sink,
-    Summary,
     Token,
+    TokenSource,
     VerifyStep,
 )
-from specdash.prompts import load_prompts
-from specdash.runs.heap import trim_heap
-from specdash.runs.session_events import SessionEvents, divergences_to_report, shadow_margin
+from specdash.prompts import Prompt
+from specdash.runs.session import Flight, Header, Session, divergence_event, shadow_margin
 from specdash.settings import MAX_K, SessionSettings
-
-Queued = tuple[int, str, list[int]]
-"""A prompt waiting to decode: its index, text and token ids."""
-SMALL_MODEL_PARAMS = 50_000_000
-
-
-def default_checkpoint(name: str) -> Path:
-    """The embedded tiny pair shipped inside the package (`target`, `draft`)."""
-    return Path(str(resources.files("specdash") / "data" / name))
-
-
-@dataclass(slots=True)
-class Loaded:
-    target: Model
-    draft: Model | None
-    tokenizer: TextTokenizer
-    eos_ids: list[int]
-    description: dict[str, str]
-
-
-def _device(settings: SessionSettings) -> torch.device:
-    try:
-        dev = torch.device(settings.device)
-    except RuntimeError:
-        raise UsageError(f"--device {settings.device!r}: expected cpu, cuda or cuda:N") from None
-    if dev.type not in ("cpu", "cuda"):
-        raise UsageError(f"--device {settings.device!r}: only cpu and cuda are supported")
-    if dev.type == "cuda" and not torch.cuda.is_available():
-        raise EnvironmentProblem(f"--device {settings.device}: no CUDA device is available")
-    return dev
-
-
-def _dtype(settings: SessionSettings, device: torch.device) -> torch.dtype:
-    name = settings.dtype or ("bfloat16" if device.type == "cuda" else "float32")
-    return getattr(torch, name)
-
-
-def _load_one(
-    path: Path | None,
-    preset_name: str | None,
-    dtype: torch.dtype,
-    device: torch.device,
-    gemm: gemm_backends.GemmBackend,
-    seed: int,
-) -> tuple[Model, TextTokenizer, list[int]]:
-    if preset_name is not None:
-        cfg = preset(preset_name)
-        memory.require_room(f"--preset {preset_name}", cfg, dtype, device)
-        return Model.random(cfg, seed, dtype, device, gemm), ByteTokenizer(cfg.vocab_size), []
-    assert path is not None
-    cfg, tensors, hf_tok = load_checkpoint(path, dtype, str(device))
-    tok = TextTokenizer(hf_tok)
-    if tok.vocab_size > cfg.vocab_size:
-        raise CheckpointError(
-            f"{path}: tokenizer has {tok.vocab_size} tokens but the model only {cfg.vocab_size}"
-        )
-    return Model.from_tensors(cfg, tensors, gemm, consume=True), tok, cfg.eos_token_ids
-
-
-def load_models(settings: SessionSettings) -> Loaded:
-    device = _device(settings)
-    dtype = _dtype(settings, device)
-    gemm = gemm_backends.resolve(settings.gemm_backend, device)
-    target_path = settings.model
-    if target_path is None and settings.preset is None:
-        target_path = default_checkpoint("target")
-        if not (target_path / "config.json").exists():
-            raise CheckpointError(f"embedded default model missing at {target_path}; pass --model")
-    target, tok, eos = _load_one(target_path, settings.preset, dtype, device, gemm, settings.seed)
-    if device.type == "cpu" and target.cfg.num_params() < SMALL_MODEL_PARAMS:
-        # Small ops gain nothing from intra-op threads and lose a lot when cores are
-        # shared (OpenMP barriers): measured 3.0 ms vs 22 ms per decode step under load.
-        torch.set_num_threads(1)
-    desc = {"model": str(target_path or settings.preset), "drafter": settings.drafter}
-    loaded = Loaded(target, None, tok, eos, desc)
-    if settings.drafter == "model" and settings.speculation:
-        load_draft(settings, loaded)
-    return loaded
-
-
-def load_draft(settings: SessionSettings, loaded: Loaded) -> None:
-    """The draft model into `loaded` (at the start, or when speculation is switched on in a
-    session that started without it), on the target's device, dtype and GEMM backend."""
-    target = loaded.target
-    draft_path = settings.draft
-    if draft_path is None:
-        if settings.model is not None or settings.preset is not None:
-            raise UsageError("--drafter model needs --draft DIR (or use --drafter ngram)")
-        draft_path = default_checkpoint("draft")
-    draft, draft_tok, _ = _load_one(
-        draft_path, None, target.dtype, target.device, target.gemm, settings.seed
-    )
-    if draft_tok != loaded.tokenizer:
-        target_path = loaded.description["model"]
-        raise CheckpointError(
-            f"{draft_path}: draft tokenizer differs from the target's ({target_path})"
-        )
-    loaded.draft = draft
-    loaded.description["draft"] = str(draft_path)
 
 
 def versions() -> dict[str, str]:
@@ -161,42 +53,25 @@ def device_name(device: torch.device) -> str:
     return f"cpu ({platform.processor() or platform.machine()}, {torch.get_num_threads()} threads)"
 
 
-@dataclass(slots=True)
-class InFlight:
-    """A sequence being decoded and what its `PromptDone` will say."""
+class NativeBackend:
+    """The native engine under a `Session` (the `specdash.runs.session.Backend` protocol).
+    `loaded`: weights shared across sessions (the audit's cells, benchmarks); None loads them
+    when the session opens."""
 
-    seq: Sequence
-    decode_s: float = 0.0
-    """Draft + verify + rollback seconds (prefill and the shadow excluded)."""
-    verify_steps: list[VerifyStep] = field(default_factory=list)
-    """Its verify steps; plain decode steps (speculation off) are left out."""
-    skipped: bool = False
-    """`n` cut it short."""
-
-
-class SessionRunner:
-    """One session's loop. Separate from `NativeRunner` so tests can reach the engine."""
-
-    def __init__(
-        self,
-        settings: SessionSettings,
-        sink: Sink,
-        controls: Controls | None = None,
-        stop: threading.Event | None = None,
-        loaded: Loaded | None = None,
-    ) -> None:
+    def __init__(self, settings: SessionSettings, loaded: Loaded | None = None) -> None:
         self.settings = settings
         self.loaded = loaded or load_models(settings)
-        self.events = SessionEvents(settings, sink)
-        self.stats = self.events.stats
-        self.emit = self.events.emit
-        self.controls = controls or Controls.from_settings(settings, self.loaded.target.gemm.name)
-        self.stop = stop or threading.Event()
-        self.applied = self.controls.snapshot()
-        self.step_no = 0
-        self._next_index = 0  # prompt index for prompts typed in the dashboard
-        self._group: list[Sequence] = []  # the sequences being decoded now
         self.engine = Engine(self.loaded.target, self._make_drafter, self.loaded.eos_ids)
+        self.root_causes = RootCauseFinder(self.engine)
+        self.seqs: dict[int, Sequence] = {}
+        """The engine's sequence of each prompt in flight, by prompt index."""
+        self._emit: Sink = lambda event: None
+        self._step = 0
+        """The session's step now: where a divergence found after it is reported."""
+        self._k = 0
+        """Drafts asked for in that step (0: a plain decode step)."""
+        self._longest = (0, "")
+        """The longest prompt encoded so far: (tokens, name)."""
 
     def _make_drafter(self) -> Drafter:
         if self.settings.drafter == "model" and self.loaded.draft is not None:
@@ -205,195 +80,93 @@ class SessionRunner:
         # `_switch_drafts_on` loads the draft and replaces it before the first one
         return NgramDrafter()
 
-    def _switch_drafts_on(self) -> bool:
-        """Speculation switched on: with --drafter model and no draft loaded yet (the session
-        started with speculation off), load it and give every live sequence a model drafter.
-        A draft that cannot load keeps speculation off, with a non-fatal error saying why."""
-        if self.settings.drafter != "model" or self.loaded.draft is not None:
-            return True
-        try:
-            with torch.inference_mode(
-                False
-            ):  # weights as at the start: the GEMM caches version them
-                load_draft(self.settings, self.loaded)
-        except SpecdashError as e:
-            self.emit(
-                EngineError(
-                    message=f"speculation stays off: the draft model did not load: {e}",
-                    fatal=False,
-                    exit_code=e.exit_code,
-                )
-            )
-            return False
-        for seq in self._group:
-            seq.drafter = ModelDrafter(self.loaded.draft)  # type: ignore[arg-type]
-            seq.drafter.start(seq.prompt, seq.capacity)
-        return True
-
-    def _apply_controls(self) -> None:
-        """Pick up control changes between steps; each change is itself an event.
-
-        A pause is recorded before the engine blocks on it and again on resume, so traces
-        and replays show it.
-        """
-        new = self.controls.snapshot()
-        if new.paused:
-            self._take(new)
-            self.controls.wait_while_paused(self.stop)
-            new = self.controls.snapshot()
-        self._take(new)
-
-    def _take(self, new: ControlState) -> None:
-        if new == self.applied:
-            return
-        if new.speculation and not self.applied.speculation and not self._switch_drafts_on():
-            new = self.controls.update(speculation=False)
-        if new.gemm_backend != self.applied.gemm_backend:
-            try:
-                backend = gemm_backends.resolve(new.gemm_backend, self.loaded.target.device)
-            except SpecdashError as e:  # an unavailable backend is refused, not fatal
-                self.emit(EngineError(message=str(e), fatal=False))
-                new = self.controls.update(gemm_backend=self.applied.gemm_backend)
-            else:
-                self.loaded.target.gemm = backend
-                if self.loaded.draft is not None:
-                    self.loaded.draft.gemm = backend
-        for name in ("gemm_backend", "speculation", "k", "verify_mode", "paused"):
-            old_v, new_v = getattr(self.applied, name), getattr(new, name)
-            if old_v != new_v:
-                self.emit(
-                    ControlChange(
-                        name=name, old=str(old_v), new=str(new_v), applied_step=self.step_no
-                    )
-                )
-        self.applied = new
-
-    def _encode(self, name: str, text: str) -> list[int]:
+    def open(
+        self, prompts: list[Prompt], emit: Sink, stack: contextlib.ExitStack
+    ) -> tuple[Header, list[list[int]]]:
         s = self.settings
+        self._emit = emit
+        encoded = [self.encode(p.name, p.text) for p in prompts]
+        # state slots sized for the longest prompt, allocated once: RSS stays at its level
+        self.engine.reserve(max(map(len, encoded)), s.max_new_tokens, MAX_K, s.batch, s.shadow)
+        stack.enter_context(torch.inference_mode())
+        target = self.loaded.target
+        config = {
+            "loaded": self.loaded.description,
+            "gemm_backends": {
+                name: b.unavailable for name, b in gemm_backends.backends(target.device).items()
+            },
+        }
+        header = Header(config, versions(), device_name(target.device), target.gemm.name, s.shadow)
+        return header, encoded
+
+    def encode(self, name: str, text: str) -> list[int]:
         ids = self.loaded.tokenizer.encode(text)
         if not ids:
             raise UsageError(f"prompt {name!r} is empty after tokenization")
-        limit = self.loaded.target.cfg.max_position_embeddings
-        need = len(ids) + s.max_new_tokens - 1  # the last generated token is never fed
-        if need > limit:
-            raise UsageError(
-                f"prompt {name!r} is {len(ids)} tokens; with --max-new-tokens "
-                f"{s.max_new_tokens} it needs {need} positions, the model has {limit}"
-            )
+        self._check_positions(name, len(ids))
+        self._longest = max(self._longest, (len(ids), name))
         return ids
 
-    def _next_group(self, queue: deque[Queued]) -> list[Queued]:
-        """Up to `batch` prompts: typed ones (dashboard) first, then the prompt set's."""
-        group: list[Queued] = []
-        while len(group) < self.settings.batch:
-            typed = self.controls.take_user_prompt()
-            if typed is not None:
-                index = self._next_index
-                self._next_index += 1
-                try:
-                    group.append((index, typed, self._encode(f"typed-{index}", typed)))
-                except UsageError as e:  # a bad typed prompt must not end the session
-                    self.emit(EngineError(message=str(e), fatal=False))
-            elif queue:
-                group.append(queue.popleft())
-            else:
-                break
-        return group
+    def _check_positions(self, name: str, tokens: int) -> None:
+        """Refuse a prompt that needs more positions than a model has (its RoPE table and
+        caches end there), naming that checkpoint. The target is fed every position but the
+        last generated token's; the draft the prompt, then one fewer (it drafts only while two
+        tokens are left and never feeds its last proposal)."""
+        loaded, new = self.loaded, self.settings.max_new_tokens
+        needs = [("target", loaded.target, loaded.description["model"], tokens + new - 1)]
+        if loaded.draft is not None:
+            draft_need = tokens + max(new - 2, 0)
+            needs.append(("draft", loaded.draft, loaded.description["draft"], draft_need))
+        for role, model, where, need in needs:
+            limit = model.cfg.max_position_embeddings
+            if need > limit:
+                raise UsageError(
+                    f"prompt {name!r} is {tokens} tokens; with at most {new} new tokens it "
+                    f"needs {need} positions, the {role} model ({where}) has {limit}"
+                )
 
-    def run(self) -> Summary:
-        s = self.settings
-        prompts = load_prompts(s.prompts)
-        queue = deque((i, p.text, self._encode(p.name, p.text)) for i, p in enumerate(prompts))
-        self._next_index = len(prompts)
-        # state slots sized for the longest prompt, allocated once: RSS stays at its level
-        self.engine.reserve(
-            max(len(q[2]) for q in queue), s.max_new_tokens, MAX_K, s.batch, s.shadow
-        )
-        device = self.loaded.target.device
-        self.events.session_start(
-            {
-                "loaded": self.loaded.description,
-                "gemm_backends": {
-                    name: b.unavailable for name, b in gemm_backends.backends(device).items()
-                },
-            },
-            versions(),
-            device_name(device),
-            self.loaded.target.gemm.name,
-        )
-        with torch.inference_mode():
-            while not self.stop.is_set():
-                if group := self._next_group(queue):
-                    self._run_group(group)
-                elif self.controls.stay_open:  # the dashboard: wait for a typed prompt
-                    self.emit(Idle())
-                    trim_heap()  # the last group's caches, while nothing runs
-                    self.controls.wait_for_prompt(self.stop)
-                else:
-                    break
-        trim_heap()  # the last group's caches: the dashboard stays open after the session
-        return self.events.finish()
-
-    def _run_group(self, group: list[Queued]) -> None:
-        """Decode `group` together: prefill each, step them in turn until every one is done
-        (or the dashboard asks for the next prompt, or the session stops), then finish each."""
-        flights = [self._start(index, text, ids) for index, text, ids in group]
-        self._group = [f.seq for f in flights]
-        trim_heap()  # the prefills' freed activations back to the OS, or RSS keeps them
-        while active := self._active(flights):
-            st = self.applied
-            k = st.k if st.speculation else 0
-            for flight, before, result in self._step(active, k, st.verify_mode):
-                self._emit_step(flight, before, result, k, st.verify_mode)
-            self.step_no += 1
-        for flight in flights:
-            self._finish(flight)
-
-    def _start(self, index: int, text: str, ids: list[int]) -> InFlight:
+    def prefill(self, flight: Flight, step: int) -> None:
         """Prefill one prompt (the shadow shares it); its first token comes from the prefill."""
         s = self.settings
-        self.emit(PromptStart(prompt_index=index, prompt_tokens=len(ids), text=text))
-        seq, prefill_s = self.engine.start(index, ids, s.max_new_tokens, MAX_K, s.shadow)
-        self.emit(Prefill(prompt_index=index, tokens=len(ids), seconds=prefill_s, run="spec"))
-        self._emit_tokens(seq, 0, "decode", 0)
-        return InFlight(seq)
+        seq, prefill_s = self.engine.start(
+            flight.index, flight.prompt, s.max_new_tokens, MAX_K, s.shadow
+        )
+        self.seqs[flight.index] = seq
+        tokens = len(flight.prompt)
+        self._emit(Prefill(prompt_index=flight.index, tokens=tokens, seconds=prefill_s, run="spec"))
+        self._sync(flight, seq)
+        self._emit_tokens(flight, seq, 0, None, step)
 
-    def _active(self, flights: list[InFlight]) -> list[InFlight]:
-        """Between steps: apply the controls, then the sequences still decoding (none when the
-        session stops or the dashboard asks for the next prompt)."""
-        if self.stop.is_set():
-            return []
-        self._apply_controls()
-        if self.controls.take_next_prompt_request():
-            for flight in flights:
-                if not flight.seq.done:
-                    flight.skipped = True
-                    self.emit(ControlChange(name="prompt", old=str(flight.seq.index),
-                                            new="skipped", applied_step=self.step_no))  # fmt: skip
-            return []
-        return [f for f in flights if not f.seq.done]
+    def step(self, flights: list[Flight], controls: ControlState, step: int) -> Iterator[Flight]:
+        """One step of every flight, in one batched forward (GEMMs over all their rows;
+        attention and GDN per sequence on its own state); each flight's events: the drafts, the
+        verify step and the tokens it emitted."""
+        self._step, self._k = step, controls.k if controls.speculation else 0
+        seqs = [self.seqs[f.index] for f in flights]
+        befores = [len(seq.ids) for seq in seqs]
+        results = self.engine.spec_step(
+            seqs, self._k, controls.verify_mode, self.settings.max_new_tokens
+        )
+        for flight, seq, before, r in zip(flights, seqs, befores, results, strict=True):
+            self._emit_step(flight, seq, before, r, controls)
+            yield flight
 
-    def _step(
-        self, active: list[InFlight], k: int, mode: str
-    ) -> Iterator[tuple[InFlight, int, StepResult]]:
-        """One step of every active sequence, in one batched forward (GEMMs over all their
-        rows; attention and GDN per sequence on its own state): the one place the engine steps
-        sequences. Each is yielded with its length before the step."""
-        befores = [len(f.seq.ids) for f in active]
-        seqs = [f.seq for f in active]
-        results = self.engine.spec_step(seqs, k, mode, self.settings.max_new_tokens)  # type: ignore[arg-type]
-        yield from zip(active, befores, results, strict=True)
-
-    def _emit_step(self, flight: InFlight, before: int, r: StepResult, k: int, mode: str) -> None:
-        """A step's events: the drafts, the verify step, the tokens it emitted, and any
-        divergence among them."""
-        seq = flight.seq
+    def _emit_step(
+        self,
+        flight: Flight,
+        seq: Sequence,
+        before: int,
+        r: StepResult,
+        controls: ControlState,
+    ) -> None:
+        """A step's events: the drafts, the verify step and the tokens it emitted."""
+        k, step_no = self._k, self._step
         flight.decode_s += r.draft_s + r.verify_s + r.rollback_s
         if k:
-            self.emit(
+            self._emit(
                 Draft(
-                    prompt_index=seq.index,
-                    step=self.step_no,
+                    prompt_index=flight.index,
+                    step=step_no,
                     k=k,
                     drafter=self.settings.drafter,
                     tokens=r.drafts,
@@ -401,86 +174,86 @@ class SessionRunner:
                 )
             )
         step = VerifyStep(
-            prompt_index=seq.index,
-            step=self.step_no,
+            prompt_index=flight.index,
+            step=step_no,
             k=k,
             accepted=r.accepted,
             draft_tokens=r.drafts,
             emitted_tokens=r.emitted,
-            verify_mode=mode,  # type: ignore[arg-type]
+            verify_mode=controls.verify_mode,
             gemm_backend=self.engine.target.gemm.name,
             draft_s=r.draft_s,
             verify_s=r.verify_s,
             shadow_s=r.shadow_s,
             rollback_s=r.rollback_s,
         )
-        self.emit(step)
+        self._emit(step)
         if not step.plain:
-            flight.verify_steps.append(step)
-        self._emit_tokens(seq, before, "draft", r.accepted)
-        for pos in divergences_to_report(seq.diverged_at, seq.text_diverged_at):
-            if pos >= before:
-                self._emit_divergence(seq, k, pos)
+            flight.verify_steps += 1
+            flight.accepted_drafts += step.accepted
+            flight.proposed_drafts += step.proposed
+        self._sync(flight, seq)
+        self._emit_tokens(flight, seq, before, r.accepted, step_no)
 
-    def _finish(self, flight: InFlight) -> None:
-        seq, verified = flight.seq, flight.verify_steps
-        self.events.prompt_done(
-            seq.index,
-            new_tokens=len(seq.ids),
-            seconds=flight.decode_s,
-            verify_steps=len(verified),
-            accepted_drafts=sum(v.accepted for v in verified),
-            proposed_drafts=sum(v.proposed for v in verified),
-            checked=self.settings.shadow,
-            bits_at=seq.diverged_at,
-            text_at=seq.text_diverged_at,
-            compared_all=seq.compared == len(seq.ids),
-            skipped=flight.skipped,
-        )
-        self.engine.release(seq)
+    @staticmethod
+    def _sync(flight: Flight, seq: Sequence) -> None:
+        """The flight's view of both runs: the engine's own lists."""
+        flight.ids, flight.logprobs = seq.ids, seq.logprobs
+        flight.shadow_ids, flight.shadow_logprobs = seq.shadow_ids, seq.shadow_logprobs
+        flight.done = seq.done
 
-    def _emit_tokens(self, seq: Sequence, start: int, source: str, accepted: int) -> None:
+    def _emit_tokens(
+        self, flight: Flight, seq: Sequence, start: int, accepted: int | None, step: int
+    ) -> None:
+        """Tokens `start`.. of `seq`: the prefill's (`accepted` None), or a step's accepted
+        drafts and its bonus token."""
         tok = self.loaded.tokenizer
         for j in range(start, len(seq.ids)):
-            src = source if source == "decode" or j - start < accepted else "bonus"
-            self.emit(
+            source: TokenSource = "decode"
+            if accepted is not None:
+                source = "draft" if j - start < accepted else "bonus"
+            self._emit(
                 Token(
-                    prompt_index=seq.index,
+                    prompt_index=flight.index,
                     position=j,
                     token_id=seq.ids[j],
                     logprob=seq.logprobs[j],
                     text=tok.decode([seq.ids[j]]),
-                    source=src,
-                    step=self.step_no,
+                    source=source,
+                    step=step,
                 )
-            )  # type: ignore[arg-type]
+            )
 
-    def _emit_divergence(self, seq: Sequence, k: int, j: int) -> None:
-        """Generated token j differs from the shadow's: the first bit divergence, or the first
-        token-id divergence when that comes later (root cause only for the first)."""
-        tok = self.loaded.tokenizer
-        first = j == seq.diverged_at
-        cause = find_root_cause(self.engine, seq, j) if self.settings.root_cause and first else None
-        step, _ = self.engine.step_of(seq, j)
-        end = len(seq.prompt) + j  # the context: up to 24 tokens before token j
-        self.events.divergence(
-            seq.index,
-            j,
-            step=self.step_no,
-            k=k,
-            verify_mode=seq.steps[step].mode,
-            gemm_backend=seq.steps[step].gemm.name,
-            spec=(seq.ids[j], seq.logprobs[j], tok.decode([seq.ids[j]])),
-            shadow=(seq.shadow_ids[j], seq.shadow_logprobs[j], tok.decode([seq.shadow_ids[j]])),
+    def late_shadows(self, flights: list[Flight]) -> Iterator[Flight]:
+        return iter(())  # the shadow advances in every step
+
+    def divergence(self, flight: Flight, position: int, first: bool) -> Divergence:
+        """With the root cause of the first (the sub-op whose bits differ first) and up to 24
+        tokens of context before it."""
+        seq, tok = self.seqs[flight.index], self.loaded.tokenizer
+        cause = None
+        if self.settings.root_cause and first:
+            cause = self.root_causes.find(seq, position)
+        record = seq.steps[self.engine.step_of(seq, position)[0]]
+        assert record.mode != "prefill", "a verify step's mode is a verify mode"
+        end = len(seq.prompt) + position
+        return divergence_event(
+            flight,
+            position,
+            step=self._step,
+            k=self._k,
+            verify_mode=record.mode,
+            gemm_backend=record.gemm.name,
+            texts=(tok.decode([seq.ids[position]]), tok.decode([seq.shadow_ids[position]])),
             context=tok.decode((seq.prompt + seq.ids)[max(0, end - 24) : end]),
             root_cause=cause,
-            margin=self._shadow_margin(seq, j),
+            margin=self._shadow_margin(seq, position),
         )
 
-    def _shadow_margin(self, seq: Sequence, j: int) -> Margin | None:
-        """The shadow's top-1 / top-2 at generated token j, from the logprob row it chose
-        token j from (the engine keeps it where the runs first diverge)."""
-        row = seq.shadow_rows.get(j)
+    def _shadow_margin(self, seq: Sequence, position: int) -> Margin | None:
+        """The shadow's top-1 / top-2 at `position`, from the logprob row it chose that token
+        from (the engine keeps it where the runs first diverge)."""
+        row = seq.shadow_rows.get(position)
         if row is None:
             return None
         values, ids = row.float().topk(2)
@@ -488,23 +261,59 @@ class SessionRunner:
         dtype = str(self.loaded.target.dtype).removeprefix("torch.")
         return shadow_margin((i1, v1), (i2, v2), dtype)
 
+    def apply(self, name: str, value: object) -> bool:
+        if name == "speculation" and value:
+            return self._switch_drafts_on()
+        if name == "gemm_backend":
+            try:
+                backend = gemm_backends.resolve(str(value), self.loaded.target.device)
+            except SpecdashError as e:  # an unavailable backend is refused, not fatal
+                self._emit(EngineError(message=str(e), fatal=False))
+                return False
+            self.loaded.target.gemm = backend
+            if self.loaded.draft is not None:
+                self.loaded.draft.gemm = backend
+        return True  # k, verify mode, speculation off: read by the next step
 
-class NativeRunner:
-    """specdash's own engine as a `Runner`. `loaded`: weights shared across sessions (the
-    audit's cells, benchmarks); None loads them per session."""
+    def _switch_drafts_on(self) -> bool:
+        """Speculation switched on: with --drafter model and no draft loaded yet (the session
+        started with speculation off), load it and give every live sequence a model drafter.
+        A draft that cannot load keeps speculation off, with a non-fatal error saying why."""
+        if self.settings.drafter != "model" or self.loaded.draft is not None:
+            return True
+        try:
+            with torch.inference_mode(False):  # as at the start: the GEMM caches version weights
+                load_draft(self.settings, self.loaded)
+            if self._longest[0]:  # the session's prompts must fit the draft too
+                self._check_positions(self._longest[1], self._longest[0])
+        except SpecdashError as e:
+            self.loaded.draft = None
+            self.loaded.description.pop("draft", None)
+            self._emit(
+                EngineError(
+                    message=f"speculation stays off: the draft model did not load: {e}",
+                    fatal=False,
+                    exit_code=e.exit_code,
+                )
+            )
+            return False
+        draft = self.loaded.draft
+        assert draft is not None
+        for seq in self.seqs.values():
+            seq.drafter = ModelDrafter(draft)
+            seq.drafter.start(seq.prompt, seq.capacity)
+        return True
 
-    def __init__(self, loaded: Loaded | None = None) -> None:
-        self.loaded = loaded
-
-    def run(
-        self,
-        settings: SessionSettings,
-        sink: Sink,
-        controls: Controls | None = None,
-        stop: threading.Event | None = None,
-    ) -> Summary:
-        return SessionRunner(settings, sink, controls, stop, self.loaded).run()
+    def release(self, flight: Flight) -> None:
+        self.engine.release(self.seqs.pop(flight.index))
 
 
-run_session = NativeRunner().run
-"""A session on the native engine, weights loaded for it: the one-call form."""
+def native_session(
+    settings: SessionSettings,
+    sink: Sink,
+    controls: Controls | None = None,
+    stop: threading.Event | None = None,
+    loaded: Loaded | None = None,
+) -> Session:
+    """A session on the native engine; `session.backend.engine` is its engine."""
+    return Session(settings, NativeBackend(settings, loaded), sink, controls, stop)

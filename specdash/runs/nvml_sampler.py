@@ -13,6 +13,7 @@ import contextlib
 import threading
 import time
 from collections.abc import Callable
+from typing import Literal, TypedDict
 
 import pynvml
 
@@ -24,6 +25,17 @@ DEFAULT_WINDOW_S = 0.25
 
 NO_GPU_NOTE = "no NVIDIA GPU"
 _GPM_METRICS = (pynvml.NVML_GPM_METRIC_DRAM_BW_UTIL, pynvml.NVML_GPM_METRIC_SM_UTIL)
+Source = Literal["gpm", "mem_busy", "none"]
+"""What a sample's bandwidth number is (TelemetrySample.source)."""
+
+
+class Readings(TypedDict, total=False):
+    """One window's counters, as TelemetrySample fields."""
+
+    dram_bw_util_pct: float | None
+    dram_gbps: float | None
+    sm_util_pct: float | None
+    mem_busy_pct: float | None
 
 
 def peak_dram_gbps(handle: object) -> float:
@@ -50,7 +62,7 @@ class NvmlReader:
     """
 
     def __init__(self, index: int = 0, peak_gbps: float | None = None) -> None:
-        self.source = "none"
+        self.source: Source = "none"
         self.note = NO_GPU_NOTE
         self._handle: object = None
         self._samples: list[object] = []
@@ -72,7 +84,7 @@ class NvmlReader:
         if self.source == "gpm" and self.peak_gbps is None:
             self.peak_gbps = peak_dram_gbps(self._handle)
 
-    def _open_gpm(self) -> tuple[str, str]:
+    def _open_gpm(self) -> tuple[Source, str]:
         """GPM if the device supports it and we may read it; else the labelled fallback.
 
         `NVMLError_NoPermission` surfaces on the first sample, not in the support query,
@@ -112,7 +124,7 @@ class NvmlReader:
             **fields,
         )
 
-    def _read_gpm(self) -> dict[str, float | None]:
+    def _read_gpm(self) -> Readings:
         first, second = self._samples
         pynvml.nvmlGpmSampleGet(self._handle, second)
         request = pynvml.c_nvmlGpmMetricsGet_t()
@@ -131,7 +143,7 @@ class NvmlReader:
         gbps = None if dram is None or self.peak_gbps is None else dram / 100 * self.peak_gbps
         return {"dram_bw_util_pct": dram, "dram_gbps": gbps, "sm_util_pct": sm}
 
-    def _read_mem_busy(self) -> dict[str, float | None]:
+    def _read_mem_busy(self) -> Readings:
         rates = pynvml.nvmlDeviceGetUtilizationRates(self._handle)
         return {"mem_busy_pct": float(rates.memory)}
 

@@ -7,11 +7,21 @@ checked with the same bit-exact rule the shadow decode uses.
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 
 from specdash.errors import UsageError
-from specdash.events import Divergence, Event, Margin, PromptStart, SessionStart, Token
+from specdash.events import (
+    Divergence,
+    Event,
+    Margin,
+    PromptDone,
+    PromptStart,
+    SessionStart,
+    Summary,
+    Token,
+)
 from specdash.metrics import same_fp32_bits
 
 
@@ -36,6 +46,10 @@ class PromptDiff:
     margins: tuple[Margin | None, Margin | None] = (None, None)
     """A's and B's shadow margin at `index`, where that trace flagged a divergence from its own
     shadow there: how close the choice was (a near-tie, or a wide gap)."""
+    incomplete: str = ""
+    """"A", "B" or "A and B": the traces whose recording of this prompt stops before the
+    prompt ended (killed mid-run), every token both hold being identical. Such a prompt is
+    not a difference (`index` is None): it is unknown what the recording would have said."""
 
 
 def _tokens_by_prompt(events: list[Event]) -> dict[int, list[Token]]:
@@ -56,6 +70,15 @@ def _margins(events: list[Event]) -> dict[tuple[int, int], Margin]:
     }
 
 
+def _unfinished(events: list[Event]) -> Callable[[int], bool]:
+    """Whether a trace's recording stops before a prompt ended: it has no `prompt_done` for
+    it, and no `summary` either (a finished session that never ran a prompt just lacks it)."""
+    if any(isinstance(e, Summary) for e in events):
+        return lambda p: False
+    done = {e.prompt_index for e in events if isinstance(e, PromptDone)}
+    return lambda p: p not in done
+
+
 def _prompt_texts(events: list[Event]) -> dict[int, str]:
     return {e.prompt_index: e.text for e in events if isinstance(e, PromptStart)}
 
@@ -71,6 +94,7 @@ def diff_prompts(events_a: list[Event], events_b: list[Event]) -> list[PromptDif
             )
     tokens_a, tokens_b = _tokens_by_prompt(events_a), _tokens_by_prompt(events_b)
     margins_a, margins_b = _margins(events_a), _margins(events_b)
+    cut_a, cut_b = _unfinished(events_a), _unfinished(events_b)
     result = []
     for p in sorted(tokens_a.keys() | tokens_b.keys()):
         ta, tb = tokens_a.get(p, []), tokens_b.get(p, [])
@@ -82,8 +106,16 @@ def diff_prompts(events_a: list[Event], events_b: list[Event]) -> list[PromptDif
             ),
             None,
         )
-        if first is None and len(ta) != len(tb):
-            first = min(len(ta), len(tb))
+        incomplete = ""
+        if first is None:
+            # Where the shorter ends is a difference if it finished there; if its recording
+            # stopped there, what came next is unknown. So is an equal length's unfinished.
+            shortest = min(len(ta), len(tb))
+            sides = (("A", ta, cut_a), ("B", tb, cut_b))
+            stopped = [side for side, toks, cut in sides if len(toks) == shortest and cut(p)]
+            if len(ta) != len(tb) and not stopped:
+                first = shortest
+            incomplete = " and ".join(stopped)
         result.append(
             PromptDiff(
                 prompt_index=p,
@@ -92,7 +124,8 @@ def diff_prompts(events_a: list[Event], events_b: list[Event]) -> list[PromptDif
                 b=tb[first] if first is not None and first < len(tb) else None,
                 tokens_a=len(ta),
                 tokens_b=len(tb),
-                ids_differ=[x.token_id for x in ta] != [y.token_id for y in tb],
+                ids_differ=not incomplete and [x.token_id for x in ta] != [y.token_id for y in tb],
+                incomplete=incomplete,
                 margins=(margins_a.get((p, first)), margins_b.get((p, first)))  # type: ignore[arg-type]
                 if first is not None
                 else (None, None),
@@ -108,6 +141,13 @@ def _side(name: str, t: Token | None, total: int) -> str:
 
 
 def format_diff(d: PromptDiff) -> str:
+    if d.incomplete:
+        held = min(d.tokens_a, d.tokens_b)
+        same = f"the {held} tokens both hold are identical" if held else "no token to compare"
+        return (
+            f"prompt {d.prompt_index}: incomplete in {d.incomplete}: the recording stops "
+            f"mid-prompt (A {d.tokens_a} tokens, B {d.tokens_b}); {same}"
+        )
     if d.index is None:
         return f"prompt {d.prompt_index}: identical ({d.tokens_a} tokens)"
     what = "logprob bits" if d.a and d.b and d.a.token_id == d.b.token_id else "token"
@@ -133,10 +173,13 @@ def verdict(diffs: list[PromptDiff]) -> str:
         return f"token ids differ in {ids} prompt(s)"
     if bits_only:
         return f"token ids are identical; logprob bits differ in {bits_only} prompt(s)"
+    if any(d.incomplete for d in diffs):
+        return "token ids and logprob bits are identical as far as both recordings go"
     return "token ids and logprob bits are identical"
 
 
 def label(path: str, header: SessionStart) -> str:
     c = header.config
-    parts = [str(c.get(key)) for key in ("engine", "verify", "gemm_backend") if c.get(key)]
+    keys = ("engine", "verify_mode", "verify", "gemm_backend")  # `verify`: before it had one name
+    parts = [str(c.get(key)) for key in keys if c.get(key)]
     return f"{Path(path).name} ({', '.join([*parts, header.gemm_backend])})"

@@ -8,8 +8,8 @@ built from it says so in its header (`config["export_gap"]`), so a partial trace
 for a complete one. A session recorded from its header on (`--trace`, or `e` early enough)
 does not need this: its trace file is the complete session.
 
-Held events are packed (issue 12): a pydantic event takes ~1.3 kB as an object, so a full
-window of objects was ~65 MB and the dashboard's RSS grew until it filled. All but the newest
+Held events are packed: a pydantic event takes ~1.3 kB as an object, so a full window of
+objects would be ~65 MB, and the dashboard's RSS would grow until it filled. All but the newest
 `PACK` events are kept as zlib-compressed blocks of their field dicts plus each event's kind
 and time (~35 B an event, ~2 MB for a full window, ~4 us an event to pack); landmarks are
 also kept as objects. Packing is lossless: an export unpacks the same events.
@@ -104,6 +104,7 @@ class EventLog:
             old = self._recent.popleft()
             kind, t_ns = old.kind, old.t_ns
         if kind in LANDMARK_KINDS:
+            assert old is not None  # a block keeps every landmark-kind event it packs
             self._landmarks.append(old)
             if len(self._landmarks) > self._max_landmarks:
                 landmark = self._landmarks.popleft()

@@ -39,7 +39,8 @@ class StepRow:
     (n-gram) found nothing to propose. `plain`: speculation was off (k = 0), a plain decode
     step that acceptance numbers skip (`VerifyStep.plain`). Rates: `specdash.metrics`; the
     speculative path costs draft + verify + rollback, the shadow (plain greedy decode of the
-    same tokens) costs `shadow_s`.
+    same tokens) costs `shadow_s`. A session without a shadow (`--no-shadow`) has no shadow
+    time (0) and no shadow rate (None, an empty CSV cell).
     """
 
     t_s: float
@@ -57,7 +58,7 @@ class StepRow:
     rollback_s: float
     shadow_s: float
     tokens_per_s: float
-    shadow_tokens_per_s: float
+    shadow_tokens_per_s: float | None
 
     @property
     def spec_s(self) -> float:
@@ -65,6 +66,7 @@ class StepRow:
 
 
 def step_rows(header: SessionStart, events: list[Event]) -> list[StepRow]:
+    shadow = bool(header.config.get("shadow", True))
     rows: list[StepRow] = []
     for e in events:
         if not isinstance(e, VerifyStep):
@@ -85,9 +87,11 @@ def step_rows(header: SessionStart, events: list[Event]) -> list[StepRow]:
                 draft_s=e.draft_s,
                 verify_s=e.verify_s,
                 rollback_s=e.rollback_s,
-                shadow_s=e.shadow_s,
+                shadow_s=e.shadow_s if shadow else 0.0,
                 tokens_per_s=metrics.tokens_per_s(emitted, e.spec_s) or 0.0,
-                shadow_tokens_per_s=metrics.tokens_per_s(emitted, e.shadow_s) or 0.0,
+                shadow_tokens_per_s=(metrics.tokens_per_s(emitted, e.shadow_s) or 0.0)
+                if shadow
+                else None,
             )
         )
     return rows
@@ -190,9 +194,10 @@ def perfetto_trace(header: SessionStart, events: list[Event]) -> dict[str, Any]:
             out += _verify_step_events(e, t0)
             row = next(rows)
             out.append(_counter(ENGINE_PID, "tokens_per_s", row.tokens_per_s, ts))
-            out.append(_counter(ENGINE_PID, "shadow_tokens_per_s", row.shadow_tokens_per_s, ts))
+            if row.shadow_tokens_per_s is not None:
+                out.append(_counter(ENGINE_PID, "shadow_tokens_per_s", row.shadow_tokens_per_s, ts))
         elif isinstance(e, PromptStart):
-            args = {"prompt": e.prompt_index, "prompt_tokens": e.prompt_tokens}
+            args: dict[str, Any] = {"prompt": e.prompt_index, "prompt_tokens": e.prompt_tokens}
             out.append(_instant(f"prompt {e.prompt_index}", ts, args, scope="p"))
         elif isinstance(e, Prefill):
             tid = "verify" if e.run == "spec" else e.run

@@ -3,8 +3,9 @@
 Line 1 is the `SessionStart` header (config, versions, device, GEMM backend, git revision);
 every later line is one event, its time never before the line above (an event stamped earlier,
 by a thread racing the engine's or before the header, is written at that line's time), written
-whole and flushed at once, so a `kill -9` loses at
-most the line being written and `read_trace` gets back everything before it. Recording must
+whole and flushed at once, so a `kill -9` loses at most the line being written and `read_trace`
+gets back everything before it (where the lines go, a new file or beside an old trace it
+replaces: `specdash.output_files`). Recording must
 never take a session down: an I/O error mid-session stops the writer and is kept in
 `stopped_reason` for the dashboard to show.
 """
@@ -15,12 +16,13 @@ import contextlib
 import json
 import subprocess
 import threading
+from collections.abc import Iterable
 from pathlib import Path
 from typing import IO
 
 from pydantic import ValidationError
 
-from specdash.errors import EnvironmentProblem, UsageError
+from specdash.errors import UsageError
 from specdash.events import (
     SCHEMA,
     Divergence,
@@ -30,6 +32,10 @@ from specdash.events import (
     Token,
     parse_event,
 )
+from specdash.output_files import Input, LiveFile, Output
+
+OVERWRITE_FLAG = "--overwrite-trace"
+"""What replaces an existing trace (`run` also takes `--overwrite`, every command's spelling)."""
 
 
 def git_revision(directory: Path | None = None) -> str | None:
@@ -63,8 +69,10 @@ def encode_event(event: Event) -> str:
 class TraceWriter:
     """Event sink that appends each event to a JSONL trace.
 
-    `target` is a path (opened now; an unwritable path is an `EnvironmentProblem`, an existing
-    file a `UsageError` unless `overwrite`) or an already open text stream. The first event
+    `target` is a path, opened now by the rule every output follows (`specdash.output_files`:
+    one of `inputs` or an existing file without `overwrite` is a `UsageError`, so is a trace
+    another writer holds; an unwritable path an `EnvironmentProblem`), or an already open
+    text stream. The first event
     written must be the `SessionStart` header, either passed as `header` (recording started
     mid-session) or as the first event sunk;
     anything else first (e.g. an engine error before the session started) stops recording.
@@ -76,6 +84,7 @@ class TraceWriter:
         target: Path | str | IO[str],
         header: SessionStart | None = None,
         overwrite: bool = False,
+        inputs: Iterable[Input] = (),
     ) -> None:
         self._lock = threading.Lock()
         self._has_header = False
@@ -84,19 +93,14 @@ class TraceWriter:
         """The I/O error that stopped recording (disk full, device gone): the trace is short."""
         self.lines_written = 0
         self._last_t_ns = 0
+        self._live: LiveFile | None = None
         if isinstance(target, str | Path):
             self.path: Path | None = Path(target)
-            mode = "w" if overwrite else "x"
-            try:
-                self._file: IO[str] | None = open(self.path, mode, encoding="utf-8")  # noqa: SIM115
-            except FileExistsError:
-                raise UsageError(
-                    f"trace {self.path} already exists; pass --overwrite-trace to replace it"
-                ) from None
-            except OSError as e:
-                raise EnvironmentProblem(
-                    f"cannot write trace {self.path}: {e.strerror or e}"
-                ) from None
+            output = Output(
+                self.path, what="trace", inputs=inputs, overwrite=overwrite, flag=OVERWRITE_FLAG
+            )
+            self._live = output.live()
+            self._file: IO[str] | None = self._live.stream
         else:
             self.path = None
             self._file = target
@@ -134,7 +138,7 @@ class TraceWriter:
         with self._lock:
             if self._file is not None:
                 try:
-                    self._file.close()
+                    self._close_file()
                 except OSError as e:
                     self.io_error = self.io_error or e
                     self.stopped_reason = self.stopped_reason or f"{e.strerror or e}"
@@ -149,8 +153,16 @@ class TraceWriter:
     def _stop(self, reason: str) -> None:
         self.stopped_reason = reason
         with contextlib.suppress(OSError):  # the disk is failing; `reason` says why already
-            self._file.close()  # type: ignore[union-attr]
+            self._close_file()
         self._file = None
+
+    def _close_file(self) -> None:
+        """The stream, or the live file that finishes it (renamed onto an old trace it
+        replaces, its lock released)."""
+        if self._live is not None:
+            self._live.close()
+        else:
+            self._file.close()  # type: ignore[union-attr]
 
 
 def _schema_major(schema: str) -> int | None:

@@ -27,6 +27,7 @@ from typing import Literal
 
 from specdash.errors import EXIT_ENVIRONMENT, EXIT_OK, SpecdashError
 from specdash.events import ControlChange, EngineError, Event, SessionStart, Summary
+from specdash.output_files import Output
 from specdash.trace.event_log import EventLog
 from specdash.trace.jsonl import TraceWriter
 
@@ -169,11 +170,13 @@ class TraceRecorder:
 
     def _copy_finished_trace(self, path: Path) -> Notice:
         source = self.finished_trace
+        assert source is not None
         try:
-            with open(source, "rb") as src, open(path, "xb") as dst:  # type: ignore[arg-type]
+            output = Output(path, what="trace", inputs=[(source, "the recording")])
+            with open(source, "rb") as src, output.replace("wb") as dst:
                 shutil.copyfileobj(src, dst)
-        except FileExistsError:
-            return Notice(f"cannot export trace: {path} already exists", "error")
-        except OSError as e:
+        except SpecdashError as e:
+            return Notice(f"cannot export trace: {e}", "error")
+        except OSError as e:  # reading the recording
             return Notice(f"cannot export trace: {e.strerror or e}", "error")
         return Notice(f"trace: {path} (a copy of the complete recording {source})")

@@ -2,12 +2,13 @@
 
 Threads never touch widgets. Producers (engine, GPU sampler, replay) put events into an
 `EventBuffer`; a 1 Hz timer drains it into the `DashboardModel` and updates the numbers (a key
-redraws them at once), a 0.5 Hz timer redraws the plots, and each only when something changed. Slow on purpose: the
-native engine shares this process's GIL, and every millisecond the UI spends in Python is one
-the engine waits (docs/PERF.md, the profiler's own cost). Keys write `Controls`,
-which the engine reads at its next step and answers with a `ControlChange` event. The same
-timer hands each event to a `TraceRecorder` (`--trace`, and `e` to export mid-session); the
-app only shows what it says. `specdash.cli.dashboard` builds the app from the command line.
+redraws them at once), a 0.5 Hz timer redraws the plots, and each only when something changed.
+Slow on purpose: the native engine shares this process's GIL, and every millisecond the UI
+spends in Python is one the engine waits (docs/PERF.md, the dashboard's cost). Keys write
+`Controls`, which the engine reads at its next step and answers with a `ControlChange` event.
+The same timer hands each event to a `TraceRecorder` (`--trace`, and `e` to export
+mid-session); the app only shows what it says. `specdash.cli.dashboard` builds the app from the
+command line.
 """
 
 from __future__ import annotations
@@ -27,6 +28,7 @@ from textual.screen import Screen
 from textual.widgets import DataTable, Footer, Input, Static
 
 from specdash.controls import Controls
+from specdash.errors import EXIT_INTERRUPTED
 from specdash.events import EngineError, Event
 from specdash.settings import MAX_K
 from specdash.trace.event_log import EventLog
@@ -39,7 +41,7 @@ from specdash.ui.widgets.divergence import DivergenceDetail, DivergencePanel
 from specdash.ui.widgets.error_panel import ErrorPanel
 from specdash.ui.widgets.gpu import GpuPanel
 from specdash.ui.widgets.help_screen import HelpScreen
-from specdash.ui.widgets.status_bar import StatusBar, loading_label
+from specdash.ui.widgets.status_bar import StatusBar
 from specdash.ui.widgets.throughput import ThroughputPanel
 from specdash.ui.widgets.token_stream import TokenStream
 
@@ -124,6 +126,8 @@ class SpecdashApp(App[int]):
             key=lambda b: b.action not in FOOTER_FIRST,
         ),
         Binding("enter", "show_divergence", "detail"),
+        # Textual's own Ctrl-C only says "press ctrl+q"; a terminal program stops (README)
+        Binding("ctrl+c", "interrupt", show=False, system=True),
     ]
     """In CONTROL_ACTIONS order, but help and quit first: a narrow footer cuts the tail. Enter
     opens the selected divergence wherever the focus is (the table's own Enter does too)."""
@@ -242,7 +246,7 @@ class SpecdashApp(App[int]):
                 m,
                 paused,
                 self.recorder.note,
-                loading=loading_label(getattr(self.source, "settings", None)),
+                loading=getattr(self.source, "loading", "waiting for the first event"),
                 phase_s=max(0.0, self.clock() - self._phase[1]),
             )
             screen.query_one(ErrorPanel).show(m.errors, self.recorder.note)
@@ -401,6 +405,11 @@ class SpecdashApp(App[int]):
 
     async def action_quit(self) -> None:
         self.exit(self.exit_code)
+
+    def action_interrupt(self) -> None:
+        """Ctrl-C (no text selected: then it copies): stop, exit 130; the trace so far is
+        kept, closed as on `q`."""
+        self.exit(EXIT_INTERRUPTED)
 
     @property
     def exit_code(self) -> int:

@@ -237,7 +237,7 @@ class DashboardModel:
         self.model = str(c.get("model") or c.get("preset") or "embedded default")
         self.drafter = str(c.get("drafter", self.drafter))
         self.k = int(c.get("k", self.k))
-        self.verify_mode = str(c.get("verify", self.verify_mode))
+        self.verify_mode = str(c.get("verify_mode", c.get("verify", self.verify_mode)))
         self.speculation = bool(c.get("speculation", True))
         self.gemm_backend = e.gemm_backend
         # name -> None if usable, else why not (or a list of names): `g` cycles the usable
@@ -263,6 +263,8 @@ class DashboardModel:
         self.prefill = None
 
     def _on_verify_step(self, e: VerifyStep) -> None:
+        if not self.shadow:  # no shadow decode ran: the µs the engine timed are no shadow rate
+            e = e.model_copy(update={"shadow_s": 0.0})
         self.steps += 1
         self.next_step = max(self.next_step, e.step + 1)
         self.verify_mode, self.gemm_backend = e.verify_mode, e.gemm_backend

@@ -10,7 +10,7 @@ import json
 
 STAND_IN = r"""
 import asyncio, json, os, signal, subprocess, sys, threading, time
-from specdash.runs import sglang as sglang_engine
+from specdash.runs.sglang import preflight, process
 
 SCHEDULER = '''
 import os, signal, time
@@ -40,8 +40,8 @@ class StandInEngine:
     def shutdown(self):
         self.kw["shut"] = True
 
-sglang_engine.patched_engine_class = lambda: StandInEngine
-sglang_engine.check_environment = lambda options, engines: None
+process.patched_engine_class = lambda: StandInEngine
+preflight.check_startable = lambda options, engines: None
 argv = ["--engine", "sglang", "--model", "/models/m", "--sglang-arg", "mem_fraction_static=0.3",
         "--sglang-shadow", "sequential", "--max-new-tokens", "4"]
 """
@@ -62,7 +62,7 @@ async def main():
         while not app.model.errors and time.monotonic() < deadline:
             await pilot.pause(0.1)
         await pilot.pause(0.3)
-        installed = signal.getsignal(signal.SIGQUIT) == app.source._on_sigquit
+        installed = signal.getsignal(signal.SIGQUIT) == app.source._fatal._on_sigquit
         error_panel = str(app.query_one("#error").render())
         engine_ended = not app.source.running
         await pilot.press("question_mark")  # the dashboard is alive and answers keys

@@ -1,4 +1,4 @@
-"""Real SGLang on a GPU, through the product's own runner (`SGLangRunner`): patched
+"""Real SGLang on a GPU, through the product's own session (`run_engine`): patched
 speculative output equals the shadow bit for bit (ids and fp32 logprobs), stock SGLang does not,
 and acceptance per verify step arrives live. Skipped without CUDA and an importable SGLang;
 run on the H200 by `benchmarks/sglang_gpu_run.sh` (STEPS=tests), which sets
@@ -26,7 +26,8 @@ pytestmark = [
 ]
 
 from specdash.events import Divergence, Event, PromptDone, VerifyStep  # noqa: E402
-from specdash.runs.sglang import SGLangOptions, SGLangRunner  # noqa: E402
+from specdash.runs.runner import run_engine  # noqa: E402
+from specdash.runs.sglang.args import SGLangOptions  # noqa: E402
 from specdash.settings import SessionSettings  # noqa: E402
 
 REPO = Path(__file__).resolve().parents[2]
@@ -53,23 +54,18 @@ def session(pair, algorithm: str, *, unpatch: tuple[str, ...] = (), **engine_arg
     target, draft, prompts = pair
     events: list[Event] = []
     box = json.loads(os.environ.get("SPECDASH_SGLANG_TEST_ARGS", "{}"))
-    SGLangRunner(
-        SGLangOptions(
-            speculative_algorithm=algorithm,
-            engine_args={**box, **engine_args},
-            unpatch=unpatch,
-        )
-    ).run(
-        SessionSettings(
-            engine="sglang",
-            model=target,
-            draft=draft if algorithm == "STANDALONE" else None,
-            k=3,
-            prompts=prompts,
-            max_new_tokens=MAX_NEW,
-        ),
-        events.append,
+    settings = SessionSettings(
+        engine="sglang",
+        model=target,
+        draft=draft if algorithm == "STANDALONE" else None,
+        k=3,
+        prompts=prompts,
+        max_new_tokens=MAX_NEW,
     )
+    options = SGLangOptions(
+        speculative_algorithm=algorithm, engine_args={**box, **engine_args}, unpatch=unpatch
+    )
+    run_engine(settings, events.append, options=options)
     return events
 
 

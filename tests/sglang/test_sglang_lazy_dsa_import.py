@@ -2,8 +2,8 @@
 from its own file with exactly its DeepGEMM import guarded, before anything imports it, and the
 draft worker's lazy `from ... import DeepseekSparseAttnBackend` gets that module; removing it
 leaves `sys.modules` as found. 0.5.23 has nothing to guard. On a CPU `is_cuda()` is False, so
-the guarded branch itself is exercised by the statement alone; the H200 run (STANDALONE with
-CUDA graphs, `test_sglang_gpu`) is where the import it avoids really failed."""
+the guarded branch itself is exercised by the statement alone; a GPU run (STANDALONE with
+CUDA graphs, `test_sglang_gpu`) is where the import it avoids fails without it."""
 
 from __future__ import annotations
 

@@ -96,7 +96,7 @@ def test_targets_resolve_and_patches_restore_sglang_exactly(run_each_sglang) -> 
         assert unresolved == []
     # every rebinding of the five patches (GDN's conv kernel included): 0.5.17 has no
     # launch-config pin
-    assert f"IDENTITY-OK {15 if version == '0.5.23' else 14}" in out
+    assert f"IDENTITY-OK {16 if version == '0.5.23' else 15}" in out
 
 
 RENAMED = (
@@ -187,7 +187,7 @@ def test_sglang_session_without_cuda_is_a_clear_error(monkeypatch, capsys, tmp_p
     code = main(["run", "--headless", "--engine", "sglang", "--model", str(tmp_path)])
     assert code == 4
     assert capsys.readouterr().err == (
-        "specdash: error: --engine sglang needs a CUDA GPU; none is visible to torch\n"
+        "specdash: error: --engine: the SGLang engine needs a CUDA GPU; none is visible to torch\n"
     )
 
 

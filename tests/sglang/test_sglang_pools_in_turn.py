@@ -74,7 +74,7 @@ def test_without_the_variable_nothing_waits(monkeypatch) -> None:
 FIRST_RANK = """
 import inspect, json
 from sglang.srt.managers.scheduler import run_scheduler_process
-from specdash.runs.sglang import first_rank
+from specdash.runs.sglang.process import first_rank
 
 names = list(inspect.signature(run_scheduler_process).parameters)
 

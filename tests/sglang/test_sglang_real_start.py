@@ -4,13 +4,14 @@ that far on a machine without a GPU), the scheduler runs specdash's entry and th
 the CPU in SGLang's own code. What must hold on the way there:
 
 - the processes spawn at all under Textual. Its print capture stands in for sys.stderr with
-  fileno() -1, which multiprocessing's resource tracker passed on: every dashboard start on the
-  H200 failed with 'bad value(s) in fds_to_keep' while the faked engine class saw nothing;
+  fileno() -1, which multiprocessing's resource tracker would pass on: every dashboard start
+  on a GPU would fail with 'bad value(s) in fds_to_keep', which a faked engine class never sees;
 - the scheduler's reason comes back as the dashboard's engine error, and its output goes to the
   SGLang log beside the trace, not over the TUI;
 - the dashboard stays up and the trace is kept.
 
-Only `check_environment` is replaced: it refuses a machine without CUDA before anything starts.
+Only `preflight.check_startable` is replaced: it refuses a machine without CUDA before anything
+starts.
 """
 
 from __future__ import annotations
@@ -26,10 +27,10 @@ REAL_START = r"""
 import asyncio, json, sys, time
 from pathlib import Path
 from specdash.cli import build_parser
-from specdash.runs import sglang as se
+from specdash.runs.sglang import preflight
 from specdash.cli.dashboard import dashboard_app
 
-se.check_environment = lambda options, engines: None
+preflight.check_startable = lambda options, engines: None
 out = Path(sys.argv[1])
 argv = ["--engine", "sglang", "--model", sys.argv[2], "--sglang-arg", "device=cpu",
         "--speculative-algorithm", "NGRAM", "--max-new-tokens", "4",

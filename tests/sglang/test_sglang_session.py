@@ -1,4 +1,4 @@
-"""`SGLangRunner` around a stand-in for `sglang.Engine` (the real one needs CUDA): the
+"""The SGLang backend's session around a stand-in for `sglang.Engine` (the real one needs CUDA): the
 event stream the dashboard sees, telemetry over the real ZMQ path, the shadow comparison on
 fp32 logprob bits, and SGLang's own refusal reason as the one-line error."""
 
@@ -11,29 +11,34 @@ import os
 import pytest
 
 from specdash.errors import UsageError
-from specdash.runs import sglang as sglang_engine
+from specdash.runs.sglang import args, process
+from specdash.runs.sglang.backend import WARM_UP_PHASE, WARM_UP_TEXT
+from specdash.settings import SessionSettings
 
 SESSION_SCRIPT = r"""
 import json, os, sys
 from pathlib import Path
 sys.path.insert(0, "tests/sglang")  # the shadow's host process imports the stand-in by name
 import standin_engine
-from specdash.runs import sglang as sglang_engine
+from specdash.runs.runner import run_engine
+from specdash.runs.sglang import args, preflight, process
 from specdash.settings import SessionSettings
 
 workdir = Path(os.environ["WORKDIR"])
 prompts = workdir / "p.jsonl"
 prompts.write_text("".join(json.dumps({"prompt": p}) + "\n" for p in standin_engine.PROMPTS))
-sglang_engine.patched_engine_class = standin_engine.engine_class
-sglang_engine.check_environment = lambda options, engines: None
+process.patched_engine_class = standin_engine.engine_class
+preflight.check_startable = lambda options, engines: None
 events = []
 settings = SessionSettings(engine="sglang", model=Path("/models/m"), k=2, prompts=prompts,
-                           gemm_backend="deepgemm", max_new_tokens=8)
-options = sglang_engine.SGLangOptions(speculative_algorithm="EAGLE3",
+                           gemm_backend="deepgemm", max_new_tokens=8,
+                           batch=int(os.environ.get("BATCH", "1")),
+                           speculation=os.environ.get("SPECULATION", "1") == "1")
+options = args.SGLangOptions(speculative_algorithm="EAGLE3",
                                       engine_args={"mem_fraction_static": 0.3},
                                       shadow_mode=os.environ["SHADOW_MODE"],
                                       log_file=workdir / "sglang.log")
-summary = sglang_engine.SGLangRunner(options).run(settings, events.append)
+summary = run_engine(settings, events.append, options=options)
 print("RESULT " + json.dumps({
     "events": [json.loads(e.model_dump_json()) for e in events],
     "summary": json.loads(summary.model_dump_json()),
@@ -42,16 +47,32 @@ print("RESULT " + json.dumps({
 """
 
 
+TOKENS = [
+    (0, 5, "decode", -1),
+    (0, 6, "draft", 0),
+    (0, 7, "draft", 0),
+    (0, 8, "bonus", 0),
+    (0, 9, "bonus", 1),
+    (1, 1, "decode", -1),
+    (1, 2, "draft", 0),
+    (1, 3, "bonus", 0),
+]
+"""(prompt, token id, source, verify step) of the stand-in's output tokens, at any batch size."""
+
+
 @pytest.mark.parametrize("shadow_mode", ["split", "sequential"])
 def test_session_events_from_a_stand_in_engine(run_sglang, tmp_path, shadow_mode) -> None:
     proc = run_sglang(SESSION_SCRIPT, env={"WORKDIR": str(tmp_path), "SHADOW_MODE": shadow_mode})
     r = json.loads(next(x for x in proc.stdout.splitlines() if x.startswith("RESULT "))[7:])
     kinds = [e["kind"] for e in r["events"]]
     starts = [(e["engine"], e["phase"]) for e in r["events"] if e["kind"] == "start_phase"]
-    before = 4 if shadow_mode == "split" else 2  # sequential: the shadow starts after the spec
+    before = 6 if shadow_mode == "split" else 3  # sequential: the shadow starts after the spec
     assert kinds[: before + 1] == ["start_phase"] * before + ["session_start"]
-    assert sorted(starts) == [(engine, phase) for engine in ("shadow", "spec")
-                              for phase in ("imports, spawn processes", "ready")]  # fmt: skip
+    phases = ("imports, spawn processes", WARM_UP_PHASE, "ready")
+    assert sorted(starts) == sorted((e, p) for e in ("shadow", "spec") for p in phases)
+    for engine in ("spec", "shadow"):  # the warm-up is the last phase before "ready"
+        own = [p for e, p in starts if e == engine]
+        assert own == list(phases), own
     if shadow_mode == "split":  # started together: the shadow in its host process
         assert starts[0] == ("shadow", "imports, spawn processes") and starts[-1] == (
             "shadow",
@@ -74,6 +95,10 @@ def test_session_events_from_a_stand_in_engine(run_sglang, tmp_path, shadow_mode
     assert "speculative_algorithm" not in shadow_kw and spec["shut"] and shadow["shut"]
     switch = [["specdash_set_gemm_backend", {"name": "deepgemm"}]]
     assert [spec["rpcs"], shadow["rpcs"]] == [switch, switch]  # the same GEMM backend
+    # one warm-up request per engine before the session's clock (k + 2 tokens: a verify step),
+    # then the prefix cache flushed; never counted as a prompt of the session
+    for engine in (spec, shadow):
+        assert engine["warm_ups"] == [[[WARM_UP_TEXT], 4]] and engine["flushes"] == 1
 
     steps = [e for e in r["events"] if e["kind"] == "verify_step"]
     assert [(s["prompt_index"], s["step"], s["accepted"], s["emitted_tokens"]) for s in steps] == [
@@ -87,16 +112,7 @@ def test_session_events_from_a_stand_in_engine(run_sglang, tmp_path, shadow_mode
         for e in r["events"]
         if e["kind"] == "token"
     ]
-    assert tokens == [
-        (0, 5, "decode", -1),
-        (0, 6, "draft", 0),
-        (0, 7, "draft", 0),
-        (0, 8, "bonus", 0),
-        (0, 9, "bonus", 1),
-        (1, 1, "decode", -1),
-        (1, 2, "draft", 0),
-        (1, 3, "bonus", 0),
-    ]
+    assert tokens == TOKENS
     div = [e for e in r["events"] if e["kind"] == "divergence"]
     assert len(div) == 1 and (div[0]["prompt_index"], div[0]["position"]) == (1, 2)
     assert div[0]["what"] == "logprob" and div[0]["spec_token"] == div[0]["shadow_token"] == 3
@@ -107,10 +123,90 @@ def test_session_events_from_a_stand_in_engine(run_sglang, tmp_path, shadow_mode
     assert r["summary"]["divergences"] == 1
 
 
+@pytest.mark.parametrize("shadow_mode", ["split", "sequential"])
+def test_batch_sends_the_prompts_at_once_and_checks_each_alone(
+    run_sglang, tmp_path, shadow_mode
+) -> None:
+    """--batch 2: one request batch on the speculative engine (its decode graphs captured up to
+    2), the shadow one prompt at a time; each request's verify steps reach its own prompt by
+    request id, each prompt gets its own verdict, the summary the batch's acceptance."""
+    env = {"WORKDIR": str(tmp_path), "SHADOW_MODE": shadow_mode, "BATCH": "2"}
+    r = json.loads(
+        next(
+            x[7:]
+            for x in run_sglang(SESSION_SCRIPT, env=env).stdout.splitlines()
+            if x.startswith("RESULT ")
+        )
+    )
+    spec, shadow = r["engines"]
+    assert spec["batches"] == [2] and shadow["batches"] == [1, 1]
+    assert spec["kw"]["cuda_graph_bs_decode"] == [1, 2]
+    assert shadow["kw"]["cuda_graph_bs_decode"] == [1]
+    events = r["events"]
+    kinds = [e["kind"] for e in events if e["kind"] != "start_phase"]
+    assert kinds[:3] == ["session_start", "prompt_start", "prompt_start"]
+    steps = [
+        (e["prompt_index"], e["step"], e["accepted"], e["emitted_tokens"])
+        for e in events
+        if e["kind"] == "verify_step"
+    ]
+    assert steps == [(0, 0, 2, [6, 7, 8]), (1, 0, 1, [2, 3]), (0, 1, 0, [9])]  # as they came
+    tokens = [
+        (e["prompt_index"], e["token_id"], e["source"], e["step"])
+        for e in events
+        if e["kind"] == "token"
+    ]
+    assert tokens == TOKENS
+    div = [
+        (e["prompt_index"], e["position"], e["step"]) for e in events if e["kind"] == "divergence"
+    ]
+    assert div == [(1, 2, 0)]
+    done = [(e["prompt_index"], e["exact"]) for e in events if e["kind"] == "prompt_done"]
+    assert done == [(0, True), (1, False)]
+    summary = r["summary"]
+    assert (summary["prompts"], summary["exact_prompts"], summary["verify_steps"]) == (2, 1, 3)
+    assert summary["acceptance_rate"] == 3 / 6 and summary["mean_accepted_length"] == 6 / 3
+
+
+def test_batch_above_what_the_engine_runs_at_once_is_refused(capsys, tmp_path) -> None:
+    """A cap on running requests, or decode graphs stopping short of the batch: one line, exit
+    2, before anything starts (the CUDA check, which would say exit 4 here, comes later)."""
+    from specdash.cli import main
+
+    base = ["run", "--headless", "--engine", "sglang", "--model", str(tmp_path), "--batch", "4"]
+    for arg, what in (
+        ("max_running_requests=2", "but max_running_requests=2"),
+        ("cuda_graph_bs_decode=[1,2]", "but the decode CUDA graphs stop at batch size 2"),
+        ("cuda_graph_max_bs_decode=3", "but the decode CUDA graphs stop at batch size 3"),
+    ):
+        assert main([*base, "--sglang-arg", arg]) == 2
+        err = capsys.readouterr().err
+        assert err.startswith(f"specdash: error: --batch: 4 requests at once, {what}")
+        assert err.count("\n") == 1
+    options = args.SGLangOptions(engine_args={"cuda_graph_bs_decode": [1, 2]})
+    settings = SessionSettings(engine="sglang", model=tmp_path, batch=4)
+    graphs_off = args.SGLangOptions(
+        engine_args={"cuda_graph_bs_decode": [1], "disable_cuda_graph": True}
+    )
+    assert args.engine_kwargs(settings, graphs_off, speculative=True, split=False, requests=4)
+    with pytest.raises(UsageError):
+        args.engine_kwargs(settings, options, speculative=True, split=False, requests=4)
+
+
+def test_decode_graphs_cover_the_batch() -> None:
+    assert [args.decode_graph_sizes(n) for n in (1, 2, 3, 6, 8)] == [
+        [1],
+        [1, 2],
+        [1, 2, 3],
+        [1, 2, 4, 6],
+        [1, 2, 4, 8],
+    ]
+
+
 def test_engine_refusal_shows_sglang_reason(monkeypatch, tmp_path) -> None:
     class RefusingEngine:
         def __init__(self, **kw):  # what a scheduler process does when the model says no
-            handler = sglang_engine._ReasonToFile(os.environ[sglang_engine.ERROR_FILE_ENV])
+            handler = process._ReasonToFile(os.environ[process.ERROR_FILE_ENV])
             log = logging.getLogger("test.scheduler")
             log.addHandler(handler)
             log.error(
@@ -121,18 +217,18 @@ def test_engine_refusal_shows_sglang_reason(monkeypatch, tmp_path) -> None:
             log.removeHandler(handler)
             raise RuntimeError("Initialization failed. Please see the error messages above.")
 
-    monkeypatch.setattr(sglang_engine, "patched_engine_class", lambda: RefusingEngine)
-    monkeypatch.setenv(sglang_engine.ERROR_FILE_ENV, str(tmp_path / "reason"))
+    monkeypatch.setattr(process, "patched_engine_class", lambda: RefusingEngine)
+    monkeypatch.setenv(process.ERROR_FILE_ENV, str(tmp_path / "reason"))
     with pytest.raises(UsageError) as e:
-        sglang_engine.start_engine({"speculative_algorithm": "DFLASH"})
+        process.start_engine({"speculative_algorithm": "DFLASH"})
     assert str(e.value) == (
-        "sglang could not start with --speculative-algorithm DFLASH: "
+        "sglang could not start with speculative algorithm DFLASH: "
         "ValueError: DFLASH is not supported for Qwen3NextForCausalLM"
     )
 
 
 def test_sglang_args_parse_as_python_literals() -> None:
-    parse = sglang_engine.parse_engine_arg
+    parse = args.parse_engine_arg
     assert parse("mem_fraction_static=0.4") == ("mem_fraction_static", 0.4)
     assert parse("disable-cuda-graph=true") == ("disable_cuda_graph", True)
     assert parse("attention_backend=fa3") == ("attention_backend", "fa3")
@@ -143,15 +239,14 @@ def test_sglang_args_parse_as_python_literals() -> None:
 
 def test_engine_kwargs_per_algorithm(tmp_path, monkeypatch) -> None:
     from specdash.engine_patches import registry
-    from specdash.settings import SessionSettings
 
     monkeypatch.setattr(registry, "sglang_version", lambda: "0.5.23")
 
     settings = SessionSettings(engine="sglang", model=tmp_path, k=3)
 
     def kwargs(algo: str, **extra) -> dict:
-        options = sglang_engine.SGLangOptions(speculative_algorithm=algo, engine_args=extra)
-        return sglang_engine.engine_kwargs(settings, options, speculative=True, split=False)
+        options = args.SGLangOptions(speculative_algorithm=algo, engine_args=extra)
+        return args.engine_kwargs(settings, options, speculative=True, split=False)
 
     nextn = kwargs("NEXTN")
     assert (nextn["speculative_num_steps"], nextn["speculative_eagle_topk"]) == (3, 1)
@@ -173,10 +268,22 @@ def test_engine_kwargs_per_algorithm(tmp_path, monkeypatch) -> None:
     fa3 = kwargs("EAGLE3", attention_backend="fa3")
     assert fa3["attention_backend"] == "fa3" and "disable_decode_cuda_graph" not in fa3
     assert "disable_decode_cuda_graph" not in kwargs("NEXTN", cuda_graph_max_bs_decode=8)
-    with pytest.raises(UsageError, match="needs --model"):
-        sglang_engine.engine_kwargs(
+    with pytest.raises(UsageError, match="needs a checkpoint") as e:
+        args.engine_kwargs(
             SessionSettings(engine="sglang"),
-            sglang_engine.SGLangOptions(),
+            args.SGLangOptions(),
             speculative=True,
             split=False,
         )
+    assert e.value.setting == "model"  # the command line names --model
+
+
+def test_no_speculation_is_not_checked(run_sglang, tmp_path) -> None:
+    """With speculation off SGLang runs no shadow: nothing was compared, so the summary says
+    "not checked" (exact_prompts None), never "0 exact"."""
+    env = {"WORKDIR": str(tmp_path), "SHADOW_MODE": "split", "SPECULATION": "0"}
+    proc = run_sglang(SESSION_SCRIPT, env=env)
+    r = json.loads(next(x for x in proc.stdout.splitlines() if x.startswith("RESULT "))[7:])
+    start = next(e for e in r["events"] if e["kind"] == "session_start")
+    assert start["config"]["shadow"] is False and len(r["engines"]) == 1
+    assert r["summary"]["checked"] is False and r["summary"]["exact_prompts"] is None

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import pytest
 
-from specdash.runs.sglang_start import phase_of
+from specdash.runs.sglang.start import phase_of
 
 # (template in SGLang's source, that line as formatted, the phase read from it)
 LINES = [

@@ -7,7 +7,7 @@ from __future__ import annotations
 import json
 
 from specdash.events import VerifyStep, parse_event
-from specdash.runs.sglang import token_sources, verify_step_event
+from specdash.runs.sglang.telemetry import token_sources, verify_step_event
 
 TELEMETRY_SCRIPT = """
 import json, os, time
@@ -19,7 +19,7 @@ from sglang.srt.managers.scheduler_components.batch_result_processor import (
 )
 from sglang.srt.managers.utils import GenerationBatchResult
 from specdash.engine_patches import telemetry
-from specdash.runs.sglang import TelemetryReceiver, verify_step_event
+from specdash.runs.sglang.telemetry import TelemetryReceiver, verify_step_event
 
 receiver = TelemetryReceiver()
 os.environ[telemetry.ADDRESS_ENV] = receiver.address

@@ -31,6 +31,8 @@ def root_cause_label(d: Divergence) -> str:
     rc = d.root_cause
     if rc is None:
         return "–"
+    if rc.reproduced is False:
+        return "not reproduced"
     layer = "?" if rc.layer is None else str(rc.layer)
     return f"L{layer} {rc.sub_op}"
 
@@ -153,12 +155,12 @@ class DivergenceDetail(ModalScreen[None]):
     def compose(self) -> ComposeResult:
         d = self.divergence
         rc = d.root_cause
-        cause = (
-            "not analysed"
-            if rc is None
-            else f"layer {rc.layer}, {escape(rc.sub_op)}, max |diff| {rc.max_abs_diff:.3g}"
-            + (f"\n  {escape(rc.detail)}" if rc.detail else "")
-        )
+        if rc is None:
+            cause = "not analysed"
+        else:
+            found = f"layer {rc.layer}, {escape(rc.sub_op)}, max |diff| {rc.max_abs_diff:.3g}"
+            cause = root_cause_label(d) if rc.reproduced is False else found
+            cause += f"\n  {escape(rc.detail)}" if rc.detail else ""
         lines = [
             f"[b]Divergence[/b] prompt {d.prompt_index}, token {d.position}, step {d.step} "
             f"({d.what} differs)",

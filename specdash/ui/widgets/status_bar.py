@@ -12,29 +12,10 @@ from pathlib import Path
 
 from rich.text import Text
 
-from specdash.settings import SessionSettings
 from specdash.ui.dashboard_model import DashboardModel
 from specdash.ui.widgets.readout import Readout
 
 NEUTRAL = "bold black on grey70"
-
-
-def loading_label(settings: SessionSettings | None) -> str:
-    """What a session loads before its first event, from the settings it was given."""
-    if settings is None:
-        return "waiting for the first event"
-    target = settings.model.name if settings.model else settings.preset or "embedded target"
-    if settings.engine == "sglang":
-        from specdash.runs.sglang import log_file_beside
-
-        engines = "engine + shadow engine" if settings.speculation and settings.shadow else "engine"
-        log = log_file_beside(settings)
-        return f"starting the SGLang {engines} for {target} (SGLang's log: {log})"
-    if not settings.speculation or settings.drafter == "ngram":
-        draft = ""
-    else:
-        draft = f" + {settings.draft.name if settings.draft else 'embedded draft'}"
-    return f"loading {target}{draft} on {settings.device} ({settings.engine} engine)"
 
 
 def _verdict_style(m: DashboardModel) -> str:
@@ -58,6 +39,11 @@ class StatusBar(Readout):
         recorded state in a replay. `loading`: what is loading before the session starts;
         `phase_s`: seconds the current loading or prefill has taken so far."""
         text = Text()
+        if not m.started and any(e.fatal for e in m.errors):
+            text.append(" FAILED ", style="bold white on red")
+            text.append(f"  {loading}: stopped by an engine error, shown below", style="bold")
+            self.show_text(text)
+            return
         if not m.started:
             text.append(" LOADING ", style=NEUTRAL)
             text.append(f"  {loading} … {phase_s:.0f} s\n", style="bold")

@@ -1,0 +1,128 @@
+"""Weights into models: a session's target and draft from checkpoints, a preset or the embedded
+tiny pair, on the session's device, dtype and GEMM backend. `load_models(settings)` is what a
+native session, the audit, the benchmarks and the engine tests load with."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from importlib import resources
+from pathlib import Path
+
+import torch
+
+from specdash.engine import gemm_backends, memory
+from specdash.engine.checkpoint import load_checkpoint
+from specdash.engine.config import preset
+from specdash.engine.model import Model
+from specdash.engine.tokenizer import ByteTokenizer, TextTokenizer
+from specdash.errors import CheckpointError, EnvironmentProblem, UsageError
+from specdash.settings import SessionSettings
+
+SMALL_MODEL_PARAMS = 50_000_000
+
+
+def default_checkpoint(name: str) -> Path:
+    """The embedded tiny pair shipped inside the package (`target`, `draft`)."""
+    return Path(str(resources.files("specdash") / "data" / name))
+
+
+@dataclass(slots=True)
+class Loaded:
+    target: Model
+    draft: Model | None
+    tokenizer: TextTokenizer
+    eos_ids: list[int]
+    description: dict[str, str]
+
+
+def device_of(settings: SessionSettings) -> torch.device:
+    """The session's device, refused (with the setting's name) when it is not one torch runs."""
+    try:
+        dev = torch.device(settings.device)
+    except RuntimeError:
+        raise UsageError(
+            f"no device {settings.device!r}: expected cpu, cuda or cuda:N", setting="device"
+        ) from None
+    if dev.type not in ("cpu", "cuda"):
+        raise UsageError(f"{settings.device!r}: only cpu and cuda are supported", setting="device")
+    if dev.type == "cuda" and not torch.cuda.is_available():
+        raise EnvironmentProblem(
+            f"{settings.device!r}: no CUDA device is available", setting="device"
+        )
+    return dev
+
+
+def _dtype(settings: SessionSettings, device: torch.device) -> torch.dtype:
+    name = settings.dtype or ("bfloat16" if device.type == "cuda" else "float32")
+    return getattr(torch, name)
+
+
+def _load_one(
+    path: Path | None,
+    preset_name: str | None,
+    dtype: torch.dtype,
+    device: torch.device,
+    gemm: gemm_backends.GemmBackend,
+    seed: int,
+) -> tuple[Model, TextTokenizer, list[int]]:
+    if preset_name is not None:
+        cfg = preset(preset_name)
+        memory.require_room(f"--preset {preset_name}", cfg, dtype, device)
+        return Model.random(cfg, seed, dtype, device, gemm), ByteTokenizer(cfg.vocab_size), []
+    assert path is not None
+    cfg, tensors, hf_tok = load_checkpoint(path, dtype, str(device))
+    tok = TextTokenizer(hf_tok)
+    if tok.vocab_size > cfg.vocab_size:
+        raise CheckpointError(
+            f"{path}: tokenizer has {tok.vocab_size} tokens but the model only {cfg.vocab_size}"
+        )
+    return Model.from_tensors(cfg, tensors, gemm, consume=True), tok, cfg.eos_token_ids
+
+
+def load_models(settings: SessionSettings) -> Loaded:
+    device = device_of(settings)
+    dtype = _dtype(settings, device)
+    gemm = gemm_backends.resolve(settings.gemm_backend, device)
+    target_path = settings.model
+    if target_path is None and settings.preset is None:
+        target_path = default_checkpoint("target")
+        if not (target_path / "config.json").exists():
+            raise CheckpointError(
+                f"embedded default model missing at {target_path}; name a checkpoint",
+                setting="model",
+            )
+    target, tok, eos = _load_one(target_path, settings.preset, dtype, device, gemm, settings.seed)
+    if device.type == "cpu" and target.cfg.num_params() < SMALL_MODEL_PARAMS:
+        # Small ops gain nothing from intra-op threads and lose a lot when cores are
+        # shared (OpenMP barriers): measured 3.0 ms vs 22 ms per decode step under load.
+        torch.set_num_threads(1)
+    desc = {"model": str(target_path or settings.preset), "drafter": settings.drafter}
+    loaded = Loaded(target, None, tok, eos, desc)
+    if settings.drafter == "model" and settings.speculation:
+        load_draft(settings, loaded)
+    return loaded
+
+
+def load_draft(settings: SessionSettings, loaded: Loaded) -> None:
+    """The draft model into `loaded` (at the start, or when speculation is switched on in a
+    session that started without it), on the target's device, dtype and GEMM backend."""
+    target = loaded.target
+    draft_path = settings.draft
+    if draft_path is None:
+        if settings.model is not None or settings.preset is not None:
+            raise UsageError(
+                "the model drafter needs a draft checkpoint beside a target of its own "
+                "(or use the n-gram drafter)",
+                setting="draft",
+            )
+        draft_path = default_checkpoint("draft")
+    draft, draft_tok, _ = _load_one(
+        draft_path, None, target.dtype, target.device, target.gemm, settings.seed
+    )
+    if draft_tok != loaded.tokenizer:
+        target_path = loaded.description["model"]
+        raise CheckpointError(
+            f"{draft_path}: draft tokenizer differs from the target's ({target_path})"
+        )
+    loaded.draft = draft
+    loaded.description["draft"] = str(draft_path)

@@ -1,0 +1,138 @@
+"""Whether the target and draft can run the speculative algorithm asked for, read before any
+engine starts from the checkpoints' configs and tensor names and from the installed SGLang's
+source (not imported: seconds faster, and the same answer on a machine without a GPU).
+
+Why before: SGLang finds each of these out only after it has spawned its processes and loaded
+the weights (a minute at the 27B shape), and then says it in a traceback: EAGLE3 on a target
+whose model class cannot capture the hidden states EAGLE3 drafts from (SGLang 0.5.17's
+Qwen3.5), DFLASH with a draft that is not a DFlash draft of this target, NEXTN on a checkpoint
+without the MTP head it drafts with.
+"""
+
+from __future__ import annotations
+
+import ast
+import json
+from pathlib import Path
+from typing import Any
+
+from safetensors import safe_open
+
+from specdash.engine_patches.installed_source import sglang_root
+from specdash.engine_patches.registry import sglang_version
+
+CAPTURE_METHOD = {
+    "EAGLE3": "set_eagle3_layers_to_capture",
+    "DFLASH": "set_dflash_layers_to_capture",
+}
+"""The target model-class method each hidden-state drafting algorithm calls at start."""
+DFLASH_ARCHITECTURES = ("DFlashDraftModel",)
+INSTEAD = "use NEXTN (the checkpoint's MTP head), STANDALONE (a draft model) or NGRAM"
+
+
+def refusal(kwargs: dict[str, Any]) -> str | None:
+    """Why the speculative engine's `sglang.Engine` arguments cannot run their algorithm, or
+    None (also when the checkpoints cannot be read here: SGLang then says it itself)."""
+    algorithm = kwargs.get("speculative_algorithm")
+    target = _config(kwargs.get("model_path"))
+    if algorithm is None or target is None:
+        return None
+    if algorithm in CAPTURE_METHOD:
+        arch = (target.get("architectures") or ["?"])[0]
+        method = CAPTURE_METHOD[algorithm]
+        if class_has_method(arch, method) is False:
+            return (
+                f"{algorithm} drafts from hidden states the target captures, and SGLang "
+                f"{sglang_version()}'s {arch} cannot capture them (it has no {method}): "
+                f"{INSTEAD}"
+            )
+    if algorithm == "DFLASH":
+        return _dflash_draft_refusal(target, kwargs.get("speculative_draft_model_path"))
+    if algorithm == "NEXTN" and kwargs.get("load_format") != "dummy":
+        directory = Path(kwargs.get("speculative_draft_model_path") or kwargs["model_path"])
+        names = tensor_names(directory)
+        if names is not None and not any(n.startswith("mtp.") for n in names):
+            return (
+                f"NEXTN drafts with the checkpoint's MTP head (mtp.* tensors) and {directory} "
+                "has none: use NGRAM, or STANDALONE with a draft model"
+            )
+    return None
+
+
+def _dflash_draft_refusal(target: dict[str, Any], draft_path: str | None) -> str | None:
+    draft = _config(draft_path)
+    if draft is None:
+        return "DFLASH needs a DFlash draft checkpoint (a draft directory with its config.json)"
+    arch = (draft.get("architectures") or ["?"])[0]
+    if arch not in DFLASH_ARCHITECTURES and "dflash_config" not in draft:
+        return f"DFLASH needs a DFlash draft; {draft_path} is a {arch}: use STANDALONE for it"
+    for key in ("hidden_size", "vocab_size"):
+        if draft.get(key) != target.get(key):
+            return (
+                f"{draft_path} is a DFlash draft of another target: its {key} is "
+                f"{draft.get(key)}, the target's {target.get(key)}"
+            )
+    layers = int(target.get("num_hidden_layers") or 0)
+    dflash = draft.get("dflash_config") or {}
+    wanted = dflash.get("num_target_layers", draft.get("num_target_layers"))
+    ids = dflash.get("target_layer_ids", draft.get("target_layer_ids")) or []
+    if (wanted is not None and int(wanted) != layers) or any(int(i) >= layers for i in ids):
+        return (
+            f"{draft_path} is a DFlash draft of another target: it reads target layers "
+            f"{ids or wanted}, and the target has {layers}"
+        )
+    return None
+
+
+def _config(path: str | None) -> dict[str, Any] | None:
+    if not path:
+        return None
+    try:
+        return json.loads((Path(path) / "config.json").read_text(encoding="utf-8"))
+    except (OSError, ValueError):
+        return None
+
+
+def tensor_names(directory: Path) -> list[str] | None:
+    """Tensor names of an HF checkpoint (one file or a sharded index), headers only; None when
+    it has no safetensors to read."""
+    index = directory / "model.safetensors.index.json"
+    try:
+        if index.is_file():
+            return list(json.loads(index.read_text(encoding="utf-8"))["weight_map"])
+        files = sorted(directory.glob("*.safetensors"))
+        if not files:
+            return None
+        names: list[str] = []
+        for f in files:
+            with safe_open(str(f), framework="np") as st:
+                names += list(st.keys())
+        return names
+    except (OSError, ValueError, KeyError):
+        return None
+
+
+def class_has_method(arch: str, method: str) -> bool | None:
+    """Whether the installed SGLang's model class `arch` (or a base class of its module)
+    defines `method`; None when SGLang or the class is not found."""
+    root = sglang_root()
+    if root is None:
+        return None
+    for file in sorted((root / "sglang" / "srt" / "models").glob("*.py")):
+        text = file.read_text(encoding="utf-8", errors="replace")
+        if f"class {arch}(" not in text:
+            continue
+        classes = {n.name: n for n in ast.parse(text).body if isinstance(n, ast.ClassDef)}
+        return _defines(classes, arch, method, seen=set())
+    return None
+
+
+def _defines(classes: dict[str, ast.ClassDef], name: str, method: str, seen: set[str]) -> bool:
+    node = classes.get(name)
+    if node is None or name in seen:
+        return False
+    seen.add(name)
+    if any(isinstance(n, ast.FunctionDef) and n.name == method for n in node.body):
+        return True
+    bases = [b.id for b in node.bases if isinstance(b, ast.Name)]
+    return any(_defines(classes, b, method, seen) for b in bases)
