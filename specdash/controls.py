@@ -32,22 +32,27 @@ class ControlState:
 
 class Controls:
     @classmethod
-    def from_settings(cls, settings: SessionSettings, gemm_backend: str | None = None) -> Controls:
+    def from_settings(
+        cls, settings: SessionSettings, gemm_backend: str | None = None, stay_open: bool = False
+    ) -> Controls:
         """Controls starting at the session's settings (`gemm_backend`: the resolved name)."""
-        return cls(
-            ControlState(
-                gemm_backend=gemm_backend or settings.gemm_backend,
-                speculation=settings.speculation,
-                k=settings.k,
-                verify_mode=settings.verify_mode,
-            )
+        state = ControlState(
+            gemm_backend=gemm_backend or settings.gemm_backend,
+            speculation=settings.speculation,
+            k=settings.k,
+            verify_mode=settings.verify_mode,
         )
+        return cls(state, stay_open)
 
-    def __init__(self, initial: ControlState) -> None:
+    def __init__(self, initial: ControlState, stay_open: bool = False) -> None:
         self._lock = threading.Lock()
         self._state = initial
+        self.stay_open = stay_open
+        """After its prompts the session waits for typed ones (the dashboard) instead of
+        ending; it ends when stopped."""
         self._skip_prompt = threading.Event()
         self._user_prompts: deque[str] = deque()
+        self._prompt_queued = threading.Event()
         self._resume = threading.Event()
         self._resume.set()
 
@@ -77,11 +82,20 @@ class Controls:
         """Queue a prompt typed in the dashboard; the engine decodes it after the current one."""
         with self._lock:
             self._user_prompts.append(text)
+            self._prompt_queued.set()
 
     def take_user_prompt(self) -> str | None:
         """The oldest queued user prompt, or None. The engine calls this between prompts."""
         with self._lock:
+            if len(self._user_prompts) <= 1:
+                self._prompt_queued.clear()
             return self._user_prompts.popleft() if self._user_prompts else None
+
+    def wait_for_prompt(self, stop: threading.Event, poll_s: float = 0.05) -> None:
+        """Block until a prompt is typed or the session stops (the engine is idle)."""
+        while not self._prompt_queued.wait(poll_s):
+            if stop.is_set():
+                return
 
     def wait_while_paused(self, stop: threading.Event, poll_s: float = 0.05) -> None:
         while not self._resume.wait(poll_s):

@@ -170,6 +170,34 @@ class RootCause(BaseModel):
     it got. None: not checked (traces recorded before the check)."""
 
 
+class Margin(BaseModel):
+    """The shadow's own choice at a divergence: its top-1 and top-2 tokens and how far apart
+    their logprobs were (`gap`, in nats: the same as their logit gap; `ulps`: fp32 values
+    between the two logprobs). `near_tie`: within a few rounding steps of the dtype the model
+    computes in, so the two paths' last bits could decide it; a flip across a wide gap means the
+    speculative path computed materially different values (a broken kernel)."""
+
+    model_config = ConfigDict(frozen=True, extra="forbid")
+    top1_token: int
+    top2_token: int
+    gap: float
+    ulps: int
+    near_tie: bool
+
+    def text(self, flipped: bool) -> str:
+        """What every view prints; `flipped`: the token ids differ there (else only bits)."""
+        gap = f"shadow top-1 − top-2 {self.gap:.3g} nats ({self.ulps:,} fp32 ulps)"
+        if flipped:
+            why = (
+                "a near-tie: rounding can flip it"
+                if self.near_tie
+                else "wide: rounding cannot flip it, a kernel computed other values"
+            )
+        else:
+            why = "a near-tie: the ids could flip" if self.near_tie else "wide: ids not in doubt"
+        return f"{gap}, {why}"
+
+
 class Divergence(_Event):
     """First position where the speculative run and the shadow disagree.
 
@@ -192,6 +220,8 @@ class Divergence(_Event):
     shadow_text: str = ""
     context: str = ""
     root_cause: RootCause | None = None
+    shadow_margin: Margin | None = None
+    """The shadow's top-1 / top-2 at this position; None where the engine did not report it."""
 
 
 class PromptDone(_Event):
@@ -206,6 +236,8 @@ class PromptDone(_Event):
     """Ids and fp32 logprob bits equal to the shadow's, every token."""
     same_text: bool | None = None
     """Token ids equal to the shadow's, every token (the bits may differ); None: not checked."""
+    skipped: bool = False
+    """Cut short by `n` (next prompt): its verdict covers the tokens it got to."""
 
 
 class TelemetrySample(_Event):
@@ -224,13 +256,23 @@ class TelemetrySample(_Event):
 
 
 class ControlChange(_Event):
-    """A live setting changed; it took effect at `applied_step` (never mid-step)."""
+    """A live setting changed; it took effect at `applied_step` (never mid-step), the engine's
+    step counter (every step, speculation on or off). `prompt`: `n` skipped prompt `old`
+    (`new` is "skipped"); `trace`: a recording started (`new` is its path)."""
 
     kind: Literal["control"] = "control"
     name: Literal["gemm_backend", "speculation", "k", "verify_mode", "paused", "prompt", "trace"]
     old: str
     new: str
     applied_step: int
+
+
+class Idle(_Event):
+    """The engine has decoded every prompt it was given and waits for one typed in the
+    dashboard (the session stays open until `q`); the next `PromptStart` ends the wait.
+    Idle time is not session time: the wall clock stops."""
+
+    kind: Literal["idle"] = "idle"
 
 
 class EngineError(_Event):
@@ -261,6 +303,24 @@ class Summary(_Event):
     divergences: int
     same_text_prompts: int | None = None
     """Prompts whose token ids equal the shadow's to the end (None: not checked)."""
+    shadow_tokens_per_s: float | None = None
+    """New tokens / the seconds the shadow's plain greedy decode spent on them (prefill
+    excluded, as in `tokens_per_s`); None without a shadow."""
+    wall_seconds: float | None = None
+    """The session's wall time from its header: prefill, speculative and shadow decode, less
+    the time it was paused or idle (loading the weights comes before the header)."""
+
+    @property
+    def speedup(self) -> float | None:
+        """Speculative decode t/s over the shadow's plain decode t/s of the same tokens."""
+        if not self.shadow_tokens_per_s or not self.tokens_per_s:
+            return None
+        return self.tokens_per_s / self.shadow_tokens_per_s
+
+    @property
+    def wall_tokens_per_s(self) -> float | None:
+        return metrics.tokens_per_s(self.new_tokens, self.wall_seconds or 0.0)
+
     unreproduced_root_causes: int = 0
     """Divergences whose root-cause replay did not reproduce the flagged bits (no sub-op
     named: `RootCause.reproduced` False)."""
@@ -271,10 +331,12 @@ class Summary(_Event):
         checked (--no-shadow)"."""
         if not self.checked:
             return "not checked (--no-shadow)"
-        bits = f"{self.exact_prompts}/{self.prompts} identical bits"
-        if self.same_text_prompts is None:
-            return bits
-        return f"{self.same_text_prompts}/{self.prompts} identical text, {bits}"
+        text = f"{self.exact_prompts}/{self.prompts} identical bits"
+        if self.same_text_prompts is not None:
+            text = f"{self.same_text_prompts}/{self.prompts} identical text, {text}"
+        if self.verify_steps == 0 and self.new_tokens:
+            text += " (nothing was speculated: plain decode against plain decode)"
+        return text
 
 
 Event = Annotated[
@@ -289,6 +351,7 @@ Event = Annotated[
     | PromptDone
     | TelemetrySample
     | ControlChange
+    | Idle
     | EngineError
     | Summary,
     Field(discriminator="kind"),

@@ -22,6 +22,18 @@ def mean_accepted_length(emitted: int, verify_steps: int) -> float | None:
     return emitted / verify_steps if verify_steps else None
 
 
+def _fp32_ordered(x: float) -> int:
+    """The fp32 value's place on the number line as an integer (-0.0 and 0.0 alike)."""
+    (bits,) = struct.unpack("<i", struct.pack("<f", x))
+    return bits if bits >= 0 else -(bits & 0x7FFFFFFF)
+
+
+def fp32_ulps(a: float, b: float) -> int:
+    """How many fp32 values apart `a` and `b` are (0: the same value): the gap measured in
+    the last place, which says whether rounding alone could have swapped them."""
+    return abs(_fp32_ordered(a) - _fp32_ordered(b))
+
+
 def same_fp32_bits(a: float | None, b: float | None) -> bool:
     """Two logprobs compared as the fp32 values they came from: sign of zero and NaN payload
     included; None (no logprob) equals only None."""

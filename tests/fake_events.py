@@ -9,6 +9,7 @@ from specdash.controls import Controls
 from specdash.events import (
     Divergence,
     Event,
+    Margin,
     PromptDone,
     PromptStart,
     RootCause,
@@ -118,6 +119,13 @@ def fake_session(
                             root_cause=RootCause(
                                 layer=3, sub_op="mlp.down_proj", max_abs_diff=6e-8
                             ),
+                            shadow_margin=Margin(
+                                top1_token=token_id,
+                                top2_token=7,
+                                gap=0.035,
+                                ulps=147435,
+                                near_tie=False,
+                            ),
                         )
                     )
                 position += 1
@@ -138,7 +146,7 @@ def fake_session(
             )
         )
     if telemetry == "none":
-        events.insert(1, _telemetry(t, "none", rng))
+        events.insert(1, _telemetry(events[0].t_ns, "none", rng))  # sampled at the start
     return events
 
 

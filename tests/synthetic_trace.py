@@ -19,6 +19,7 @@ from specdash.events import (
     Divergence,
     Draft,
     Event,
+    Margin,
     Prefill,
     PromptDone,
     PromptStart,
@@ -119,7 +120,10 @@ def session(plan: Plan | None = None) -> list[Event]:
                                    k=k, verify_mode="exact", gemm_backend="triton", what="token",
                                    spec_token=tok, shadow_token=tok + 1, spec_logprob=logprob,
                                    shadow_logprob=logprob - 0.25, spec_text=f"<{tok}>",
-                                   shadow_text=f"<{tok + 1}>", context="… the quick brown")
+                                   shadow_text=f"<{tok + 1}>", context="… the quick brown",
+                                   shadow_margin=Margin(top1_token=tok + 1, top2_token=tok,
+                                                        gap=0.25, ulps=2097152,
+                                                        near_tie=False))
                     )  # fmt: skip
                 source = "bonus" if i == len(emitted) - 1 else "draft"
                 events.append(

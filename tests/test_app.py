@@ -87,14 +87,14 @@ async def test_k_stays_in_range(tmp_path):
     [
         ("GEMM backend", lambda app: state(app).gemm_backend == "torch"),
         ("spec on/off", lambda app: state(app).speculation is False),
-        ("k+", lambda app: state(app).k == 5),
-        ("k-", lambda app: state(app).k == 3),
+        ("one more token", lambda app: state(app).k == 5),
+        ("one token fewer", lambda app: state(app).k == 3),
         ("verify mode", lambda app: state(app).verify_mode == "fast"),
         ("pause", lambda app: state(app).paused is True),
         ("next prompt", lambda app: app.source.controls.take_next_prompt_request()),
         ("export trace", lambda app: app.trace_writer is not None),
         ("type prompt", lambda app: app.focused.id == "prompt"),
-        ("help", lambda app: isinstance(app.screen, HelpScreen)),
+        ("glossary", lambda app: isinstance(app.screen, HelpScreen)),
     ],
 )
 async def test_palette_command(tmp_path, title, effect):
@@ -390,7 +390,8 @@ async def test_trace_given_up_front_records_from_the_header(tmp_path):
         assert app.trace_writer is not None  # no summary yet: still recording; quit closes it
     header, recorded, _ = read_trace(path)
     assert header.model_copy(update={"git_revision": None}) == events[0]
-    assert recorded[0] == early and recorded[1:] == events[1:]
+    assert recorded[0] == early.model_copy(update={"t_ns": header.t_ns})  # at the header's time
+    assert recorded[1:] == events[1:]
 
 
 async def test_unwritable_export_directory_is_a_notification(tmp_path):

@@ -58,8 +58,10 @@ async def test_loading_says_what_and_how_long_and_gives_no_verdict() -> None:
         assert "EXACT" not in text and "engine ?" not in text
 
         config = {"engine": "native", "model": "m", "drafter": "model", "k": 4, "shadow": True}
-        app.source.sink(SessionStart(config=config, versions={}, device="cpu", gemm_backend="t"))
-        app.source.sink(PromptStart(prompt_index=0, prompt_tokens=4512, text="x"))
+        app.source.sink(SessionStart(t_ns=109_000_000_000, config=config, versions={},
+                                     device="cpu", gemm_backend="t"))  # fmt: skip
+        app.source.sink(PromptStart(t_ns=110_000_000_000, prompt_index=0, prompt_tokens=4512,
+                                    text="x"))  # fmt: skip
         now[0] = 110.0
         app.refresh_numbers()
         await pilot.pause()
@@ -110,12 +112,13 @@ async def test_without_a_shadow_no_shadow_rate_and_no_speedup_are_shown() -> Non
         app.refresh_numbers()
         app.refresh_plots()
         numbers = str(app.dashboard.query_one("#throughput-numbers").render())
-        assert "shadow – (no shadow: --no-shadow)   speedup –" in numbers
+        header, *rows = numbers.splitlines()
+        assert header.split()[3:] == ["–", "(--no-shadow)"]  # no shadow, and why
+        assert all(row.split()[-2:] == ["–", "–"] for row in rows), numbers
         assert app.model.session_steps.shadow_tps is None
         assert all(point[2] == 0.0 for point in app.model.tps_series)
-        assert [name for name, *_ in app.dashboard.query_one("#throughput-plot")._last[1]] == [
-            "spec"
-        ]
+        key = str(app.dashboard.query_one("#throughput-plot .chart-key").render())
+        assert "spec" in key and "shadow" not in key
 
 
 async def test_an_engine_error_before_the_start_ends_loading() -> None:
@@ -139,8 +142,10 @@ async def test_palette_shows_keys_as_typed() -> None:
     app = SpecdashApp(ScriptedSource.live_like(fake_session()))
     async with app.run_test(size=SIZE):
         titles = [c.title for c in app.get_system_commands(app.screen)]
-    assert "help (?)" in titles and "k+ (+)" in titles and "k- (-)" in titles
-    assert "type prompt (/)" in titles
+    assert "Keys and a glossary of every metric (?)" in titles
+    assert "Draft one more token per verify step (next step) (+)" in titles
+    assert "Draft one token fewer per verify step (next step) (-)" in titles
+    assert "Type a prompt of your own (/)" in titles
     assert not [t for t in titles if "question_mark" in t or "plus" in t or "slash" in t]
 
 

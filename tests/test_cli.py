@@ -123,8 +123,29 @@ def test_no_shadow_says_not_checked_instead_of_zero_exact(capsys, pair) -> None:
     assert out["exact_prompts"] is None and out["checked"] is False and out["prompts"] == 8
     assert main(args) == EXIT_OK
     text = capsys.readouterr().out
-    assert "exact prompts               not checked (--no-shadow)" in text
+    exact = next(line for line in text.splitlines() if line.startswith("exact prompts"))
+    assert exact.split()[2:] == ["not", "checked", "(--no-shadow)"]
     assert "0/8" not in text
     assert main([*args[:2], "--json", "--max-new-tokens", "4", *_model_args(pair)]) == EXIT_OK
     checked = json.loads(capsys.readouterr().out)
     assert checked["exact_prompts"] == 8 and checked["checked"] is True
+
+
+def test_run_json_lists_each_divergence_with_both_tokens_and_bits(capsys, pair) -> None:
+    args = ["run", "--headless", "--json", "--max-new-tokens", "8", "-k", "4", *_model_args(pair)]
+    assert main([*args, "--verify", "fast"]) == EXIT_OK
+    out = json.loads(capsys.readouterr().out)
+    divergences = out["divergences"]
+    assert isinstance(divergences, list) and divergences
+    assert out["divergence_count"] == len(divergences)
+    for d in divergences:
+        assert {"prompt", "token_index", "what", "root_cause"} <= set(d)
+        assert isinstance(d["spec_token"], int) and isinstance(d["shadow_token"], int)
+        for side in ("spec", "shadow"):
+            assert float.fromhex(d[f"{side}_logprob_hex"]) == d[f"{side}_logprob"]
+        assert (d["what"] == "token") == (d["spec_token"] != d["shadow_token"])
+    first = [d for d in divergences if d["root_cause"] is not None]
+    assert first and all(d["root_cause"]["sub_op"] for d in first)
+    assert main([*args, "--verify", "exact"]) == EXIT_OK
+    exact = json.loads(capsys.readouterr().out)
+    assert exact["divergences"] == [] and exact["divergence_count"] == 0

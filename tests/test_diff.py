@@ -140,6 +140,26 @@ def test_summary_says_whether_ids_or_only_bits_differ(tmp_path, capsys, changes,
     assert summary.endswith(f": {verdict}"), summary
 
 
+def test_a_recorded_shadow_margin_at_the_difference_is_shown(tmp_path, capsys):
+    from specdash.events import Divergence, Margin
+
+    base, changed = session(Plan()), session(Plan(change=(1, 13, "token")))
+    ta, tb = token_at(base, 1, 13), token_at(changed, 1, 13)
+    margin = Margin(top1_token=ta.token_id, top2_token=tb.token_id, gap=1.2e-7, ulps=2,
+                    near_tie=True)  # fmt: skip
+    flagged = Divergence(
+        t_ns=tb.t_ns, prompt_index=1, position=13, step=tb.step, k=3, verify_mode="fast",
+        gemm_backend="torch", what="token", spec_token=tb.token_id, shadow_token=ta.token_id,
+        spec_logprob=tb.logprob, shadow_logprob=ta.logprob, shadow_margin=margin,
+    )  # fmt: skip
+    at = changed.index(tb) + 1
+    a = write(tmp_path / "a.jsonl", base)
+    b = write(tmp_path / "b.jsonl", [*changed[:at], flagged, *changed[at:]])
+    assert main(["diff", a, b]) == EXIT_DIVERGED
+    line = capsys.readouterr().out.splitlines()[1]
+    assert line.endswith(f"B's {margin.text(flipped=True)}"), line
+
+
 def killed_after(events, prompt: int, tokens: int):
     """What a recording killed mid-run holds: everything before `prompt`'s token `tokens`."""
     cut = next(

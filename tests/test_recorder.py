@@ -43,7 +43,9 @@ def test_recording_from_the_header_holds_the_session_and_closes_at_the_summary(t
     assert recorder.stopped is None and recorder.failure is None and recorder.exit_code == 0
     header, recorded, warnings = read_trace(path)
     assert _stripped(header) == events[0] and not warnings
-    assert recorded[0] == early and recorded[1:] == events[1:]  # held until the header came
+    # held until the header came, and written at its time: a trace's times never go back
+    assert recorded[0] == early.model_copy(update={"t_ns": header.t_ns})
+    assert recorded[1:] == events[1:]
 
 
 def test_export_mid_session_writes_the_backlog_then_keeps_recording(tmp_path):
@@ -59,6 +61,7 @@ def test_export_mid_session_writes_the_backlog_then_keeps_recording(tmp_path):
     assert announce.new == str(path)
     again, none = recorder.export(tmp_path, applied_step=8)
     assert again.text == f"already recording to {path}" and none is None
+    announce = announce.model_copy(update={"t_ns": events[middle - 1].t_ns})  # the session's clock
     recorder.consume(announce)  # the caller sends it down the stream
     for event in events[middle:]:
         recorder.consume(event)

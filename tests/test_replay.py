@@ -138,7 +138,7 @@ async def test_replay_shows_what_the_live_dashboard_showed(tmp_path):
     header, back, _ = read_trace(path)
     clock = FakeClock()
     app = ReplayApp(TraceReplay(header, back, clock=clock), name="s.jsonl")
-    async with app.run_test(size=(SIZE[0], SIZE[1] + 1)) as pilot:  # +1: the replay bar
+    async with app.run_test(size=SIZE) as pilot:  # the replay bar where the prompt line was
         clock.t += 1e6
         app.tick()
         await settle(pilot)

@@ -10,7 +10,8 @@ from test_replay import FakeClock, settle
 from specdash.trace.replay import TraceReplay
 from specdash.ui.replay_app import ReplayApp
 
-SIZE = (160, 49)
+SIZE = (160, 48)
+"""The live dashboard's size: the playback bar takes the prompt line's place."""
 
 
 def replay_app() -> ReplayApp:

@@ -57,6 +57,20 @@ def test_dashboard_minimum_size(snap_compare):
     assert snap_compare(dashboard(), terminal_size=MINIMUM, run_before=settle)
 
 
+LAPTOP = (120, 40)
+
+
+def test_dashboard_laptop_size(snap_compare):
+    assert snap_compare(dashboard(), terminal_size=LAPTOP, run_before=settle)
+
+
+def test_typing_a_prompt_minimum_size(snap_compare):
+    """The footer while a prompt is typed: the prompt's keys, not the dashboard's."""
+    assert snap_compare(
+        dashboard(), press=["slash", "h", "i"], terminal_size=MINIMUM, run_before=settle
+    )
+
+
 def test_help_screen_minimum_size(snap_compare):
     assert snap_compare(
         dashboard(), press=["question_mark"], terminal_size=MINIMUM, run_before=settle

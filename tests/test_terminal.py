@@ -15,6 +15,8 @@ from pathlib import Path
 
 import pytest
 
+from specdash.trace.jsonl import read_trace
+
 pytestmark = pytest.mark.skipif(shutil.which("tmux") is None, reason="needs tmux (CI installs it)")
 
 SPECDASH = Path(sys.executable).parent / "specdash"
@@ -75,7 +77,8 @@ def exit_status(path: Path) -> str:
 def test_specdash_in_a_real_terminal(tmp_path):
     with specdash_in_tmux(tmp_path, "--max-new-tokens 24") as (session, status):
         screen = tmux("capture-pane", "-p", "-t", session)
-        assert "t/s (1 s, wall)" in screen and "t/s (session, wall)" in screen
+        assert "t/s         wall    spec  shadow  speedup" in screen
+        assert "│1 s " in screen and "│session " in screen
         assert "acceptance rate" in screen and "mean accepted length" in screen
         assert "EXACT so far" in screen or "DIVERGED at token" in screen
         assert "divergences (session):" in screen
@@ -97,7 +100,24 @@ def test_ctrl_c_in_a_real_terminal_exits_130_and_keeps_the_trace(tmp_path):
         tmux("send-keys", "-t", session, "C-c")
         wait_for(session, lambda s: "specdash: interrupted" in s, timeout=20)
         assert exit_status(status) == "130"
-    from specdash.trace.jsonl import read_trace
-
     _, events, _ = read_trace(tmp_path / "t.jsonl")
     assert any(e.kind == "verify_step" for e in events)
+
+
+def test_a_prompt_typed_after_the_shipped_set_is_decoded(tmp_path):
+    """The session stays open after its prompts: `/`, a prompt and Enter decode it, and `q`
+    then ends the session with the typed prompt in its trace and summary."""
+    with specdash_in_tmux(tmp_path, "--max-new-tokens 4 --trace s.jsonl") as (session, status):
+        wait_for(session, lambda s: "IDLE" in s and "24 done" in s, timeout=300)
+        tmux("send-keys", "-t", session, "/")
+        tmux("send-keys", "-t", session, "-l", "def typed_by_hand(x):")
+        tmux("send-keys", "-t", session, "Enter")
+        screen = wait_for(session, lambda s: "25 done" in s and "IDLE" in s, timeout=60)
+        assert "prompt 24: def typed_by_hand(x):" in screen
+        tmux("send-keys", "-t", session, "q")
+        assert exit_status(status) == "0"
+    _, events, _ = read_trace(tmp_path / "s.jsonl")
+    typed = [e for e in events if e.kind == "prompt_start" and e.prompt_index == 24]
+    assert typed and typed[0].text == "def typed_by_hand(x):"
+    assert [e.kind for e in events].count("idle") == 2 and events[-1].kind == "summary"
+    assert events[-1].prompts == 25

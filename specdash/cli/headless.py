@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import math
 import sys
 from collections.abc import Callable
 from contextlib import ExitStack
@@ -16,27 +17,88 @@ from specdash.prompts import load_prompts
 from specdash.runs.runner import run_engine
 
 
+def _rate(value: float | None, spec: str = ".1f") -> str:
+    return "–" if value is None else format(value, spec)
+
+
 def format_summary(summary: Summary, divergences: list[Divergence]) -> str:
+    s = summary
     rows = [
-        ("prompts", f"{summary.prompts}"),
-        ("exact prompts", summary.exact_text),
-        ("new tokens", f"{summary.new_tokens}"),
-        ("tokens/s (session, decode)", f"{summary.tokens_per_s:.1f}"),
-        ("mean accepted length", f"{summary.mean_accepted_length:.2f} tokens/step"),
-        ("acceptance rate", f"{100 * summary.acceptance_rate:.1f} %"),
-        ("verify steps", f"{summary.verify_steps}"),
-        ("divergences", f"{summary.divergences}"),
+        ("prompts", f"{s.prompts}"),
+        ("exact prompts", s.exact_text),
+        ("new tokens", f"{s.new_tokens}"),
+        ("decode t/s, speculative", f"{s.tokens_per_s:.1f}  (draft + verify + rollback)"),
+        (
+            "decode t/s, shadow (plain greedy)",
+            f"{_rate(s.shadow_tokens_per_s)}  (the same tokens, no speculation)"
+            if s.checked
+            else "– (--no-shadow: no plain decode ran)",
+        ),
+        ("speculative / shadow decode", f"{_rate(s.speedup, '.2f')}x" if s.speedup else "–"),
+        (
+            "wall t/s",
+            f"{_rate(s.wall_tokens_per_s)}  (the whole session: prefill, speculative"
+            f"{' and shadow' if s.checked else ''} decode; loading excluded)",
+        ),
+        ("mean accepted length", f"{s.mean_accepted_length:.2f} tokens/step"),
+        ("acceptance rate", f"{100 * s.acceptance_rate:.1f} %"),
+        ("verify steps", f"{s.verify_steps}"),
+        ("divergences", f"{s.divergences}"),
     ]
     width = max(len(r[0]) for r in rows)
     lines = [f"{name:<{width}}  {value}" for name, value in rows]
     for d in divergences:
         cause = f"; root cause: {d.root_cause.detail}" if d.root_cause else ""
+        if d.shadow_margin is not None:
+            cause += f"; {d.shadow_margin.text(flipped=d.what == 'token')}"
         lines.append(
             f"DIVERGED prompt {d.prompt_index} at generated token {d.position} ({d.what}): "
             f"spec {d.spec_token} ({d.spec_logprob!r}) vs shadow {d.shadow_token} "
             f"({d.shadow_logprob!r}){cause}"
         )
     return "\n".join(lines)
+
+
+def _json_float(value: float) -> float | None:
+    """JSON has no NaN (a logprob SGLang did not report): null, its hex beside it says "nan"."""
+    return None if math.isnan(value) else value
+
+
+def divergence_record(d: Divergence) -> dict[str, object]:
+    """One divergence as `run --json` lists it: where, both tokens, both logprobs as floats and
+    as exact hex (`float.hex`, what the dashboard's detail shows), the root cause."""
+    return {
+        "prompt": d.prompt_index,
+        "token_index": d.position,
+        "what": d.what,
+        "step": d.step,
+        "k": d.k,
+        "verify_mode": d.verify_mode,
+        "gemm_backend": d.gemm_backend,
+        "spec_token": d.spec_token,
+        "shadow_token": d.shadow_token,
+        "spec_text": d.spec_text,
+        "shadow_text": d.shadow_text,
+        "spec_logprob": _json_float(d.spec_logprob),
+        "spec_logprob_hex": d.spec_logprob.hex(),
+        "shadow_logprob": _json_float(d.shadow_logprob),
+        "shadow_logprob_hex": d.shadow_logprob.hex(),
+        "root_cause": None if d.root_cause is None else d.root_cause.model_dump(),
+        "shadow_margin": None if d.shadow_margin is None else d.shadow_margin.model_dump(),
+    }
+
+
+def summary_json(summary: Summary, divergences: list[Divergence]) -> str:
+    """`run --json`: the summary's fields, its derived rates, and every divergence listed
+    (`divergences`) beside their count (`divergence_count`)."""
+    record = summary.model_dump(exclude={"kind", "t_ns", "divergences"})
+    record |= {
+        "speedup": summary.speedup,
+        "wall_tokens_per_s": summary.wall_tokens_per_s,
+        "divergence_count": summary.divergences,
+        "divergences": [divergence_record(d) for d in divergences],
+    }
+    return json.dumps(record)
 
 
 def run_headless(args: argparse.Namespace) -> int:
@@ -74,7 +136,7 @@ def run_headless(args: argparse.Namespace) -> int:
 
         summary = run_engine(settings, sink, options=session_options(settings, args))
     if args.json:
-        print(json.dumps(summary.model_dump(exclude={"kind", "t_ns"})))
+        print(summary_json(summary, divergences))
     else:
         print(format_summary(summary, divergences))
     if recorder is not None and recorder.stopped:

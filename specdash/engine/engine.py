@@ -83,6 +83,8 @@ class Sequence:
     steps: list[StepRecord] = field(default_factory=list)
     diverged_at: int | None = None  # first index whose id or logprob bits differ
     text_diverged_at: int | None = None  # first index whose token id differs
+    shadow_rows: dict[int, Tensor] = field(default_factory=dict)
+    """The shadow's logprob row at diverged_at and text_diverged_at: how close its choice was."""
     done: bool = False
 
     @property
@@ -295,8 +297,11 @@ class Engine:
             states = [s.shadow for s in lag if s.shadow is not None]
             logprobs, commit = self._forward(states, [[s.shadow_ids[-1]] for s in lag], "exact")
             commit([1] * len(lag))
-            for seq, tok, tok_lp in zip(lag, *greedy_to_host(logprobs), strict=True):
-                self._compare(seq, tok, tok_lp)
+            for i, (seq, tok, tok_lp) in enumerate(
+                zip(lag, *greedy_to_host(logprobs), strict=True)
+            ):
+                if self._compare(seq, tok, tok_lp):
+                    seq.shadow_rows[len(seq.shadow_ids) - 1] = logprobs[i].clone()
         return time.perf_counter() - t0
 
     def _forward(
@@ -356,17 +361,22 @@ class Engine:
         return self._batch_graphs[batch_key]
 
     @staticmethod
-    def _compare(seq: Sequence, tok: int, tok_lp: float) -> None:
+    def _compare(seq: Sequence, tok: int, tok_lp: float) -> bool:
+        """Append the shadow's token; True when the runs first diverge there (bits or text)."""
         seq.shadow_ids.append(tok)
         seq.shadow_logprobs.append(tok_lp)
         j = len(seq.shadow_ids) - 1
         same_id = seq.shadow_ids[j] == seq.ids[j]
+        first = False
         if seq.text_diverged_at is None and not same_id:
             seq.text_diverged_at = j
+            first = True
         if seq.diverged_at is None and not (
             same_id and same_fp32_bits(seq.shadow_logprobs[j], seq.logprobs[j])
         ):
             seq.diverged_at = j
+            first = True
+        return first
 
     def step_of(self, seq: Sequence, position: int) -> tuple[int, int]:
         """(verify step index, row within it) that emitted generated token `position`."""

@@ -10,7 +10,7 @@ from pathlib import Path
 
 import torch
 
-from specdash.engine import gemm_backends
+from specdash.engine import gemm_backends, memory
 from specdash.engine.checkpoint import load_checkpoint
 from specdash.engine.config import preset
 from specdash.engine.model import Model
@@ -67,6 +67,7 @@ def _load_one(
 ) -> tuple[Model, TextTokenizer, list[int]]:
     if preset_name is not None:
         cfg = preset(preset_name)
+        memory.require_room(f"--preset {preset_name}", cfg, dtype, device)
         return Model.random(cfg, seed, dtype, device, gemm), ByteTokenizer(cfg.vocab_size), []
     assert path is not None
     cfg, tensors, hf_tok = load_checkpoint(path, dtype, str(device))

@@ -27,6 +27,7 @@ from specdash.events import (
     Divergence,
     Draft,
     EngineError,
+    Margin,
     Prefill,
     Sink,
     Token,
@@ -34,7 +35,7 @@ from specdash.events import (
     VerifyStep,
 )
 from specdash.prompts import Prompt
-from specdash.runs.session import Flight, Header, Session, divergence_event
+from specdash.runs.session import Flight, Header, Session, divergence_event, shadow_margin
 from specdash.settings import MAX_K, SessionSettings
 
 
@@ -246,7 +247,19 @@ class NativeBackend:
             texts=(tok.decode([seq.ids[position]]), tok.decode([seq.shadow_ids[position]])),
             context=tok.decode((seq.prompt + seq.ids)[max(0, end - 24) : end]),
             root_cause=cause,
+            margin=self._shadow_margin(seq, position),
         )
+
+    def _shadow_margin(self, seq: Sequence, position: int) -> Margin | None:
+        """The shadow's top-1 / top-2 at `position`, from the logprob row it chose that token
+        from (the engine keeps it where the runs first diverge)."""
+        row = seq.shadow_rows.get(position)
+        if row is None:
+            return None
+        values, ids = row.float().topk(2)
+        (v1, v2), (i1, i2) = values.tolist(), ids.tolist()
+        dtype = str(self.loaded.target.dtype).removeprefix("torch.")
+        return shadow_margin((i1, v1), (i2, v2), dtype)
 
     def apply(self, name: str, value: object) -> bool:
         if name == "speculation" and value:

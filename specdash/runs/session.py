@@ -30,6 +30,8 @@ from specdash.events import (
     Divergence,
     EngineError,
     Event,
+    Idle,
+    Margin,
     PromptDone,
     PromptStart,
     RootCause,
@@ -37,7 +39,7 @@ from specdash.events import (
     Sink,
     Summary,
 )
-from specdash.metrics import same_fp32_bits
+from specdash.metrics import fp32_ulps, same_fp32_bits
 from specdash.prompts import Prompt, load_prompts
 from specdash.runs.heap import trim_heap
 from specdash.settings import SessionSettings, VerifyMode
@@ -71,6 +73,8 @@ class Flight:
     """The first position whose id or fp32 logprob bits differ from the shadow's."""
     text_at: int | None = None
     """The first position whose token id differs."""
+    skipped: bool = False
+    """`n` cut it short."""
 
     def compare(self) -> list[int]:
         """Compare the positions both runs have produced since the last call; the positions
@@ -197,8 +201,15 @@ class Session:
             )
             self._typed = len(prompts)
             later: list[Flight] = []
-            while not self.stop.is_set() and (group := self._next_group(queue)):
-                later += self._run_group(group)
+            while not self.stop.is_set():
+                if group := self._next_group(queue):
+                    later += self._run_group(group)
+                elif self.controls.stay_open and not later:  # the dashboard: wait for a prompt
+                    self.emit(Idle())
+                    trim_heap()  # the last group's caches, while nothing runs
+                    self.controls.wait_for_prompt(self.stop)
+                else:
+                    break
             for flight in self.backend.late_shadows(later):
                 self._compare(flight)
                 self._done(flight)
@@ -267,6 +278,11 @@ class Session:
             return []
         self._apply_controls()
         if self.controls.take_next_prompt_request():
+            for flight in flights:
+                if not flight.done:
+                    flight.skipped = True
+                    self.emit(ControlChange(name="prompt", old=str(flight.index), new="skipped",
+                                            applied_step=self.step_no))  # fmt: skip
             return []
         return [f for f in flights if not f.done]
 
@@ -321,6 +337,7 @@ class Session:
                 proposed_drafts=flight.proposed_drafts,
                 exact=checked and flight.bits_at is None and compared_all,
                 same_text=(flight.text_at is None and compared_all) if checked else None,
+                skipped=flight.skipped,
             )
         )
 
@@ -336,9 +353,11 @@ def divergence_event(
     texts: tuple[str, str],
     context: str = "",
     root_cause: RootCause | None = None,
+    margin: Margin | None = None,
 ) -> Divergence:
     """The `Divergence` at generated token `position` of `flight`: `texts` are the spec and
-    shadow token's text there; a missing logprob is NaN."""
+    shadow token's text there; a missing logprob is NaN; `margin`: the shadow's top-1 / top-2
+    there (`shadow_margin`), None where the engine does not report it."""
     a, b = flight.ids[position], flight.shadow_ids[position]
     la, lb = flight.logprobs[position], flight.shadow_logprobs[position]
     return Divergence(
@@ -357,4 +376,25 @@ def divergence_event(
         shadow_text=texts[1],
         context=context,
         root_cause=root_cause,
+        shadow_margin=margin,
     )
+
+
+MANTISSA_BITS = {"float32": 23, "bfloat16": 7, "float16": 10}
+NEAR_TIE_STEPS = 64
+"""A gap within this many rounding steps of the compute dtype (a logit is rounded at its own
+magnitude, up to ~2^6 times a logprob's) is a near-tie: the paths' last bits can decide it."""
+
+
+def shadow_margin(top1: tuple[int, float], top2: tuple[int, float], dtype: str) -> Margin:
+    """The shadow's margin at a divergence from its top two (token id, logprob) there, judged
+    by the dtype the model computes in ("float32", "bfloat16", "float16"). Every backend builds
+    it here: the native one from the shadow's logprob row, SGLang (not yet) from its top
+    logprobs."""
+    (id1, lp1), (id2, lp2) = top1, top2
+    ulps = fp32_ulps(lp1, lp2)
+    step = 2 ** (23 - MANTISSA_BITS[dtype])  # one rounding step of `dtype`, in fp32 ulps
+    return Margin(
+        top1_token=id1, top2_token=id2, gap=lp1 - lp2, ulps=ulps,
+        near_tie=ulps <= NEAR_TIE_STEPS * step,
+    )  # fmt: skip

@@ -12,7 +12,16 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from specdash.errors import UsageError
-from specdash.events import Event, PromptDone, PromptStart, SessionStart, Summary, Token
+from specdash.events import (
+    Divergence,
+    Event,
+    Margin,
+    PromptDone,
+    PromptStart,
+    SessionStart,
+    Summary,
+    Token,
+)
 from specdash.metrics import same_fp32_bits
 
 
@@ -34,6 +43,9 @@ class PromptDiff:
     ids_differ: bool = False
     """Some token id differs (or one trace has tokens the other lacks); False with only
     logprob bits differing."""
+    margins: tuple[Margin | None, Margin | None] = (None, None)
+    """A's and B's shadow margin at `index`, where that trace flagged a divergence from its own
+    shadow there: how close the choice was (a near-tie, or a wide gap)."""
     incomplete: str = ""
     """"A", "B" or "A and B": the traces whose recording of this prompt stops before the
     prompt ended (killed mid-run), every token both hold being identical. Such a prompt is
@@ -48,6 +60,14 @@ def _tokens_by_prompt(events: list[Event]) -> dict[int, list[Token]]:
         elif isinstance(e, Token):
             prompts.setdefault(e.prompt_index, []).append(e)
     return {p: sorted(toks, key=lambda t: t.position) for p, toks in prompts.items()}
+
+
+def _margins(events: list[Event]) -> dict[tuple[int, int], Margin]:
+    return {
+        (e.prompt_index, e.position): e.shadow_margin
+        for e in events
+        if isinstance(e, Divergence) and e.shadow_margin is not None
+    }
 
 
 def _unfinished(events: list[Event]) -> Callable[[int], bool]:
@@ -73,6 +93,7 @@ def diff_prompts(events_a: list[Event], events_b: list[Event]) -> list[PromptDif
                 f"{texts_b[p][:40]!r}); diff compares recordings of the same prompts"
             )
     tokens_a, tokens_b = _tokens_by_prompt(events_a), _tokens_by_prompt(events_b)
+    margins_a, margins_b = _margins(events_a), _margins(events_b)
     cut_a, cut_b = _unfinished(events_a), _unfinished(events_b)
     result = []
     for p in sorted(tokens_a.keys() | tokens_b.keys()):
@@ -105,6 +126,9 @@ def diff_prompts(events_a: list[Event], events_b: list[Event]) -> list[PromptDif
                 tokens_b=len(tb),
                 ids_differ=not incomplete and [x.token_id for x in ta] != [y.token_id for y in tb],
                 incomplete=incomplete,
+                margins=(margins_a.get((p, first)), margins_b.get((p, first)))  # type: ignore[arg-type]
+                if first is not None
+                else (None, None),
             )
         )
     return result
@@ -127,9 +151,15 @@ def format_diff(d: PromptDiff) -> str:
     if d.index is None:
         return f"prompt {d.prompt_index}: identical ({d.tokens_a} tokens)"
     what = "logprob bits" if d.a and d.b and d.a.token_id == d.b.token_id else "token"
+    flipped = what == "token"
+    margins = "".join(
+        f" | {name}'s {m.text(flipped)}"
+        for name, m in zip("AB", d.margins, strict=True)
+        if m is not None
+    )
     return (
         f"prompt {d.prompt_index}: first {what} difference at generated token {d.index}: "
-        f"{_side('A', d.a, d.tokens_a)} | {_side('B', d.b, d.tokens_b)}"
+        f"{_side('A', d.a, d.tokens_a)} | {_side('B', d.b, d.tokens_b)}{margins}"
     )
 
 

@@ -211,6 +211,8 @@ def perfetto_trace(header: SessionStart, events: list[Event]) -> dict[str, Any]:
                 "verify_mode": e.verify_mode, "backend": e.gemm_backend,
                 "root_cause": "" if e.root_cause is None else
                 f"layer {e.root_cause.layer} {e.root_cause.sub_op}: {e.root_cause.detail}",
+                "shadow_margin": "" if e.shadow_margin is None else
+                e.shadow_margin.text(flipped=e.what == "token"),
             }  # fmt: skip
             out.append(_instant(f"divergence ({e.what})", ts, args))
         elif isinstance(e, ControlChange):

@@ -1,9 +1,11 @@
 """Session traces: the crash-safe JSONL file that records one session's event stream.
 
 Line 1 is the `SessionStart` header (config, versions, device, GEMM backend, git revision);
-every later line is one event, written whole and flushed at once, so a `kill -9` loses at
-most the line being written and `read_trace` gets back everything before it (where the lines
-go, a new file or beside an old trace it replaces: `specdash.output_files`). Recording must
+every later line is one event, its time never before the line above (an event stamped earlier,
+by a thread racing the engine's or before the header, is written at that line's time), written
+whole and flushed at once, so a `kill -9` loses at most the line being written and `read_trace`
+gets back everything before it (where the lines go, a new file or beside an old trace it
+replaces: `specdash.output_files`). Recording must
 never take a session down: an I/O error mid-session stops the writer and is kept in
 `stopped_reason` for the dashboard to show.
 """
@@ -90,6 +92,7 @@ class TraceWriter:
         self.io_error: OSError | None = None
         """The I/O error that stopped recording (disk full, device gone): the trace is short."""
         self.lines_written = 0
+        self._last_t_ns = 0
         self._live: LiveFile | None = None
         if isinstance(target, str | Path):
             self.path: Path | None = Path(target)
@@ -115,6 +118,9 @@ class TraceWriter:
                 if event.git_revision is None:
                     event = event.model_copy(update={"git_revision": git_revision()})
                 self._has_header = True
+            if event.t_ns < self._last_t_ns:
+                event = event.model_copy(update={"t_ns": self._last_t_ns})
+            self._last_t_ns = event.t_ns
             try:
                 self._file.write(encode_event(event))
                 self._file.flush()

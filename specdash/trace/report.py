@@ -172,7 +172,7 @@ def _divergences(divs: list[Divergence]) -> str:
     if not divs:
         return "<p>None: every verified token matched the shadow decode bit for bit.</p>"
     head = ("prompt", "token", "step", "k", "mode", "backend", "what", "speculative",
-            "shadow", "context", "root cause")  # fmt: skip
+            "shadow", "context", "shadow margin", "root cause")  # fmt: skip
     lines = []
     for d in divs:
         cause = d.root_cause
@@ -181,6 +181,8 @@ def _divergences(divs: list[Divergence]) -> str:
             f"{d.spec_token} {d.spec_text!r} ({d.spec_logprob!r})",
             f"{d.shadow_token} {d.shadow_text!r} ({d.shadow_logprob!r})",
             d.context,
+            "not reported" if d.shadow_margin is None
+            else d.shadow_margin.text(flipped=d.what == "token"),
             "" if cause is None else
             f"layer {cause.layer} {cause.sub_op}: max |diff| {cause.max_abs_diff:g} {cause.detail}",
         )  # fmt: skip

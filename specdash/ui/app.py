@@ -1,11 +1,14 @@
 """The specdash dashboard: one Textual app over any event source (live session or replay).
 
 Threads never touch widgets. Producers (engine, GPU sampler, replay) put events into an
-`EventBuffer`; a 10 Hz timer drains it into the `DashboardModel` and updates the numbers, a
-2 Hz timer redraws the plots, and each only when something changed. Keys write `Controls`,
-which the engine reads at its next step and answers with a `ControlChange` event. The same
-timer hands each event to a `TraceRecorder` (`--trace`, and `e` to export mid-session); the
-app only shows what it says. `specdash.cli.dashboard` builds the app from the command line.
+`EventBuffer`; a 1 Hz timer drains it into the `DashboardModel` and updates the numbers (a key
+redraws them at once), a 0.5 Hz timer redraws the plots, and each only when something changed.
+Slow on purpose: the native engine shares this process's GIL, and every millisecond the UI
+spends in Python is one the engine waits (docs/PERF.md, the dashboard's cost). Keys write
+`Controls`, which the engine reads at its next step and answers with a `ControlChange` event.
+The same timer hands each event to a `TraceRecorder` (`--trace`, and `e` to export
+mid-session); the app only shows what it says. `specdash.cli.dashboard` builds the app from the
+command line.
 """
 
 from __future__ import annotations
@@ -16,6 +19,7 @@ from collections.abc import Iterable
 from pathlib import Path
 
 from textual import events, on
+from textual.actions import SkipAction
 from textual.app import App, ComposeResult, SystemCommand
 from textual.binding import Binding
 from textual.containers import Grid
@@ -41,28 +45,40 @@ from specdash.ui.widgets.status_bar import StatusBar
 from specdash.ui.widgets.throughput import ThroughputPanel
 from specdash.ui.widgets.token_stream import TokenStream
 
-UI_HZ = 10
-PLOT_HZ = 2
+UI_HZ = 1
+PLOT_HZ = 0.5
 TEARDOWN = contextlib.suppress(NoMatches)
 """A timer tick while the app quits finds the panels gone: nothing left to draw."""
 MIN_SIZE = (100, 30)
 """Below this the panels cannot show their numbers; the app says so instead of drawing."""
 
 CONTROL_ACTIONS = (
-    ("g", "cycle_gemm", "GEMM backend", "Cycle the GEMM backend (next step)"),
-    ("s", "toggle_speculation", "spec on/off", "Speculation on / off (next step)"),
+    ("g", "cycle_gemm", "GEMM", "Cycle the GEMM backend (next step)"),
+    ("s", "toggle_speculation", "spec", "Speculation on / off (next step)"),
     ("plus", "k_up", "k+", "Draft one more token per verify step (next step)"),
     ("minus", "k_down", "k-", "Draft one token fewer per verify step (next step)"),
-    ("v", "toggle_verify", "verify mode", "Verify mode exact / fast (next step)"),
+    ("v", "toggle_verify", "verify", "Verify mode exact / fast (next step)"),
     ("space", "toggle_pause", "pause", "Pause / resume the engine"),
-    ("n", "next_prompt", "next prompt", "Skip to the next prompt"),
-    ("e", "export_trace", "export trace", "Export the session to a JSONL trace, keep recording"),
-    ("slash", "type_prompt", "type prompt", "Type a prompt of your own"),
+    ("n", "next_prompt", "next", "Skip to the next prompt"),
+    ("e", "export_trace", "export", "Export the session to a JSONL trace, keep recording"),
+    ("slash", "type_prompt", "prompt", "Type a prompt of your own"),
     ("question_mark", "help", "help", "Keys and a glossary of every metric"),
     ("q", "quit", "quit", "Quit specdash"),
 )
+"""(key, action, footer label, what it does: the palette entry and the help)."""
 
 FOOTER_FIRST = ("help", "quit")
+TYPED_OVER = {action for key, action, _, _ in CONTROL_ACTIONS} | {"show_divergence"}
+"""Actions whose keys a prompt being typed takes as text (Ctrl+P and the prompt's own keys
+still act)."""
+FOOTER_SHOWS: dict[str, dict] = {
+    "k_up": {"key_display": "+/-", "description": "k"},
+    "k_down": {"show": False},
+    "type_prompt": {"priority": True},
+}
+"""`+` and `-` share one footer entry. `/` is handled before the key after it is passed on,
+so text typed right behind it lands in the prompt line (a non-priority binding runs only
+once the focused widget has passed `/` back, by when the next keys have gone there too)."""
 
 CONTROL_NAMES = {
     "gemm_backend": "GEMM backend",
@@ -82,6 +98,19 @@ def _said(value: object) -> str:
     return f"→ {value}"
 
 
+class PromptInput(Input):
+    """The prompt line: Enter queues the prompt, Esc leaves it (both in the footer)."""
+
+    BINDINGS = [
+        Binding("enter", "submit", "queue prompt"),
+        Binding("escape", "leave", "leave"),
+    ]
+
+    def action_leave(self) -> None:
+        self.clear()
+        self.screen.query_one(DataTable).focus()
+
+
 class SpecdashApp(App[int]):
     """`SpecdashApp(source=...)`: the dashboard over any `specdash.ui.sources.EventSource`."""
 
@@ -90,13 +119,18 @@ class SpecdashApp(App[int]):
     AUTO_FOCUS = "#divergence-table"
     BINDINGS = [
         *sorted(
-            (Binding(key, action, label) for key, action, label, _ in CONTROL_ACTIONS),
+            (
+                Binding(key, action, **({"description": label} | FOOTER_SHOWS.get(action, {})))
+                for key, action, label, _ in CONTROL_ACTIONS
+            ),
             key=lambda b: b.action not in FOOTER_FIRST,
         ),
+        Binding("enter", "show_divergence", "detail"),
         # Textual's own Ctrl-C only says "press ctrl+q"; a terminal program stops (README)
         Binding("ctrl+c", "interrupt", show=False, system=True),
     ]
-    """In CONTROL_ACTIONS order, but help and quit first: a narrow footer cuts the tail."""
+    """In CONTROL_ACTIONS order, but help and quit first: a narrow footer cuts the tail. Enter
+    opens the selected divergence wherever the focus is (the table's own Enter does too)."""
 
     def __init__(
         self,
@@ -117,7 +151,8 @@ class SpecdashApp(App[int]):
         self._shown_revision = -1
         self._plotted_revision = -1
         self.clock = time.monotonic
-        """Wall clock for "loading … N s" (tests replace it)."""
+        """Seconds on the events' clock (`time.monotonic`, what `t_ns` counts) for "loading … N
+        s" and "prefill … N s"; a replay's is the trace's (tests replace it)."""
         self._phase: tuple[str | None, float] = ("loading", self.clock())
         """What the status bar counts seconds for (loading, a prefill; None: nothing), since."""
 
@@ -147,8 +182,9 @@ class SpecdashApp(App[int]):
             yield DivergencePanel(id="divergence")
             yield TokenStream(id="tokens")
         yield Static(id="too-small")
-        yield Input(placeholder="/ to type a prompt, Enter queues it, Esc leaves", id="prompt")
-        yield Footer()
+        yield PromptInput(placeholder="/ to type a prompt, Enter queues it, Esc leaves",
+                          id="prompt")  # fmt: skip
+        yield Footer(compact=True)
 
     @property
     def dashboard(self) -> Screen:
@@ -197,8 +233,9 @@ class SpecdashApp(App[int]):
             return  # a tick while the app quits: the screens are gone, the events are recorded
         m, screen = self.model, self.dashboard
         phase = None if m.finished or m.errors else "loading" if not m.started else m.prefill
-        if phase != self._phase[0]:
-            self._phase = (phase, self.clock())
+        if phase != self._phase[0]:  # a prefill counts from its prompt's start event
+            began = m.prefill_t_ns / 1e9 if m.started and phase is not None else self.clock()
+            self._phase = (phase, began)
         if m.revision == self._shown_revision and phase is None:
             return  # nothing new, and no seconds counting on the status bar
         self._shown_revision = m.revision
@@ -210,7 +247,7 @@ class SpecdashApp(App[int]):
                 paused,
                 self.recorder.note,
                 loading=getattr(self.source, "loading", "waiting for the first event"),
-                phase_s=self.clock() - self._phase[1],
+                phase_s=max(0.0, self.clock() - self._phase[1]),
             )
             screen.query_one(ErrorPanel).show(m.errors, self.recorder.note)
             screen.query_one(ThroughputPanel).show_numbers(m)
@@ -258,7 +295,8 @@ class SpecdashApp(App[int]):
         if controls is None:
             return
         controls.update(**changes)
-        self._shown_revision = -1  # redraw the status bar even if no event arrives (paused)
+        self._shown_revision = -1  # the status bar says it now, not at the next tick
+        self.refresh_numbers()
         said = ", ".join(f"{CONTROL_NAMES[name]} {_said(value)}" for name, value in changes.items())
         self.notify(f"{said} (applies at the next step)")
 
@@ -306,12 +344,21 @@ class SpecdashApp(App[int]):
 
     def action_next_prompt(self) -> None:
         if (controls := self._controls()) is not None:
+            if self.model.idle:
+                self.notify("no prompt is running: / types one")
+                return
             controls.request_next_prompt()
             self.notify("next prompt requested (applies at the next step)")
 
     def action_type_prompt(self) -> None:
+        """Focus the prompt line at once (`Widget.focus` waits for the message queue, and the
+        keys typed right behind `/` would act as dashboard keys before it applies). In the
+        prompt line `/` is text: the key goes on to it."""
+        prompt = self.dashboard.query_one("#prompt", Input)
+        if self.dashboard.focused is prompt:  # (`has_focus` follows a message later)
+            raise SkipAction()
         if self._controls() is not None:
-            self.dashboard.query_one("#prompt", Input).focus()
+            self.dashboard.set_focus(prompt)
 
     @on(Input.Submitted, "#prompt")
     def queue_prompt(self, event: Input.Submitted) -> None:
@@ -321,18 +368,30 @@ class SpecdashApp(App[int]):
         if not text or (controls := self._controls()) is None:
             return
         controls.submit_prompt(text)
-        self.notify("prompt queued: decoded after the current prompt")
+        when = "now" if self.model.idle else "after the current prompt"
+        self.notify(f"prompt queued: decoded {when}")
 
-    def on_key(self, event: events.Key) -> None:
-        prompt = self.dashboard.query_one("#prompt", Input)
-        if event.key == "escape" and prompt.has_focus:
-            prompt.clear()
-            self.dashboard.query_one(DataTable).focus()
-            event.stop()
+    def check_action(self, action: str, parameters: tuple[object, ...]) -> bool | None:
+        """While a prompt is being typed its keys are letters, so the footer shows only the
+        prompt's own keys; Enter opens a divergence only when there is one."""
+        if self.screen_stack and self.dashboard.query_one("#prompt", Input).has_focus:
+            return action not in TYPED_OVER
+        if action == "show_divergence":
+            return self.model.divergence_count > 0
+        return True
+
+    def on_descendant_focus(self) -> None:
+        self.refresh_bindings()
+
+    def on_descendant_blur(self) -> None:
+        self.refresh_bindings()
+
+    def action_show_divergence(self) -> None:
+        self.show_divergence()
 
     def action_export_trace(self) -> None:
         """Record the session to a new trace and keep recording (`TraceRecorder.export`)."""
-        notice, announce = self.recorder.export(self.trace_dir, self.model.verify_steps)
+        notice, announce = self.recorder.export(self.trace_dir, self.model.next_step)
         if announce is not None:
             self.buffer.put(announce)
         self._tell(notice)
@@ -369,7 +428,10 @@ class SpecdashApp(App[int]):
         return fatal.message if fatal is not None else self.recorder.failure
 
     def on_unmount(self) -> None:
+        """Stop the engine, then record what it sent while ending (the running prompt's end
+        and the summary) before the trace closes."""
         self.source.stop()
+        self._consume(self.buffer.drain())
         self.recorder.close("quit")
 
     @on(DataTable.RowSelected, "#divergence-table")
@@ -385,5 +447,5 @@ class SpecdashApp(App[int]):
             if action != "quit":
                 shown = self.get_key_display(Binding(key, action, label))
                 yield SystemCommand(
-                    f"{label} ({shown})", help_text, getattr(self, f"action_{action}")
+                    f"{help_text} ({shown})", f"key {shown}", getattr(self, f"action_{action}")
                 )

@@ -16,6 +16,7 @@ from specdash.events import (
     Divergence,
     EngineError,
     Event,
+    Idle,
     Prefill,
     PromptDone,
     PromptStart,
@@ -26,6 +27,7 @@ from specdash.events import (
     Token,
     VerifyStep,
 )
+from specdash.stats import BusyClock
 
 WINDOW_NS = 1_000_000_000
 """Windowed numbers cover the last second of event time (labelled "1 s")."""
@@ -74,6 +76,8 @@ class DashboardModel:
     revision: int = 0
     t0_ns: int | None = None
     now_ns: int = 0
+    clock: BusyClock = field(default_factory=BusyClock)
+    """The session's wall clock: stopped while paused or idle."""
     # status
     started: bool = False
     """SessionStart seen: the weights are loaded. Before it, the dashboard says it is loading."""
@@ -82,6 +86,8 @@ class DashboardModel:
     captures); the spec and shadow engines start at the same time."""
     prefill: str | None = None
     """What is being prefilled now ("prompt 3, 4,512 tokens"), None once its first token is out."""
+    prefill_t_ns: int = 0
+    """When that prefill began (event time)."""
     shadow: bool = True
     engine: str = "?"
     model: str = "?"
@@ -93,6 +99,8 @@ class DashboardModel:
     gemm_backends: list[str] = field(default_factory=list)
     speculation: bool = True
     paused: bool = False
+    idle: bool = False
+    """Every prompt decoded; the engine waits for a typed one (`Idle`)."""
     prompt_index: int | None = None
     prompts_done: int = 0
     exact_prompts: int = 0
@@ -109,6 +117,9 @@ class DashboardModel:
     """(seconds since start, spec t/s 1 s, shadow t/s 1 s), one point per verify step."""
     steps: int = 0
     """Every step, plain decode steps (speculation off) included."""
+    next_step: int = 0
+    """The engine's counter for its next step (a batch's sequences share one): where a change
+    made now applies, as every `ControlChange.applied_step` counts."""
     # acceptance: verify steps only
     verify_steps: int = 0
     verify_tokens: int = 0
@@ -136,9 +147,12 @@ class DashboardModel:
     _token_times: deque[int] = field(default_factory=deque)
 
     def consume(self, event: Event) -> None:
+        if event.t_ns < self.now_ns:  # a thread's event stamped before the last one seen: at
+            event = event.model_copy(update={"t_ns": self.now_ns})  # its time, as traces have it
         if self.t0_ns is None:
             self.t0_ns = event.t_ns
-        self.now_ns = max(self.now_ns, event.t_ns)
+        self.now_ns = event.t_ns
+        self.clock.consume(event)
         handler = getattr(self, f"_on_{event.kind}", None)
         if handler is not None:
             handler(event)
@@ -153,9 +167,22 @@ class DashboardModel:
         return len(self._token_times) / (WINDOW_NS / 1e9)
 
     @property
+    def idle_reason(self) -> str | None:
+        """Why the engine is not stepping ("paused", "idle", "finished"), None while it runs:
+        the last second's numbers then describe no current rate."""
+        if self.finished:
+            return "finished"
+        if self.paused:
+            return "paused"
+        if self.idle:
+            return "idle"
+        return None
+
+    @property
     def tokens_per_s_session(self) -> float | None:
-        elapsed = self.elapsed_s
-        return self.session_tokens / elapsed if elapsed > 0 else None
+        """Emitted tokens per second of the session's wall clock, which stops while the engine
+        is paused or idle: a live session and its replay, however watched, say the same."""
+        return metrics.tokens_per_s(self.session_tokens, self.clock.seconds(self.now_ns))
 
     @property
     def elapsed_s(self) -> float:
@@ -204,6 +231,7 @@ class DashboardModel:
     def _on_session_start(self, e: SessionStart) -> None:
         c = e.config
         self.started = True
+        self.t0_ns = e.t_ns  # "s since start": since the header, live and in a trace alike
         self.shadow = bool(c.get("shadow", True))
         self.engine = str(c.get("engine", self.engine))
         self.model = str(c.get("model") or c.get("preset") or "embedded default")
@@ -219,8 +247,13 @@ class DashboardModel:
         self.gemm_backends = [str(name) for name in table]
         self.device = e.device
 
+    def _on_idle(self, e: Idle) -> None:
+        self.idle = True
+
     def _on_prompt_start(self, e: PromptStart) -> None:
+        self.idle = False
         self.prefill = f"prompt {e.prompt_index}, {e.prompt_tokens:,} tokens"
+        self.prefill_t_ns = e.t_ns
         self.prompt_index = e.prompt_index
         self.prompt_text = e.text
         self.stream.clear()
@@ -233,6 +266,7 @@ class DashboardModel:
         if not self.shadow:  # no shadow decode ran: the µs the engine timed are no shadow rate
             e = e.model_copy(update={"shadow_s": 0.0})
         self.steps += 1
+        self.next_step = max(self.next_step, e.step + 1)
         self.verify_mode, self.gemm_backend = e.verify_mode, e.gemm_backend
         if not e.plain:
             self.k = e.k

@@ -30,7 +30,11 @@ REFUSED = [
 
 
 class ReplayApp(SpecdashApp):
-    CSS = "#replay-bar { height: 1; padding: 0 1; background: $boost; }"
+    CSS = """
+    #replay-bar { height: 1; padding: 0 1; background: $boost; }
+    #prompt { display: none; }
+    """
+    """The bar says where the replay is; a recording takes no typed prompt."""
     BINDINGS = [
         Binding("space", "toggle_pause", "play/pause"),
         Binding("full_stop", "step", "step"),
@@ -47,6 +51,8 @@ class ReplayApp(SpecdashApp):
     def __init__(self, replay: TraceReplay, name: str, warnings: Sequence[str] = ()) -> None:
         super().__init__(source=replay)
         self.replay = replay
+        header_s = replay.events[0].t_ns / 1e9
+        self.clock = lambda: header_s + replay.position_s  # trace time: stops while paused
         self.trace_name = name
         self._warnings = list(warnings)
         self._bar_text = ""

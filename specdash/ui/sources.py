@@ -89,7 +89,8 @@ class LiveSession:
     ) -> None:
         self.settings = settings
         self.engine_options = engine_options
-        self.controls: Controls | None = Controls.from_settings(settings)
+        # the dashboard's session stays open after its prompts, for typed ones, until `q`
+        self.controls: Controls | None = Controls.from_settings(settings, stay_open=True)
         self.loading = loading_label(settings)
         """What the session loads, for the dashboard's loading line."""
         self._describe = describe

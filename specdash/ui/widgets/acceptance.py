@@ -1,8 +1,10 @@
-"""Acceptance panel: accepted drafts per verify step over time, the histogram over 0..k,
-acceptance by draft position and the mean accepted length (tokens per step incl. bonus)."""
+"""Acceptance panel: the mean accepted length (tokens per step incl. bonus) and the acceptance
+rate, the histogram of verify steps by drafts kept (every row 0..k) beside acceptance by draft
+position, and accepted drafts per verify step over time where the panel has room for a plot."""
 
 from __future__ import annotations
 
+from textual import events
 from textual.app import ComposeResult
 from textual.containers import Horizontal, Vertical
 
@@ -12,42 +14,67 @@ from specdash.ui.widgets.readout import Readout
 from specdash.ui.widgets.series_plot import SeriesPlot
 
 ACCEPTED_COLOUR = "green"
-BAR_WIDTH = 16
+BAR_WIDTH = 8
+HISTOGRAM_ROW = "{:>2} {} {:>5}"
+POSITION_ROW = "{:>2} {} {:>4}"
+GAP = "  "
+TABLE_WIDTH = 2 + 1 + BAR_WIDTH + 1 + 5 + len(GAP) + 2 + 1 + BAR_WIDTH + 1 + 4
+"""Columns of the histogram and by-position table."""
+MIN_PLOT_WIDTH = 30
+"""Narrower than this beside the table (below 160 columns), the plot is left out: the table's
+rows come first, and a narrower plot cannot show its key."""
 
 
 class AcceptancePanel(Vertical):
     def compose(self) -> ComposeResult:
         yield Readout(id="acceptance-numbers")
         with Horizontal():
-            yield SeriesPlot(
-                "accepted drafts per verify step", "step", "drafts", id="acceptance-plot"
-            )
             yield Readout(id="acceptance-bars")
+            yield SeriesPlot("vs verify step", id="acceptance-plot")
+
+    def on_mount(self) -> None:
+        self.query_one("#acceptance-bars").styles.width = TABLE_WIDTH
+
+    def on_resize(self, event: events.Resize) -> None:
+        room = self.content_size.width - TABLE_WIDTH - 1
+        self.query_one(SeriesPlot).display = room >= MIN_PLOT_WIDTH
 
     def show_numbers(self, m: DashboardModel) -> None:
+        window = m.idle_reason or num(m.mean_accepted_length_window, ".2f")
         self.query_one("#acceptance-numbers", Readout).show_text(
-            f"mean accepted length [b]{num(m.mean_accepted_length_window, '.2f')}[/b] (1 s) "
-            f"[b]{num(m.mean_accepted_length, '.2f')}[/b] (session)   "
-            f"acceptance rate [b]{pct(m.acceptance_rate)}[/b] (session)   "
+            f"mean accepted length [b]{window}[/b] (1 s) "
+            f"[b]{num(m.mean_accepted_length, '.2f')}[/b] (session)\n"
+            f"acceptance rate [b]{pct(m.acceptance_rate)}[/b], "
             f"verify steps {m.verify_steps} (session)"
         )
-        steps = sum(m.histogram.values())
-        lines = ["[b]histogram[/b] (session)"]
-        for accepted in range(m.max_k + 1):
-            count = m.histogram[accepted]
-            share = count / steps if steps else None
-            lines.append(f"{accepted:>2} [{ACCEPTED_COLOUR}]{bar(share, BAR_WIDTH)}[/] {count}")
-        lines.append("[b]by draft position[/b] (session)")
-        for position, rate in enumerate(m.acceptance_by_position(), start=1):
-            lines.append(f"{position:>2} [{ACCEPTED_COLOUR}]{bar(rate, BAR_WIDTH)}[/] {pct(rate)}")
-        self.query_one("#acceptance-bars", Readout).show_text("\n".join(lines))
+        self.query_one("#acceptance-bars", Readout).show_text("\n".join(_table(m)))
 
     def show_plot(self, m: DashboardModel) -> None:
         ys = list(m.accepted_series)
         start = m.verify_steps - len(ys)
         self.query_one(SeriesPlot).show(
             range(start, start + len(ys)),
-            [("accepted", ys, ACCEPTED_COLOUR)],
+            [("drafts kept per step", ys, ACCEPTED_COLOUR)],
             ylim=(0, max(m.max_k, 1)),
             lines=False,
         )
+
+
+def _table(m: DashboardModel) -> list[str]:
+    """Row a: how many verify steps kept a drafts (a = 0..k), beside row i: the share of
+    steps that drafted an i-th token which kept it."""
+    steps = sum(m.histogram.values())
+    left_width = len(HISTOGRAM_ROW.format("", " " * BAR_WIDTH, ""))
+    lines = [f"[b]{'kept: steps':<{left_width}}[/b]{GAP}[b]draft i: P(kept)[/b]"]
+    rates = m.acceptance_by_position()
+    for accepted in range(m.max_k + 1):
+        count = m.histogram[accepted]
+        share = count / steps if steps else None
+        shaded = f"[{ACCEPTED_COLOUR}]{bar(share, BAR_WIDTH)}[/]"
+        line = HISTOGRAM_ROW.format(accepted, shaded, count)
+        if accepted < len(rates):
+            rate = rates[accepted]
+            shaded = f"[{ACCEPTED_COLOUR}]{bar(rate, BAR_WIDTH)}[/]"
+            line += GAP + POSITION_ROW.format(accepted + 1, shaded, pct(rate))
+        lines.append(line)
+    return lines

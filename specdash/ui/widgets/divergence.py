@@ -18,10 +18,10 @@ from specdash.events import Divergence
 from specdash.ui.dashboard_model import DashboardModel
 from specdash.ui.widgets.readout import Readout
 
-COLUMNS = ("p", "tok", "what", "spec", "shadow", "k", "verify", "GEMM", "root cause")
+COLUMNS = ("p", "tok", "what", "spec", "shadow", "k", "verify", "GEMM", "gap", "root cause")
 NARROW_COLUMNS = ("p", "tok", "what", "spec", "shadow", "root cause")
-"""Below WIDE_WIDTH (a 100-column terminal) k, verify and GEMM give way (the detail has
-them) and the text cells are cut, so that every column shown fits."""
+"""Below WIDE_WIDTH (a 100-column terminal) k, verify, GEMM and the shadow's margin give way
+(the detail has them) and the text cells are cut, so that every column shown fits."""
 WIDE_WIDTH = 70
 NARROW_TEXT = 8
 NARROW_CAUSE = 12
@@ -35,6 +35,19 @@ def root_cause_label(d: Divergence) -> str:
         return "not reproduced"
     layer = "?" if rc.layer is None else str(rc.layer)
     return f"L{layer} {rc.sub_op}"
+
+
+def margin_text(d: Divergence) -> str:
+    """The shadow's top-1 / top-2 margin at the divergence, and what it says."""
+    if d.shadow_margin is None:
+        return "not known (this engine does not report the shadow's top two)"
+    return d.shadow_margin.text(flipped=d.what == "token")
+
+
+def margin_cell(d: Divergence) -> str:
+    """The table's word for the margin (the detail gives the gap and its ulps)."""
+    m = d.shadow_margin
+    return "–" if m is None else "tie" if m.near_tie else "wide"
 
 
 def cut(text: str, width: int) -> str:
@@ -63,8 +76,19 @@ def row(d: Divergence, narrow: bool) -> tuple[str, ...]:
         str(d.k),
         d.verify_mode,
         d.gemm_backend,
+        margin_cell(d),
         cause,
     )
+
+
+class DivergenceTable(DataTable):
+    """The table, its Enter named in the footer (DataTable's own hides it) once there is a
+    row to open."""
+
+    BINDINGS = [Binding("enter", "select_cursor", "detail")]
+
+    def check_action(self, action: str, parameters: tuple[object, ...]) -> bool | None:
+        return self.row_count > 0 if action == "select_cursor" else True
 
 
 class DivergencePanel(Vertical):
@@ -75,7 +99,7 @@ class DivergencePanel(Vertical):
 
     def compose(self) -> ComposeResult:
         yield Readout("divergences (session): none", id="divergence-count")
-        table = DataTable(id="divergence-table", cursor_type="row", zebra_stripes=True)
+        table = DivergenceTable(id="divergence-table", cursor_type="row", zebra_stripes=True)
         table.add_columns(*COLUMNS)
         yield table
 
@@ -106,10 +130,12 @@ class DivergencePanel(Vertical):
         for d in list(m.divergences)[-new:] if new else []:
             table.add_row(*row(d, self._narrow), key=str(self._shown))
             self._shown += 1
+        if new and table.row_count == new:
+            table.refresh_bindings()  # the first row: Enter now opens something
         while table.row_count > len(m.divergences):
             table.remove_row(str(self._shown - table.row_count))
         count = m.divergence_count
-        label = "none" if count == 0 else f"{count} (Enter on a row for detail)"
+        label = "none" if count == 0 else f"{count}   Enter: detail"
         self.query_one("#divergence-count", Readout).show_text(f"divergences (session): {label}")
 
     def selected(self, m: DashboardModel) -> Divergence | None:
@@ -145,6 +171,7 @@ class DivergenceDetail(ModalScreen[None]):
             f"[b]shadow[/b] token {d.shadow_token:>7} {escape(repr(d.shadow_text))}   "
             f"logprob {d.shadow_logprob!r} ({d.shadow_logprob.hex()})",
             "",
+            f"[b]shadow margin[/b] {escape(margin_text(d))}",
             f"[b]root cause[/b] {cause}",
             "",
             "[b]context[/b]",

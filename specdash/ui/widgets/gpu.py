@@ -21,7 +21,7 @@ BANDWIDTH_COLOUR = "magenta"
 class GpuPanel(Vertical):
     def compose(self) -> ComposeResult:
         yield Readout("GPU: waiting for the first sample", id="gpu-numbers")
-        yield SeriesPlot("DRAM GB/s (GPM)", "s (session)", id="gpu-plot")
+        yield SeriesPlot("vs s since start", id="gpu-plot")
 
     def show_numbers(self, m: DashboardModel) -> None:
         t = m.telemetry
@@ -36,15 +36,15 @@ class GpuPanel(Vertical):
             return
         if t.source == "gpm":
             bandwidth = (
-                f"DRAM BW [b]{num(t.dram_bw_util_pct)}[/b] % (GPM, {window})   "
-                f"≈ [b]{num(t.dram_gbps, '.0f')}[/b] GB/s (derived, {window})"
+                f"DRAM BW [b]{num(t.dram_bw_util_pct)}[/b] % "
+                f"≈ [b]{num(t.dram_gbps, '.0f')}[/b] GB/s (GPM, {window})"
             )
             sm = f"SM util {num(t.sm_util_pct)} % (GPM, {window})"
         else:
-            bandwidth = f"mem busy [b]{num(t.mem_busy_pct, '.0f')}[/b] % ({window})"
+            bandwidth = f"mem busy [b]{num(t.mem_busy_pct, '.0f')}[/b] % ({window}, not bandwidth)"
             sm = "SM util – (needs GPM)"
         numbers.show_text(
-            f"{bandwidth}\n{sm}   power {num(t.power_w, '.0f')} W (now)   "
+            f"{bandwidth}\n{sm}   power {num(t.power_w, '.0f')} W (now)\n"
             f"mem used {num(t.mem_used_gb, '.2f')} GB (now)\n[dim]{escape(t.note)}[/dim]"
         )
 
@@ -54,11 +54,16 @@ class GpuPanel(Vertical):
             return
         gpm = t.source == "gpm"
         plot = self.query_one(SeriesPlot)
-        plot.heading = "DRAM GB/s (GPM, derived)" if gpm else "mem busy % (not bandwidth)"
         points = list(m.bandwidth_series)
         ys = [y for _, y in points]
         plot.show(
             [x for x, _ in points],
-            [("GB/s" if gpm else "mem busy %", ys, BANDWIDTH_COLOUR)],
+            [
+                (
+                    "DRAM GB/s (GPM, derived)" if gpm else "mem busy % (not bandwidth)",
+                    ys,
+                    BANDWIDTH_COLOUR,
+                )
+            ],  # fmt: skip
             ylim=None if gpm else (0, 100),
         )

@@ -22,7 +22,7 @@ GLOSSARY = """\
 | `n` | skip to the next prompt |
 | `e` | export the session so far to a JSONL trace and keep recording |
 | `/` | type a prompt of your own (Enter queues it, Esc leaves the box) |
-| `enter` | on the divergence table: the detail of that divergence |
+| `enter` | the detail of the divergence selected in the table (arrows move the selection) |
 | `?` | this help |
 | `q` | quit |
 
@@ -36,16 +36,19 @@ session started, **now** = the latest sample, **N ms** = the GPU sampler's windo
 - **EXACT so far / DIVERGED at token n**: whether the speculative output has matched the shadow
   (plain greedy decode on the same weights) in token id *and* logprob bits at every position so
   far; the first divergence names its position and prompt.
-- **t/s (wall)**: emitted tokens per second of elapsed time, everything included (drafting,
-  verifying, the shadow run, rollback).
+- **t/s wall**: emitted tokens per second of the engine's elapsed time, everything included
+  (prefill, drafting, verifying, the shadow run, rollback); the session's clock stops while
+  the engine is paused or idle. While paused the "1 s" row says so instead of a rate.
 - **spec t/s**: emitted tokens / (draft + verify + rollback seconds) of those steps: the speed of
   speculative decoding alone.
 - **shadow t/s**: the same tokens / seconds the shadow decode spent on them: the speed of plain
   greedy decoding.
 - **speedup**: spec t/s / shadow t/s.
 - **accepted drafts per verify step**: how many of the k drafted tokens the target kept (0..k).
-- **histogram**: verify steps by number of accepted drafts.
-- **by draft position**: P(draft i is accepted) among steps that drafted at least i tokens.
+- **kept: steps** (the histogram): verify steps by number of accepted drafts, one row per
+  0..k (session).
+- **draft i: P(kept)**: P(draft i is accepted) among steps that drafted at least i tokens
+  (session).
 - **mean accepted length**: tokens emitted per verify step, the bonus token included.
 - **acceptance rate**: accepted drafts / drafts actually proposed (the n-gram drafter often
   proposes fewer than k).
@@ -57,7 +60,10 @@ session started, **now** = the latest sample, **N ms** = the GPU sampler's windo
 - **SM util (GPM)**: share of SMs busy; power: board power draw; mem used: device memory in use.
 - **divergence**: a position where the spec and shadow token ids differ (*token*) or only the
   fp32 logprob bits differ (*logprob*); **root cause**: the first layer and sub-op whose bits
-  differ when the step is re-run in both paths.
+  differ when the step is re-run in both paths; **gap** (the shadow's margin): its own top-1
+  minus top-2 logprob at that position (= the logit gap), in nats and fp32 ulps. *tie*: within
+  64 rounding steps of the model's dtype, so a flip there is rounding; *wide*: rounding cannot
+  flip it, so a token flip means a kernel computed other values.
 
 Press Esc to close.
 """

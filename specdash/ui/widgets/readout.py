@@ -1,5 +1,5 @@
 """A Static that only re-renders when its text changed, and asks for a layout pass only when
-its height changed: a layout pass re-arranges the whole screen, while most 10 Hz updates
+its height changed: a layout pass re-arranges the whole screen, while most updates
 change a few digits in a readout whose size stays put."""
 
 from __future__ import annotations

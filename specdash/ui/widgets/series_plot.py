@@ -1,5 +1,5 @@
-"""A line plot of a few series with explicit colours (automatic colour cycling makes SVG
-snapshots flaky) that only rebuilds when it is given new data.
+"""A line plot of a few series under a key line that says what it draws, with explicit colours
+(automatic colour cycling makes SVG snapshots flaky), rebuilt only when given new data.
 
 plotext's `build()` costs about 40 us per point (24 ms for 600 braille points at 76x12),
 while a braille plot resolves only two points per cell column. So a series longer than the
@@ -11,14 +11,16 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 
+from rich.markup import escape
+from textual.containers import Vertical
+from textual.widgets import Static
 from textual_plotext import PlotextPlot
 
 FALLBACK_WIDTH = 80
 """Columns assumed before the first layout."""
-ROOMY_HEIGHT = 9
-"""Rows a plot needs for its frame, title, axis labels and legend; a shorter one (a 100x30
-terminal) is drawn bare: two y ticks, x ticks a dozen columns apart, no frame, so that no
-label lands on another."""
+ROOMY_HEIGHT = 7
+"""Rows a plot needs for its frame and tick labels; a shorter one (a 100x30 terminal) is drawn
+bare: two y ticks, x ticks a dozen columns apart, no frame, so that no label lands on another."""
 
 
 def envelope(
@@ -41,24 +43,54 @@ def envelope(
     return out_x, out_y
 
 
-class SeriesPlot(PlotextPlot):
-    def __init__(
-        self, title: str, xlabel: str = "", ylabel: str = "", *, id: str | None = None
-    ) -> None:
-        super().__init__(id=id)
-        self.heading = title
-        self._xlabel = xlabel
-        self._ylabel = ylabel
-        self._last: tuple | None = None
-        """The last `show` arguments, to redraw when a resize changes the decorations."""
-        self._bare: bool | None = None
+class _Canvas(PlotextPlot):
+    """The plotted area: points and tick numbers only. Titles, legends and axis labels that
+    plotext would draw inside it land on the data in a short or crowded plot, so the key line
+    above says all of that instead."""
 
-    def _is_bare(self) -> bool:
+    def __init__(self) -> None:
+        super().__init__()
+        self.redraw: tuple | None = None
+        """The last `SeriesPlot.show` arguments, to redraw when a resize changes the frame."""
+        self.bare: bool | None = None
+        self.drawn = 0
+        """How many times `show` drew the figure: a render with the same count, size and theme
+        reuses the last picture (plotext builds it from scratch, ~10 ms, and Textual renders a
+        widget again whenever the screen is laid out)."""
+        self._picture: tuple[tuple, object] | None = None
+
+    def render(self):  # type: ignore[override]
+        key = (self.drawn, self.size, self.app.theme)
+        if self._picture is None or self._picture[0] != key:
+            self._picture = (key, super().render())
+        return self._picture[1]
+
+    def is_bare(self) -> bool:
         return 0 < self.size.height < ROOMY_HEIGHT
 
     def on_resize(self) -> None:
-        if self._last is not None and self._is_bare() != self._bare:
-            self.show(*self._last)
+        if self.redraw is not None and self.is_bare() != self.bare:
+            self.parent.show(*self.redraw)  # type: ignore[union-attr]
+
+
+class SeriesPlot(Vertical):
+    """A plot under its key: each series' colour and name, then what the axes measure
+    (`units`, e.g. "t/s vs s since start"). The key is one line, cut rather than wrapped."""
+
+    DEFAULT_CSS = """
+    SeriesPlot { height: 1fr; }
+    SeriesPlot > .chart-key { height: 1; text-wrap: nowrap; text-overflow: ellipsis; }
+    SeriesPlot > _Canvas { height: 1fr; }
+    """
+
+    def __init__(self, units: str, *, id: str | None = None) -> None:
+        super().__init__(id=id)
+        self.units = units
+        self._key = ""
+
+    def compose(self):
+        yield Static(classes="chart-key")
+        yield _Canvas()
 
     def show(
         self,
@@ -69,25 +101,28 @@ class SeriesPlot(PlotextPlot):
     ) -> None:
         """Redraw with `series` = (label, ys, colour) sharing `xs`, as lines or as dots (a
         third of the cost, and clearer for integer series that jump between levels)."""
-        self._last = (xs, series, ylim, lines)
-        self._bare = bare = self._is_bare()
-        plt = self.plt
+        canvas = self.query_one(_Canvas)
+        canvas.redraw = (xs, series, ylim, lines)
+        canvas.bare = bare = canvas.is_bare()
+        key = "".join(f"[{colour}]━━[/] {escape(label)}  " for label, _, colour in series)
+        key += f"[dim]{escape(self.units)}[/dim]"
+        if key != self._key:  # one line tall: no layout pass
+            self._key = key
+            self.query_one(".chart-key", Static).update(key, layout=False)
+        plt = canvas.plt
         plt.clear_data()
         plt.clear_figure()
-        columns = self.size.width or FALLBACK_WIDTH
+        columns = canvas.size.width or FALLBACK_WIDTH
         if bare:
             plt.frame(False)
             plt.yfrequency(2)
             plt.xfrequency(max(2, columns // 12))
-        else:
-            plt.title(self.heading)
-            plt.xlabel(self._xlabel)
-            plt.ylabel(self._ylabel)
         if ylim is not None:
             plt.ylim(*ylim)
         draw = plt.plot if lines else plt.scatter
-        for label, ys, colour in series:
+        for _, ys, colour in series:
             if ys:
                 px, py = envelope(xs, ys, columns)
-                draw(px, py, marker="braille", color=colour, label=None if bare else label)
-        self.refresh()
+                draw(px, py, marker="braille", color=colour)
+        canvas.drawn += 1
+        canvas.refresh()

@@ -54,10 +54,13 @@ class StatusBar(Readout):
             return
         text.append(f" {m.exactness} ", style=_verdict_style(m))
         text.append("  ")
-        for flag, on in (("PAUSED", paused), ("FINISHED", m.finished)):
+        idle = m.idle and not m.finished
+        for flag, on in (("PAUSED", paused), ("IDLE", idle), ("FINISHED", m.finished)):
             if on:
                 text.append(f" {flag} ", style="bold black on yellow")
                 text.append("  ")
+        if idle:
+            text.append("/ types a prompt  ", style="bold")
         if m.prefill is not None and not m.finished:
             text.append(f"prefill {m.prefill} … {phase_s:.0f} s  ", style="bold")
         else:

@@ -19,7 +19,7 @@ STYLES = {"draft": "green", "bonus": "bold cyan", "decode": "default"}
 DIVERGED = "bold white on red"
 PROMPT_CHARS = 400
 SHOWN_TOKENS = 300
-"""Tokens rendered: enough to fill the panel; re-wrapping thousands at 10 Hz costs the engine."""
+"""Tokens rendered: enough to fill the panel; re-wrapping thousands each update costs the engine."""
 
 
 def legend() -> Text:

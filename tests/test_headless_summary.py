@@ -1,0 +1,84 @@
+"""What `run --headless` says a session bought: speculative vs shadow decode t/s and their ratio,
+the wall rate with what it includes, and that a --no-spec session speculated nothing."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+from tiny_models import write_pair
+
+from specdash.cli import main
+from specdash.cli.headless import format_summary
+from specdash.events import (
+    ControlChange,
+    Idle,
+    PromptDone,
+    PromptStart,
+    SessionStart,
+    VerifyStep,
+)
+from specdash.stats import SessionStats
+
+
+def _step(t_ns: int, tokens: int, spec_s: float, shadow_s: float, k: int = 3) -> VerifyStep:
+    return VerifyStep(
+        t_ns=t_ns, prompt_index=0, step=0, k=k, accepted=tokens - 1, draft_tokens=[1] * k,
+        emitted_tokens=[1] * tokens, verify_mode="exact", gemm_backend="torch",
+        draft_s=spec_s / 2, verify_s=spec_s / 2, shadow_s=shadow_s, rollback_s=0.0,
+    )  # fmt: skip
+
+
+def test_summary_has_the_shadow_rate_the_ratio_and_the_wall_rate():
+    stats = SessionStats()
+    stats.consume(SessionStart(t_ns=0, config={}, versions={}, device="cpu", gemm_backend="t"))
+    stats.consume(_step(1_000_000_000, tokens=4, spec_s=0.5, shadow_s=1.0))
+    stats.consume(_step(2_000_000_000, tokens=4, spec_s=0.5, shadow_s=1.0))
+    stats.consume(
+        PromptDone(
+            t_ns=2_000_000_000,
+            prompt_index=0,
+            new_tokens=8,
+            seconds=1.0,
+            verify_steps=2,
+            accepted_drafts=6,
+            proposed_drafts=6,
+            exact=True,
+        )
+    )
+    summary = stats.summary(at_ns=4_000_000_000)
+    assert summary.shadow_tokens_per_s == pytest.approx(8 / 2.0)
+    assert summary.tokens_per_s == pytest.approx(8.0) and summary.speedup == pytest.approx(2.0)
+    assert summary.wall_seconds == pytest.approx(4.0) and summary.wall_tokens_per_s == 2.0
+    text = format_summary(summary, [])
+    assert "decode t/s, speculative" in text and "decode t/s, shadow (plain greedy)" in text
+    assert "speculative / shadow decode" in text and "x" in text.split("shadow decode")[1]
+    wall = next(line for line in text.splitlines() if line.startswith("wall t/s"))
+    assert "prefill" in wall and "shadow" in wall
+
+
+def test_the_wall_clock_stops_while_paused_or_idle():
+    stats = SessionStats()
+    stats.consume(SessionStart(t_ns=0, config={}, versions={}, device="cpu", gemm_backend="t"))
+    stats.consume(ControlChange(t_ns=1_000_000_000, name="paused", old="False", new="True",
+                                applied_step=0))  # fmt: skip
+    stats.consume(ControlChange(t_ns=6_000_000_000, name="paused", old="True", new="False",
+                                applied_step=0))  # fmt: skip
+    stats.consume(Idle(t_ns=7_000_000_000))
+    stats.consume(PromptStart(t_ns=20_000_000_000, prompt_index=1, prompt_tokens=3, text="x"))
+    assert stats.summary(at_ns=21_000_000_000).wall_seconds == pytest.approx(3.0)
+
+
+@pytest.fixture(scope="module")
+def pair(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, Path, Path]:
+    return write_pair(tmp_path_factory.mktemp("tiny"))
+
+
+def test_no_spec_says_nothing_was_speculated(capsys, pair):
+    model, draft, prompts = pair
+    args = ["run", "--headless", "--no-spec", "--max-new-tokens", "4", "--model", str(model),
+            "--prompts", str(prompts)]  # fmt: skip
+    assert main(args) == 0
+    text = capsys.readouterr().out
+    exact = next(line for line in text.splitlines() if line.startswith("exact prompts"))
+    assert "8/8 identical bits" in exact and "nothing was speculated" in exact
