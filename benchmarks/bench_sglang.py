@@ -94,26 +94,25 @@ def engine(
             e.shutdown()
 
 
+def record(o: dict[str, Any]) -> dict[str, Any]:
+    """One request's output as compared and counted: ids, fp32 logprob bits, speculation."""
+    meta = o["meta_info"]
+    return {
+        "ids": [int(x) for x in o["output_ids"]],
+        "logprob_bits": [bits(t[0]) for t in meta.get("output_token_logprobs") or []],
+        "verify_ct": meta.get("spec_verify_ct"),
+        "accepted": meta.get("spec_num_correct_drafts"),
+        "proposed": meta.get("spec_num_proposed_drafts"),
+    }
+
+
 def generate(e: Any, texts: list[str], max_new: int) -> list[dict[str, Any]]:
     outs = e.generate(
         prompt=texts,
         sampling_params={"temperature": 0.0, "max_new_tokens": max_new, "ignore_eos": True},
         return_logprob=True,
     )
-    result = []
-    for o in outs:
-        meta = o["meta_info"]
-        lps = [t[0] for t in meta.get("output_token_logprobs") or []]
-        result.append(
-            {
-                "ids": [int(t) for t in o["output_ids"]],
-                "logprob_bits": [bits(x) for x in lps],
-                "verify_ct": meta.get("spec_verify_ct"),
-                "accepted": meta.get("spec_num_correct_drafts"),
-                "proposed": meta.get("spec_num_proposed_drafts"),
-            }
-        )
-    return result
+    return [record(o) for o in outs]
 
 
 def compare(spec: list[dict[str, Any]], plain: list[dict[str, Any]]) -> dict[str, Any]:

@@ -45,7 +45,7 @@ from pathlib import Path
 from typing import Any
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from bench_sglang import ALL_OFF, bits, compare  # noqa: E402
+from bench_sglang import ALL_OFF, compare, record  # noqa: E402
 from sglang_checkpoint import build  # noqa: E402
 
 from specdash.engine_patches import patch_set  # noqa: E402
@@ -138,16 +138,7 @@ def run_prompts(e: Any, texts: list[str], max_new: int, decode_rate: bool = Fals
         t = time.monotonic()
         o = e.generate(prompt=text, sampling_params=sp, return_logprob=True)
         seconds.append(time.monotonic() - t)
-        meta = o["meta_info"]
-        outs.append(
-            {
-                "ids": [int(x) for x in o["output_ids"]],
-                "logprob_bits": [bits(t[0]) for t in meta.get("output_token_logprobs") or []],
-                "verify_ct": meta.get("spec_verify_ct"),
-                "accepted": meta.get("spec_num_correct_drafts"),
-                "proposed": meta.get("spec_num_proposed_drafts"),
-            }
-        )
+        outs.append(record(o))
     tokens = sum(len(o["ids"]) for o in outs)
     verify = sum(o["verify_ct"] or 0 for o in outs)
     result = {
@@ -248,17 +239,7 @@ def run_batched(e: Any, texts: list[str], n: int, max_new: int) -> dict[str, Any
         t = time.monotonic()
         group = e.generate(prompt=texts[i : i + n], sampling_params=sp, return_logprob=True)
         seconds += time.monotonic() - t
-        for o in group:
-            meta = o["meta_info"]
-            outs.append(
-                {
-                    "ids": [int(x) for x in o["output_ids"]],
-                    "logprob_bits": [bits(x[0]) for x in meta.get("output_token_logprobs") or []],
-                    "verify_ct": meta.get("spec_verify_ct"),
-                    "accepted": meta.get("spec_num_correct_drafts"),
-                    "proposed": meta.get("spec_num_proposed_drafts"),
-                }
-            )
+        outs += [record(o) for o in group]
     tokens = sum(len(o["ids"]) for o in outs)
     return {"outputs": outs, "tokens": tokens, "seconds": seconds, "tok_s": tokens / seconds}
 

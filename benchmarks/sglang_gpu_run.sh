@@ -13,24 +13,7 @@
 # back to $OUT/triton-cache.tgz unless NO_CACHE_OUT=1 (a fresh machine otherwise spends ~70 s
 # compiling per call).
 set -u
-T0=$(date +%s)
-BUDGET=${BUDGET:-560}
-OUT=${OUT:-/tmp/out}; mkdir -p "$OUT"
-export PYTHONUNBUFFERED=1 TOKENIZERS_PARALLELISM=false HF_HUB_OFFLINE=1 TRANSFORMERS_OFFLINE=1
-export SGLANG_IS_FLASHINFER_AVAILABLE=false   # flashinfer is an import stub in the carry
-export NCCL_NVLS_ENABLE=0 TORCH_SYMM_MEM_DISABLE_MULTICAST=1 NVSHMEM_DISABLE_NVLS=1
-export TRITON_CACHE_DIR=/tmp/triton-cache; mkdir -p $TRITON_CACHE_DIR
-[ -f .carry/triton-cache.tgz ] && tar -xzf .carry/triton-cache.tgz -C $TRITON_CACHE_DIR
-left() { echo $(( BUDGET - ($(date +%s) - T0) )); }
-{ date -u; nvidia-smi --query-gpu=name,driver_version --format=csv,noheader; } | tee "$OUT/env.txt"
-python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade \
-  --target /tmp/site .carry/sglang/*.whl .carry/ui/*.whl > /tmp/install.log 2>&1 \
-  || { tail -5 /tmp/install.log; exit 1; }
-export PYTHONPATH=/tmp/site:$PWD
-[ -e specdash/kernels ] || ln -s ../kernels specdash/kernels
-[ -e specdash/engine_patches ] || ln -s ../engine_patches specdash/engine_patches
-python3 -c 'import torch,sys; sys.exit(0 if hasattr(torch.Tensor,"__dlpack_c_exchange_api__") else 1)' \
-  || export TVM_FFI_DISABLE_TORCH_C_DLPACK=1
+WHEELS=".carry/ui/*.whl" source benchmarks/sglang_box.sh
 python3 -c "import sglang, torch, triton; print('sglang', sglang.__version__, 'torch', torch.__version__, 'triton', triton.__version__)" | tee -a "$OUT/env.txt"
 echo "== install done $(( $(date +%s) - T0 ))s"
 CK=/tmp/sglang_pair
