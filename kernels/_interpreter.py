@@ -17,8 +17,8 @@ def patch_interpreter_dot() -> None:
     from triton.runtime import interpreter
 
     builder = interpreter.InterpreterBuilder
-    if getattr(builder.create_dot, "_specdash_row_independent", False):
-        return
+    if getattr(builder.create_dot, "__qualname__", "").startswith(patch_interpreter_dot.__name__):
+        return  # patched already (once per process)
     original = builder.create_dot
 
     def as_fp32(handle):
@@ -37,5 +37,4 @@ def patch_interpreter_dot() -> None:
             acc += a32[:, kk, None] * b32[None, kk, :]
         return interpreter.TensorHandle(acc, d.dtype.scalar)
 
-    create_dot._specdash_row_independent = True
     builder.create_dot = create_dot

@@ -159,7 +159,7 @@ class Engine:
         captures) another graph at the next step, never mid-step."""
         self._batch_graphs: dict[tuple[int, int, int, str, Mode], graphs.CapturedBatch] = {}
         """Captured batches by (pool, padded size, rows, GEMM backend, mode)."""
-        self._batch_mempool: tuple | None = None
+        self._batch_mempool: graphs.GraphPool | None = None
         """One graph memory pool for every captured batch: their temporaries share it."""
         self.fault: Callable[[int], Observer | None] | None = None
         """Verify-step index -> observer for the speculative run (fault-injection tests)."""

@@ -17,11 +17,16 @@ launches per forward from the host (75 ms a step on the 27B shape, docs/PERF.md)
 
 from __future__ import annotations
 
+from typing import TYPE_CHECKING
+
 import torch
 
 from specdash.engine.model import Model
 from specdash.engine.rows import Mode, Run
 from specdash.engine.state import GdnSteps, PooledSteps, SeqState, SlotPool
+
+if TYPE_CHECKING:
+    from torch.cuda.graphs import _POOL_HANDLE as GraphPool  # what graph_pool_handle() returns
 
 Tensor = torch.Tensor
 
@@ -82,7 +87,7 @@ class CapturedBatch:
     captured once at construction into the graph memory pool `mempool`."""
 
     def __init__(
-        self, model: Model, pool: SlotPool, size: int, rows: int, mode: Mode, mempool: tuple
+        self, model: Model, pool: SlotPool, size: int, rows: int, mode: Mode, mempool: GraphPool
     ) -> None:
         device = model.device
         self.pool, self.size, self.rows = pool, size, rows

@@ -389,19 +389,20 @@ class Model:
         qkv, z, b, a = proj.split([cfg.gdn_conv_dim, cfg.gdn_value_dim, nv, nv], dim=-1)
         sizes = [r.size for r in runs]
         if obs is _identity and all(rows.gdn.conv_in_gdn(r) for r in runs):  # no conv to observe
-            per_run = zip(*(x.split(sizes) for x in (qkv, a, b)), runs, strict=True)
-            o = cat_rows([rows.gdn.conv_gdn_run(i, *qkvab, w, r) for *qkvab, r in per_run])
+            per_run = zip(qkv.split(sizes), a.split(sizes), b.split(sizes), runs, strict=True)
+            o = cat_rows([rows.gdn.conv_gdn_run(i, q, a_, b_, w, r) for q, a_, b_, r in per_run])
         else:
             parts = zip(qkv.split(sizes), runs, strict=True)
             convs = [rows.gdn.conv_run(p, w.conv, i, r) for p, r in parts]
             mixed = obs(i, "conv", cat_rows([m for m, _ in convs]))
             q, k, v = mixed.split([cfg.gdn_key_dim, cfg.gdn_key_dim, cfg.gdn_value_dim], dim=-1)
             q, k, v = q.view(t_len, nk, dk), k.view(t_len, nk, dk), v.view(t_len, nv, dv)
-            per_run = zip(*(x.split(sizes) for x in (q, k, v, a, b)), strict=True)
+            splits = (x.split(sizes) for x in (q, k, v, a, b))
+            qkvabs = zip(*splits, strict=True)
             o = cat_rows(
                 [
                     rows.gdn.run(i, qkvab, w, r, cs)
-                    for qkvab, r, (_, cs) in zip(per_run, runs, convs, strict=True)
+                    for qkvab, r, (_, cs) in zip(qkvabs, runs, convs, strict=True)
                 ]
             )
         o, z = obs(i, "recurrent", o), z.view(t_len, nv, dv)

@@ -18,9 +18,13 @@ The rule and the proving test for every sub-op, per path: docs/exactness.md.
 from __future__ import annotations
 
 from collections.abc import Callable
+from typing import TYPE_CHECKING
 
 import torch
 import torch.nn.functional as F
+
+if TYPE_CHECKING:
+    from torch.nn.attention.bias import CausalBias
 
 Tensor = torch.Tensor
 
@@ -178,7 +182,7 @@ def attention_batched(
     # the lower-right causal bias keeps the flash kernel (a [T, n] mask would not); the CPU
     # kernels take the mask
     causal = start == 0 and t > 1
-    mask = None
+    mask: Tensor | CausalBias | None = None
     if start > 0 and t > 1:
         if q.is_cuda:
             # imported here: it imports Triton, which on a CPU machine must first see

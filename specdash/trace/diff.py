@@ -126,7 +126,7 @@ def diff_prompts(events_a: list[Event], events_b: list[Event]) -> list[PromptDif
                 tokens_b=len(tb),
                 ids_differ=not incomplete and [x.token_id for x in ta] != [y.token_id for y in tb],
                 incomplete=incomplete,
-                margins=(margins_a.get((p, first)), margins_b.get((p, first)))  # type: ignore[arg-type]
+                margins=(margins_a.get((p, first)), margins_b.get((p, first)))
                 if first is not None
                 else (None, None),
             )

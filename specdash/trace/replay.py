@@ -12,15 +12,19 @@ from __future__ import annotations
 import bisect
 import time
 from collections.abc import Callable
+from typing import TYPE_CHECKING
 
 from specdash.errors import UsageError
 from specdash.events import Event, PromptStart, SessionStart, Sink, VerifyStep
+
+if TYPE_CHECKING:
+    from specdash.controls import Controls
 
 
 class TraceReplay:
     """Event source over a recorded session. `clock` returns seconds (tests pass a fake)."""
 
-    controls = None
+    controls: Controls | None = None  # a recording takes no controls
 
     def __init__(
         self,

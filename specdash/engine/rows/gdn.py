@@ -168,16 +168,17 @@ class TritonGdn(Gdn):
     ) -> tuple[Tensor, Tensor | list[Tensor]]:
         from specdash.kernels.elementwise import causal_conv_silu_in_place, causal_conv_silu_rows
 
-        pool_window = None if run.pooled is None else run.pooled.pool.gdn[i].conv
+        pooled = run.pooled
         if self._decodes_in_place(run):
-            if pool_window is not None:
-                return causal_conv_silu_in_place(pool_window, qkv, w, run.pooled.slots), []
+            if pooled is not None:
+                window = pooled.pool.gdn[i].conv
+                return causal_conv_silu_in_place(window, qkv, w, pooled.slots), []
             parts = zip(qkv.split(1), run.states, strict=True)
             outs = [causal_conv_silu_in_place(st.gdn[i].conv, p, w) for p, st in parts]
             return cat_rows(outs), []  # no conv sequence to keep
-        if pool_window is None:
+        if pooled is None:
             return super().conv_run(qkv, w, i, run)
-        return causal_conv_silu_rows(pool_window, qkv, w, slots=run.pooled.slots)
+        return causal_conv_silu_rows(pooled.pool.gdn[i].conv, qkv, w, slots=pooled.slots)
 
     def run(
         self, i: int, qkvab: QKVAB, w: GdnWeights, run: Run, conv_seqs: Tensor | list[Tensor]

@@ -4,8 +4,13 @@ change a few digits in a readout whose size stays put."""
 
 from __future__ import annotations
 
+from typing import TYPE_CHECKING, cast
+
 from rich.text import Text
 from textual.widgets import Static
+
+if TYPE_CHECKING:
+    from textual.css.styles import RulesMap
 
 
 class Readout(Static):
@@ -27,4 +32,6 @@ class Readout(Static):
         width = self.content_size.width
         if not width or not self.display:
             return True  # not laid out yet: let layout decide
-        return self.visual.get_height(self.styles, width) != self.content_size.height
+        # Textual's own widgets pass their RenderStyles where its signature says RulesMap
+        styles = cast("RulesMap", self.styles)
+        return self.visual.get_height(styles, width) != self.content_size.height

@@ -59,7 +59,7 @@ class _Canvas(PlotextPlot):
         widget again whenever the screen is laid out)."""
         self._picture: tuple[tuple, object] | None = None
 
-    def render(self):  # type: ignore[override]
+    def render(self):
         key = (self.drawn, self.size, self.app.theme)
         if self._picture is None or self._picture[0] != key:
             self._picture = (key, super().render())
