@@ -3,8 +3,8 @@
 One run, interleaved repeats, median after a warm-up:
   headless          engine on a thread, events into an EventBuffer nobody draws
   dashboard-thread  the same engine thread inside SpecdashApp (Textual headless driver,
-                    160x48, UI 10 Hz, plots 2 Hz: every widget is rendered, only the final
-                    terminal write is skipped)
+                    160x48, at the app's refresh rates or each `--rates UI,PLOT` pair in Hz:
+                    every widget is rendered, only the final terminal write is skipped)
   dashboard-process the engine in a child process, events pickled over a multiprocessing
                     queue into the dashboard's EventBuffer, one `put` per event
   dashboard-process-batched
@@ -12,7 +12,8 @@ One run, interleaved repeats, median after a warm-up:
 Engine t/s = emitted tokens / engine wall time (first to last event). Dashboard CPU share =
 the UI process's CPU time not spent on the engine thread, per second of wall time.
 
-  python benchmarks/bench_dashboard.py [--repeats 3] [--max-new-tokens 32]
+  python benchmarks/bench_dashboard.py [--repeats 3] [--max-new-tokens 32] [--prompts FILE]
+      [--rates 10,2 1,0.5] [--no-process]
 
 While the app runs, the benchmark only sleeps (a `Pilot.pause` loop would message every
 widget 20 times a second and bill that to the dashboard).
@@ -30,6 +31,8 @@ import statistics
 import threading
 import time
 from collections.abc import Callable
+from functools import partial
+from pathlib import Path
 
 import torch
 
@@ -37,7 +40,7 @@ from specdash.controls import Controls
 from specdash.events import Event, Token
 from specdash.runs.runner import run_engine
 from specdash.settings import SessionSettings
-from specdash.ui.app import SpecdashApp
+from specdash.ui.app import PLOT_HZ, UI_HZ, SpecdashApp
 from specdash.ui.sources import EventBuffer, Sink
 
 SIZE = (160, 48)
@@ -162,8 +165,10 @@ def run_headless(settings: SessionSettings) -> tuple[float, float]:
     return source.measured.tps, 0.0
 
 
-async def _run_app(source, done: threading.Event) -> tuple[float, float]:
-    app = SpecdashApp(source)
+async def _run_app(
+    source, done: threading.Event, rates: tuple[float, float] = (UI_HZ, PLOT_HZ)
+) -> tuple[float, float]:
+    app = SpecdashApp(source, ui_hz=rates[0], plot_hz=rates[1])
     wall0, cpu0 = time.perf_counter(), time.process_time()
     async with app.run_test(size=SIZE) as pilot:
         while not done.is_set():
@@ -173,10 +178,12 @@ async def _run_app(source, done: threading.Event) -> tuple[float, float]:
     return cpu, wall
 
 
-def run_dashboard(settings: SessionSettings, where: str) -> tuple[float, float]:
+def run_dashboard(
+    settings: SessionSettings, where: str, rates: tuple[float, float] = (UI_HZ, PLOT_HZ)
+) -> tuple[float, float]:
     if where == "thread":
         source = ThreadEngine(settings)
-        cpu, wall = asyncio.run(_run_app(source, source.done))
+        cpu, wall = asyncio.run(_run_app(source, source.done, rates))
         return source.measured.tps, (cpu - source.engine_cpu_s) / wall
     source = ProcessEngine(settings, batched=where == "process-batched")
     cpu, wall = asyncio.run(_run_app(source, source.done))
@@ -188,13 +195,24 @@ def main() -> None:
     parser.add_argument("--repeats", type=int, default=3)
     parser.add_argument("--max-new-tokens", type=int, default=32)
     parser.add_argument("--no-process", action="store_true", help="skip dashboard-process")
+    parser.add_argument("--prompts", type=Path, help="a JSONL prompt file (default: shipped)")
+    parser.add_argument(
+        "--rates",
+        nargs="+",
+        default=[f"{UI_HZ:g},{PLOT_HZ:g}"],
+        help="dashboard-thread refresh rates to compare, each UI,PLOT in Hz",
+    )
     args = parser.parse_args()
-    settings = SessionSettings(max_new_tokens=args.max_new_tokens)
+    settings = SessionSettings(max_new_tokens=args.max_new_tokens, prompts=args.prompts)
     load_start = os.getloadavg()
-    runs = {
-        "headless": lambda: run_headless(settings),
-        "dashboard-thread": lambda: run_dashboard(settings, "thread"),
+    runs: dict[str, Callable[[], tuple[float, float]]] = {
+        "headless": lambda: run_headless(settings)
     }
+    for pair in args.rates:
+        ui_hz, plot_hz = (float(x) for x in pair.split(","))
+        runs[f"dashboard-thread {ui_hz:g}/{plot_hz:g} Hz"] = partial(
+            run_dashboard, settings, "thread", (ui_hz, plot_hz)
+        )
     if not args.no_process:
         runs["dashboard-process"] = lambda: run_dashboard(settings, "process")
         runs["dashboard-process-batched"] = lambda: run_dashboard(settings, "process-batched")
@@ -206,15 +224,19 @@ def main() -> None:
             results[name].append(run())
     base = statistics.median(t for t, _ in results["headless"])
     threads = torch.get_num_threads()
-    print(f"max_new_tokens={args.max_new_tokens} repeats={args.repeats} torch_threads={threads}")
+    prompts = args.prompts or "shipped"
+    print(
+        f"max_new_tokens={args.max_new_tokens} repeats={args.repeats} torch_threads={threads} "
+        f"prompts={prompts}"
+    )
     load = " ".join(f"{x:.2f}" for x in load_start), " ".join(f"{x:.2f}" for x in os.getloadavg())
     print(f"load average (1/5/15 min) at start {load[0]}, at end {load[1]}")
-    print(f"{'mode':<26} {'engine t/s':>10} {'vs headless':>11} {'UI CPU':>8}   runs t/s")
+    print(f"{'mode':<30} {'engine t/s':>10} {'vs headless':>11} {'UI CPU':>8}   runs t/s")
     for name, rows in results.items():
         tps = statistics.median(t for t, _ in rows)
         cpu = statistics.median(c for _, c in rows)
         runs_text = " ".join(f"{t:.1f}" for t, _ in rows)
-        print(f"{name:<26} {tps:>10.1f} {tps / base:>11.3f} {cpu:>7.0%}   {runs_text}")
+        print(f"{name:<30} {tps:>10.1f} {tps / base:>11.3f} {cpu:>7.0%}   {runs_text}")
 
 
 if __name__ == "__main__":
