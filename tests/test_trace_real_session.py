@@ -92,7 +92,7 @@ async def test_real_trace_cut_mid_line_replays_like_live(recorded, tmp_path):
     assert len(warnings) == 1 and events[-1].kind != "summary"
     clock = FakeClock()
     app = ReplayApp(TraceReplay(header, events, clock=clock), name="cut", warnings=warnings)
-    async with app.run_test(size=(SIZE[0], SIZE[1] + 1)) as pilot:
+    async with app.run_test(size=SIZE) as pilot:
         clock.t += 1e6
         app.tick()
         await settle(pilot)

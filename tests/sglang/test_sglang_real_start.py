@@ -41,8 +41,12 @@ async def main():
     app = dashboard_app(build_parser().parse_args(argv))
     app.source._telemetry = False
     async with app.run_test(size=(160, 48)) as pilot:
-        await pilot.pause(0.1)
-        loading = str(app.dashboard.query_one("#status").render())
+        loading = ""
+        for _ in range(50):  # the status bar redraws at its own rate (1 Hz), a key at once
+            await pilot.pause(0.1)
+            loading = str(app.dashboard.query_one("#status").render())
+            if "SGLang's log" in loading:
+                break
         deadline = time.monotonic() + 200
         while not app.model.errors and time.monotonic() < deadline:
             await pilot.pause(0.2)
