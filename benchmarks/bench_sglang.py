@@ -79,15 +79,20 @@ def engine(
         speculation=algorithm is not None,
         max_new_tokens=args.max_new,
     )
-    kwargs = engine_kwargs(settings, options, speculative=algorithm is not None, split=False)
+    with started(settings, options, f"{algorithm or 'plain'} k={k} graphs={graphs} off={off}") as e:
+        yield e
+
+
+@contextlib.contextmanager
+def started(settings: SessionSettings, options: SGLangOptions, label: str) -> Iterator[Any]:
+    """An engine as a session starts it (its arguments by `engine_kwargs`, the patches of
+    `options` in its scheduler), shut down on exit; `label` names it in the start line."""
+    speculative = settings.speculation
+    kwargs = engine_kwargs(settings, options, speculative=speculative, split=False)
     with session_environment(applied_patches(options), None, None, pools_in_turn=False):
         t = time.monotonic()
         e = start_engine(kwargs)
-        print(
-            f"  engine {algorithm or 'plain'} k={k} graphs={graphs} off={off} "
-            f"started in {time.monotonic() - t:.1f}s",
-            flush=True,
-        )
+        print(f"  engine {label} started in {time.monotonic() - t:.1f}s", flush=True)
         try:
             yield e
         finally:

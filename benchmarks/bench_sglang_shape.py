@@ -45,20 +45,16 @@ from pathlib import Path
 from typing import Any
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from bench_sglang import ALL_OFF, compare, record  # noqa: E402
+from bench_sglang import ALL_OFF, compare, record, started  # noqa: E402
 from sglang_checkpoint import build  # noqa: E402
 
 from specdash.engine_patches import patch_set  # noqa: E402
+from specdash.events import PromptDone  # noqa: E402
 from specdash.prompts import load_prompts  # noqa: E402
-from specdash.runs.sglang.args import (  # noqa: E402
-    SGLangOptions,
-    applied_patches,
-    engine_kwargs,
-    parse_engine_arg,
-)
+from specdash.runs.sglang.args import SGLangOptions, parse_engine_arg  # noqa: E402
 from specdash.runs.sglang.backend import switch_gemm  # noqa: E402
-from specdash.runs.sglang.process import session_environment, start_engine  # noqa: E402
 from specdash.settings import SessionSettings  # noqa: E402
+from specdash.trace.jsonl import read_trace  # noqa: E402
 
 T0 = time.monotonic()
 KERNEL_GROUPS = (  # first match wins; names as the profiler records them
@@ -111,15 +107,8 @@ def engine(
         speculation=algorithm is not None,
         max_new_tokens=args.max_new,
     )
-    kwargs = engine_kwargs(settings, options, speculative=algorithm is not None, split=False)
-    with session_environment(applied_patches(options), None, None, pools_in_turn=False):
-        t = time.monotonic()
-        e = start_engine(kwargs)
-        print(f"  engine {algorithm or 'plain'} off={off} started in {time.monotonic() - t:.1f}s")
-        try:
-            yield e
-        finally:
-            e.shutdown()
+    with started(settings, options, f"{algorithm or 'plain'} off={off}") as e:
+        yield e
 
 
 def run_prompts(e: Any, texts: list[str], max_new: int, decode_rate: bool = False) -> dict:
@@ -307,12 +296,12 @@ def phase_native(args, res, texts) -> None:
     if proc.returncode != 0:
         res.put("native/plain", {"stderr": proc.stderr[-800:]})
         return
-    done = [json.loads(ln) for ln in trace.read_text().splitlines() if '"prompt_done"' in ln]
-    timed = [d for d in done if d["prompt_index"] > 0]
+    _, events, _ = read_trace(trace)
+    timed = [e for e in events if isinstance(e, PromptDone) and e.prompt_index > 0]
     res.put(
         "native/plain",
         {
-            "decode_tok_s": sum(d["new_tokens"] for d in timed) / sum(d["seconds"] for d in timed),
+            "decode_tok_s": sum(d.new_tokens for d in timed) / sum(d.seconds for d in timed),
             "with_warmup_tok_s": json.loads(proc.stdout)["tokens_per_s"],
             "prompts_timed": len(timed),
             "wall_s": time.monotonic() - t,
