@@ -44,13 +44,25 @@ SHADOW_LOGPROBS = [list(LOGPROBS[0]), [*LOGPROBS[1][:2], next_float(LOGPROBS[1][
 """The shadow's logprobs: one differs from the speculative run's in its last bit."""
 
 
+class StandInTokenizer:
+    """Word-length ids for a prompt; `<id>` for a token's text."""
+
+    def encode(self, text: str) -> list[int]:
+        return [len(word) for word in text.split()]
+
+    def decode(self, token_ids: list[int]) -> str:
+        return "".join(f"<{t}>" for t in token_ids)
+
+
 class StandInEngine:
     made = 0
 
     def __init__(self, **kw):
         self.kw = {k: v for k, v in kw.items() if k != "custom_sigquit_handler"}
         model_config = type("ModelConfig", (), {"dtype": torch.bfloat16})()
-        self.tokenizer_manager = type("TM", (), {"tokenizer": None, "model_config": model_config})()
+        self.tokenizer_manager = type(
+            "TM", (), {"tokenizer": StandInTokenizer(), "model_config": model_config}
+        )()
         self.rpcs = []
         self.batches = []
         self.warm_ups = []
@@ -85,7 +97,8 @@ class StandInEngine:
         outs = []
         for i in which:
             lps = LOGPROBS[i] if "speculative_algorithm" in self.kw else SHADOW_LOGPROBS[i]
-            triples = [(lp, t, f"<{t}>") for lp, t in zip(lps, IDS[i], strict=True)]
+            # no text, as `Engine.generate` gives it: the session decodes the ids itself
+            triples = [(lp, t, None) for lp, t in zip(lps, IDS[i], strict=True)]
             meta = {"output_token_logprobs": triples}
             if top_logprobs_num:
                 assert "speculative_algorithm" not in self.kw, "the stand-in knows the shadow's"

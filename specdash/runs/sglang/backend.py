@@ -140,6 +140,7 @@ class SGLangBackend:
         self._stack = contextlib.ExitStack()
         self._engines = contextlib.ExitStack()
         self._parent_log: TextIO | None = None
+        self._tokenizer: process.Tokenizer | None = None
 
     def open(
         self, prompts: list[Prompt], emit: Sink, stack: contextlib.ExitStack
@@ -162,6 +163,8 @@ class SGLangBackend:
         self._shadow = shadow_ready() if shadow_ready is not None else None
         # the shadow's too: both engines take the same checkpoint and dtype arguments
         self.dtype = process.engine_dtype(self._spec)
+        # kept past the spec engine's shutdown: the sequential shadow's texts need it too
+        self._tokenizer = process.engine_tokenizer(self._spec)
         self._switch_gemm(self.settings.gemm_backend)
         return self._header(), [self.encode(p.name, p.text) for p in prompts]
 
@@ -233,8 +236,15 @@ class SGLangBackend:
 
     def encode(self, name: str, text: str) -> list[int]:
         """The prompt's ids as the engine's tokenizer reads them (SGLang checks the length)."""
-        tokenizer = process.engine_tokenizer(self._spec)
-        return tokenizer.encode(text) if tokenizer is not None else []
+        return self._tokenizer.encode(text) if self._tokenizer is not None else []
+
+    def _texts(self, out: _Output) -> list[str]:
+        """Each output token's text, decoded alone by the engine's tokenizer: SGLang leaves
+        the text in its logprob triples empty unless a request asks for it, which
+        `Engine.generate` cannot (no stand-in tokenizer: the texts the engine gave)."""
+        if self._tokenizer is None:
+            return out.texts
+        return [self._tokenizer.decode([i]) for i in out.ids]
 
     def prefill(self, flight: Flight, step: int) -> None:
         self.requests[flight.index] = _Request()  # SGLang prefills inside the request
@@ -269,7 +279,7 @@ class SGLangBackend:
         telemetry's where SGLang has none), and its tokens as events."""
         request, k = self.requests[flight.index], self.settings.k
         steps, meta = request.accepted, out.meta
-        flight.ids, flight.logprobs, request.texts = out.ids, out.logprobs, out.texts
+        flight.ids, flight.logprobs, request.texts = out.ids, out.logprobs, self._texts(out)
         flight.decode_s = seconds
         flight.verify_steps = int(meta.get("spec_verify_ct", len(steps)) or 0)
         flight.accepted_drafts = int(meta.get("spec_num_correct_drafts", sum(steps)) or 0)
@@ -283,7 +293,7 @@ class SGLangBackend:
                     position=pos,
                     token_id=tok,
                     logprob=lp if lp is not None else float("nan"),
-                    text=out.texts[pos],
+                    text=request.texts[pos],
                     source=source,
                     step=step,
                 )
@@ -314,7 +324,7 @@ class SGLangBackend:
         )
         flight.shadow_ids, flight.shadow_logprobs = out.ids, out.logprobs
         request = self.requests[flight.index]
-        request.shadow_texts, request.shadow_top = out.texts, out.top
+        request.shadow_texts, request.shadow_top = self._texts(out), out.top
 
     def late_shadows(self, flights: list[Flight]) -> Iterator[Flight]:
         """Sequential shadow: once the speculative engine has shut down (its GPU memory free),

@@ -63,6 +63,8 @@ class SGLangEngine(Protocol):
 class Tokenizer(Protocol):
     def encode(self, text: str) -> list[int]: ...
 
+    def decode(self, token_ids: list[int]) -> str: ...
+
 
 def engine_tokenizer(engine: object) -> Tokenizer | None:
     """An in-process engine's tokenizer (None with `skip_tokenizer_init`, or a stand-in)."""
