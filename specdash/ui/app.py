@@ -227,7 +227,7 @@ class SpecdashApp(App[int]):
         ended = not getattr(self.source, "running", True)  # before the drain: no event after
         self._consume(self.buffer.drain())
         if ended and not self.model.finished and not self.model.errors:
-            gone = "the engine thread ended without finishing the session"
+            gone = "the engine ended without finishing the session"
             self._consume([EngineError(message=gone)])
         if not self.screen_stack:
             return  # a tick while the app quits: the screens are gone, the events are recorded
