@@ -5,9 +5,12 @@
 # bench_spec_gpu.py's single-sequence numbers (decode t/s, exact/fast, step profiles, verify/decode)
 # with SPEC_ARGS (default: no 128k prefill, 2k context only, a short spec envelope); step `attn`:
 # bench_prefill_attention.py (torch's flash attention vs specdash's Triton prefill kernel); step
-# `split`: the decode attention config sweep with SPLITS split sizes.
+# `split`: the decode attention config sweep with SPLITS split sizes; step `ref`: bench_spec_gpu.py
+# (SPEC_ARGS) from the reference tree REF (default .carry/ref, made here by `git archive COMMIT
+# specdash kernels engine_patches benchmarks/bench_spec_gpu.py benchmarks/cuda_timing.py`), then
+# from this tree, then REF again: the decode step side by side on one machine.
 # Needs pydantic (the settings models) from .carry/sglang, installed to /tmp/pyd (and FLA from
-# .carry/whl when there).
+# .carry/fla when there).
 # Usage on the GPU machine, from the repo root: [STEPS="tests bench"] bash benchmarks/batch_gpu_run.sh
 set -u
 export PYTHONUNBUFFERED=1
@@ -17,10 +20,10 @@ mkdir -p "$OUT"
 for p in kernels engine_patches; do [ -e specdash/$p ] || ln -s ../$p specdash/$p; done
 python3 -m pip install -q --no-index --no-deps --target /tmp/pyd .carry/sglang/pydantic*.whl \
   .carry/sglang/annotated_types*.whl .carry/sglang/typing_inspection*.whl \
-  .carry/sglang/typing_extensions*.whl .carry/ui/pytest_asyncio*.whl > /tmp/pyd.log 2>&1
+  .carry/sglang/typing_extensions*.whl > /tmp/pyd.log 2>&1
 # FLA's chunked GDN kernel for prefill, when carried (`pip download --no-deps fla-core==0.6.0`)
-ls .carry/whl/fla_core-*.whl > /dev/null 2>&1 && python3 -m pip install -q --no-index --no-deps \
-  --target /tmp/pyd .carry/whl/fla_core-*.whl >> /tmp/pyd.log 2>&1
+ls .carry/fla/fla_core-*.whl > /dev/null 2>&1 && python3 -m pip install -q --no-index --no-deps \
+  --target /tmp/pyd .carry/fla/fla_core-*.whl >> /tmp/pyd.log 2>&1
 export PYTHONPATH="/tmp/pyd:$PWD"
 { date -u; nvidia-smi --query-gpu=name,driver_version --format=csv,noheader;
   python3 -c "import torch, triton; print(torch.__version__, triton.__version__)"; } | tee "$OUT/env.txt"
@@ -54,5 +57,18 @@ if [[ " $STEPS " == *" split "* ]]; then
   timeout ${SPLIT_TIMEOUT:-200} python3 benchmarks/bench_attention_gdn.py --attention-sweep \
     --splits ${SPLITS:-64,128,256} --json "$OUT/attn_sweep.json" 2>&1 | grep --line-buffered -v Warning \
     | tail -60 > "$OUT/attn_sweep.txt"
+fi
+if [[ " $STEPS " == *" ref "* ]]; then
+  REF=${REF:-.carry/ref}
+  read -r -a SPEC <<< "${SPEC_ARGS:---long-prefill 0 --contexts 2048 --prompts 4 --spec-tokens 20}"
+  for p in kernels engine_patches; do [ -e $REF/specdash/$p ] || ln -s ../$p $REF/specdash/$p; done
+  n=0
+  for run in ref this ref; do
+    n=$((n + 1)); echo "== side by side: $run $(date -u +%T)"
+    tree=$PWD; [ $run = ref ] && tree=$(cd "$REF" && pwd)
+    (cd "$tree" && PYTHONPATH="/tmp/pyd:$tree" timeout ${SPEC_TIMEOUT:-170} python3 \
+      benchmarks/bench_spec_gpu.py "${SPEC[@]}" --json "$OUT/side_${n}_$run.json") 2>&1 \
+      | grep --line-buffered -v Warning | tee "$OUT/side_${n}_$run.txt" | grep "tokens_per_s" | cut -c1-400
+  done
 fi
 echo "== done $(date -u +%T)"

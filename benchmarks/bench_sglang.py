@@ -3,8 +3,9 @@
 Phases (each engine started by specdash's own `engine_kwargs` + `start_engine`, so the patched
 scheduler entry is the product's; 24 shipped prompts submitted together, greedy, ignore_eos):
 - anchor:  stock SGLang (no patch), NGRAM and STANDALONE k=3 vs stock plain decode;
-- matrix:  patched, NGRAM and STANDALONE, k in {1, 3, 5}, CUDA graphs off and on, each vs the
-           patched plain decode with the same graph setting;
+- matrix:  patched, `--algorithms` (NGRAM and STANDALONE; DFLASH with `--dflash-draft`, k + 1
+           block rows), k in {1, 3, 5}, CUDA graphs off and on, each vs the patched plain decode
+           with the same graph setting;
 - unpatch: each exactness patch left off alone (gdn, attention, gemm): NGRAM k=3 vs plain;
 - gemm:    a patched NGRAM engine and its plain shadow both alive; the GEMM backend switched
            live on both (SGLang persistent Triton, specdash Triton tile, cuBLAS, DeepGEMM) and
@@ -14,7 +15,8 @@ scheduler entry is the product's; 24 shipped prompts submitted together, greedy,
 Every comparison: per prompt, token ids equal and fp32 logprob bits equal (struct-packed).
 
 Usage (on the GPU box, SGLang importable): python benchmarks/bench_sglang.py --target DIR
-    --draft DIR --json OUT.json [--phases anchor,matrix,...] [--budget-s 540]
+    --draft DIR [--dflash-draft DIR] --json OUT.json [--phases anchor,matrix,...]
+    [--algorithms NGRAM,STANDALONE,DFLASH] [--budget-s 540]
 Results are written after every cell, so a cut-off run keeps what it measured.
 """
 
@@ -65,6 +67,7 @@ def engine(
         unpatch=off,
         engine_args={
             **args.sglang_args,
+            **dflash_block(algorithm, k),
             "disable_cuda_graph": not graphs,
             "cuda_graph_max_bs_decode": 32,
             "mem_fraction_static": mem,
@@ -74,13 +77,25 @@ def engine(
     settings = SessionSettings(
         engine="sglang",
         model=args.target,
-        draft=args.draft if algorithm == "STANDALONE" else None,
+        draft=algorithm_draft(args, algorithm),
         k=k,
         speculation=algorithm is not None,
         max_new_tokens=args.max_new,
     )
     with started(settings, options, f"{algorithm or 'plain'} k={k} graphs={graphs} off={off}") as e:
         yield e
+
+
+def algorithm_draft(args: argparse.Namespace, algorithm: str | None) -> Path | None:
+    """The draft checkpoint an algorithm speculates with: STANDALONE's dense draft, DFLASH's
+    DFlash draft (`sglang_checkpoint.py --dflash-draft`); None for the others."""
+    return {"STANDALONE": args.draft, "DFLASH": args.dflash_draft}.get(algorithm or "")
+
+
+def dflash_block(algorithm: str | None, k: int) -> dict[str, Any]:
+    """DFLASH verifies a block whose size the draft's config gives; here k + 1 rows, as the
+    chain algorithms verify (SGLang takes speculative_num_draft_tokens over the config's)."""
+    return {"speculative_num_draft_tokens": k + 1} if algorithm == "DFLASH" else {}
 
 
 @contextlib.contextmanager
@@ -299,6 +314,7 @@ def main() -> int:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("--target", type=Path, required=True)
     p.add_argument("--draft", type=Path, required=True)
+    p.add_argument("--dflash-draft", type=Path, help="DFLASH's draft (sglang_checkpoint.py)")
     p.add_argument("--json", type=Path, required=True)
     p.add_argument("--phases", default="anchor,matrix")
     p.add_argument("--ks", default="1,3,5")

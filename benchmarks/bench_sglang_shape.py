@@ -14,9 +14,11 @@ Phases (comma-separated `--phases`, in this order):
           profile of `--profile-steps` decode steps (SGLang's torch profiler).
 - stock:  the same with no patch (SGLang's own GEMM), one route.
 - spec:   the patched plain engine (the batch-1 shadow), then for each `--algorithms` (NGRAM,
-          NEXTN; k = `--k`) the patched speculative engine: ids and fp32 logprob bits per prompt
-          against the shadow, tok/s of both, accepted length; for the first algorithm also
-          `--batches` requests sent together. With `--stock-spec`, stock beside it.
+          NEXTN, DFLASH with a DFlash draft of the target, `sglang_checkpoint.py --dflash-draft`,
+          dummy weights too, k + 1 block rows; k = `--k`) the patched speculative engine: ids
+          and fp32 logprob bits per prompt against the shadow, tok/s of both, accepted length;
+          for the first algorithm also `--batches` requests sent together. With
+          `--stock-spec`, stock beside it.
 - native: `specdash run --headless --device cuda --preset qwen3.5-27b-shape --no-spec` on the
           same prompts (its own tok/s: decode only).
 tok/s here: generated tokens / wall time of the generate calls, prompt by prompt (prefill
@@ -45,7 +47,14 @@ from pathlib import Path
 from typing import Any
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from bench_sglang import ALL_OFF, compare, record, started  # noqa: E402
+from bench_sglang import (  # noqa: E402
+    ALL_OFF,
+    algorithm_draft,
+    compare,
+    dflash_block,
+    record,
+    started,
+)
 from sglang_checkpoint import build  # noqa: E402
 
 from specdash.engine_patches import patch_set  # noqa: E402
@@ -95,7 +104,8 @@ def engine(
             "mem_fraction_static": args.mem,
             "max_running_requests": max(args.batches, default=1),
             "context_length": 8192,
-            "speculative_draft_load_format": "dummy",  # NEXTN's MTP head: the dummy weights too
+            "speculative_draft_load_format": "dummy",  # NEXTN's MTP head, DFLASH's draft too
+            **dflash_block(algorithm, args.k),
             **graphs,
             **args.sglang_args,
         },
@@ -103,6 +113,7 @@ def engine(
     settings = SessionSettings(
         engine="sglang",
         model=args.target,
+        draft=algorithm_draft(args, algorithm),
         k=args.k,
         speculation=algorithm is not None,
         max_new_tokens=args.max_new,
@@ -338,8 +349,10 @@ def main() -> int:
     args.graph_bs = sorted({1, 2, 4, 8, 16, 24, 32, *args.batches})
     args.out_dir = args.json.parent
     args.prof_dir = Path("/tmp/sglang-profiles")
+    out = Path("/tmp/sglang_27b_shape")
+    args.draft, args.dflash_draft = None, out / "dflash"
     args.target, _ = build(
-        Path("/tmp/sglang_27b_shape"), layers=args.layers, shape="27b", config_only=True
+        out, layers=args.layers, shape="27b", config_only=True, dflash_draft=args.dflash_draft
     )
     shipped = [pr.text for pr in load_prompts(None)]
     texts = shipped[: args.prompts]

@@ -20,8 +20,23 @@ GDN 16 key / 48 value heads of 128, MLP 17408) with `--layers` layers: real-dim 
 acceptance at the real shape; `--config-only` writes the config and tokenizer alone, for
 SGLang's `load_format=dummy` (all 64 layers fit no disk budget of a test).
 
+`--dflash-draft DIR` also writes a DFlash draft of that target (SGLang's `DFlashDraftModel`:
+`DFLASH` speculates with it). DFlash drafts a block of `block_size` tokens in one pass: the
+block is [last token, mask, mask, ...], each position attends (non-causally) to the block and to
+the committed context, whose keys and values come from target hidden states (`target_layer_ids`,
+through `fc` and `hidden_norm`); the target's embedding and lm_head turn inputs and outputs into
+tokens. Here the draft's attention looks only one position back: its query and key are
+constant biases (the projection weights are zero), so the score depends on the relative RoPE
+position alone, and the biases put its peak at distance 1 by a wide margin. The value carries
+the attended token's normed embedding, scaled to swamp the mask token's own embedding in the
+residual, so block position 1 proposes bigram(last token), which the target usually accepts;
+the later positions only see masks and rarely match. Context features reach the cache (`fc`
+zero: the draft ignores them). `--dflash-layers` (default 1; extra layers add nothing) and
+`--dflash-block-size` (default 16) shape it; with `--config-only` it is a config alone.
+
 Usage: python benchmarks/sglang_checkpoint.py OUT_DIR [--device cuda] [--layers 8]
-    [--shape small|27b] [--config-only]
+    [--shape small|27b] [--config-only] [--dflash-draft DIR [--dflash-layers 1]
+    [--dflash-block-size 16]]
 Writes OUT_DIR/target and OUT_DIR/draft (HF format: config.json, model.safetensors,
 tokenizer.json), the same bytes for the same arguments and torch version.
 """
@@ -42,6 +57,16 @@ from safetensors.torch import save_file
 LAYER_SCALE = 0.15
 SEED = 1234
 CONV = 4
+DFLASH_HEAD_DIM = 128
+DFLASH_ROPE_THETA = 10000.0
+DFLASH_POSITION_PAIRS = 8
+"""RoPE pairs (the fastest-turning ones) the draft's query and key use: their cosines agree
+only at distance 1 (mean cosine at most 0.88 anywhere else within 9000 positions)."""
+DFLASH_NORM_GAIN = 8.0
+"""q_norm/k_norm weight: scales the attention score (peak 11.3 * gain^2, margin >= 90)."""
+DFLASH_VALUE_GAIN = 32.0
+"""Value = gain * the attended token's normed embedding: the mask token's embedding (std 1)
+stays a 1/32 perturbation of the proposal."""
 
 
 @dataclass(frozen=True)
@@ -239,6 +264,127 @@ def draft_weights(cfg: dict, target: dict[str, torch.Tensor]) -> dict[str, torch
     }
 
 
+def dflash_target_layer_ids(target_layers: int) -> list[int]:
+    """The target layers whose hidden states the draft reads: three spread over the target as
+    SGLang's own default spreads them (`build_target_layer_ids`: from 1 to layers - 3), one
+    middle layer on a target under 4 layers."""
+    if target_layers < 4:
+        return [target_layers // 2]
+    start, end, n = 1, target_layers - 3, 3
+    return sorted({round(start + i * (end - start) / (n - 1)) for i in range(n)})
+
+
+def dflash_config(
+    target: dict, layers: int = 1, block_size: int = 16, mask_token_id: int | None = None
+) -> dict:
+    """A DFlash draft of `target` as SGLang 0.5.17 and 0.5.23 read it: `DFlashDraftModel`,
+    Qwen3 fields for its layers, `dflash_config` with the target layers it reads (and their
+    count, which 0.5.17 needs to check them), the block size and the mask token."""
+    h = target["hidden_size"]
+    heads = h // DFLASH_HEAD_DIM  # heads * head_dim = hidden: the value can carry a whole row
+    n_target = target["num_hidden_layers"]
+    vocab = target["vocab_size"]
+    return {
+        "architectures": ["DFlashDraftModel"],
+        "model_type": "qwen3",
+        "vocab_size": vocab,
+        "hidden_size": h,
+        "intermediate_size": 256,
+        "num_hidden_layers": layers,
+        "num_attention_heads": heads,
+        "num_key_value_heads": heads,
+        "head_dim": DFLASH_HEAD_DIM,
+        "hidden_act": "silu",
+        "rms_norm_eps": 1e-6,
+        "max_position_embeddings": target["max_position_embeddings"],
+        "rope_theta": DFLASH_ROPE_THETA,
+        "attention_bias": True,
+        "tie_word_embeddings": False,
+        "block_size": block_size,
+        "num_target_layers": n_target,
+        "dflash_config": {
+            "target_layer_ids": dflash_target_layer_ids(n_target),
+            "num_target_layers": n_target,
+            "block_size": block_size,
+            "mask_token": "<|MASK|>",
+            "mask_token_id": vocab - 1 if mask_token_id is None else mask_token_id,
+        },
+        "bos_token_id": 0,
+        "eos_token_id": 0,
+        "pad_token_id": 0,
+        "torch_dtype": "bfloat16",
+    }
+
+
+def dflash_position_biases(cfg: dict) -> tuple[torch.Tensor, torch.Tensor]:
+    """(query bias, key bias) of one head: unit pairs on the fastest RoPE pairs (NeoX layout:
+    dims i and i + head_dim/2), the key's turned by one position's angle, so that
+    q . R(-d) k = sum cos(theta_i (1 - d)) peaks at distance d = 1."""
+    d = cfg["head_dim"]
+    i = torch.arange(DFLASH_POSITION_PAIRS, dtype=torch.float64)
+    theta = cfg["rope_theta"] ** (-2 * i / d)
+    q = torch.zeros(d, dtype=torch.float64)
+    k = torch.zeros(d, dtype=torch.float64)
+    pairs = torch.arange(DFLASH_POSITION_PAIRS)
+    q[pairs] = 1.0
+    k[pairs], k[pairs + d // 2] = torch.cos(theta), torch.sin(theta)
+    return q.to(torch.bfloat16), k.to(torch.bfloat16)
+
+
+def dflash_weights(cfg: dict) -> dict[str, torch.Tensor]:
+    """Layer 0 copies the previous position's normed input (x32) into the residual; further
+    layers add nothing; `fc` is zero. No embedding or lm_head: DFlash uses the target's."""
+    h, heads, d = cfg["hidden_size"], cfg["num_attention_heads"], cfg["head_dim"]
+    f = cfg["intermediate_size"]
+    n_features = len(cfg["dflash_config"]["target_layer_ids"])
+    bf16 = torch.bfloat16
+    zeros = lambda *s: torch.zeros(s, dtype=bf16)  # noqa: E731
+    ones = lambda *s: torch.ones(s, dtype=bf16)  # noqa: E731
+    q_bias, k_bias = dflash_position_biases(cfg)
+    w = {
+        "fc.weight": zeros(h, n_features * h),
+        "hidden_norm.weight": ones(h),
+        "norm.weight": ones(h),
+    }
+    for layer in range(cfg["num_hidden_layers"]):
+        copies = layer == 0
+        a, p = f"layers.{layer}.self_attn.", f"layers.{layer}."
+        w |= {
+            a + "q_proj.weight": zeros(heads * d, h),
+            a + "q_proj.bias": q_bias.repeat(heads) if copies else zeros(heads * d),
+            a + "k_proj.weight": zeros(heads * d, h),
+            a + "k_proj.bias": k_bias.repeat(heads) if copies else zeros(heads * d),
+            a + "v_proj.weight": torch.eye(h, dtype=bf16) * DFLASH_VALUE_GAIN
+            if copies
+            else zeros(heads * d, h),
+            a + "v_proj.bias": zeros(heads * d),
+            a + "o_proj.weight": torch.eye(h, dtype=bf16) if copies else zeros(h, heads * d),
+            a + "o_proj.bias": zeros(h),
+            a + "q_norm.weight": torch.full((d,), DFLASH_NORM_GAIN, dtype=bf16),
+            a + "k_norm.weight": torch.full((d,), DFLASH_NORM_GAIN, dtype=bf16),
+            p + "mlp.gate_proj.weight": zeros(f, h),
+            p + "mlp.up_proj.weight": zeros(f, h),
+            p + "mlp.down_proj.weight": zeros(h, f),
+            p + "input_layernorm.weight": ones(h),
+            p + "post_attention_layernorm.weight": ones(h),
+        }
+    return w
+
+
+def build_dflash_draft(
+    out: Path,
+    target: dict,
+    layers: int = 1,
+    block_size: int = 16,
+    config_only: bool = False,
+) -> Path:
+    """OUT: a DFlash draft of the target whose config is `target`."""
+    tok, _ = _tokenizer()
+    cfg = dflash_config(target, layers, block_size)
+    _write(out, cfg, None if config_only else dflash_weights(cfg), tok)
+    return out
+
+
 def _write(
     directory: Path, config: dict, weights: dict[str, torch.Tensor] | None, tok: Path
 ) -> None:
@@ -264,11 +410,21 @@ def _write(
 
 
 def build(
-    out: Path, device: str = "cpu", layers: int = 8, shape: str = "small", config_only: bool = False
+    out: Path,
+    device: str = "cpu",
+    layers: int = 8,
+    shape: str = "small",
+    config_only: bool = False,
+    dflash_draft: Path | None = None,
+    dflash_layers: int = 1,
+    dflash_block_size: int = 16,
 ) -> tuple[Path, Path]:
+    """OUT/target and OUT/draft; also a DFlash draft of the target at `dflash_draft`."""
     tok, vocab = _tokenizer()
     tcfg = target_config(vocab, layers, SHAPES[shape])
     dcfg = draft_config(vocab, SHAPES[shape])
+    if dflash_draft is not None:
+        build_dflash_draft(dflash_draft, tcfg, dflash_layers, dflash_block_size, config_only)
     if config_only:
         _write(out / "target", tcfg, None, tok)
         _write(out / "draft", dcfg, None, tok)
@@ -286,9 +442,22 @@ def main() -> None:
     parser.add_argument("--layers", type=int, default=8)
     parser.add_argument("--shape", choices=sorted(SHAPES), default="small")
     parser.add_argument("--config-only", action="store_true")
+    parser.add_argument("--dflash-draft", type=Path, help="also write a DFlash draft here")
+    parser.add_argument("--dflash-layers", type=int, default=1)
+    parser.add_argument("--dflash-block-size", type=int, default=16)
     args = parser.parse_args()
-    target, draft = build(args.out, args.device, args.layers, args.shape, args.config_only)
-    print(f"target {target} draft {draft} (device {args.device})")
+    target, draft = build(
+        args.out,
+        args.device,
+        args.layers,
+        args.shape,
+        args.config_only,
+        args.dflash_draft,
+        args.dflash_layers,
+        args.dflash_block_size,
+    )
+    dflash = f" dflash {args.dflash_draft}" if args.dflash_draft else ""
+    print(f"target {target} draft {draft}{dflash} (device {args.device})")
 
 
 if __name__ == "__main__":

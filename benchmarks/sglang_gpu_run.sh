@@ -1,7 +1,9 @@
 #!/usr/bin/env bash
 # One device call on the H200: real SGLang 0.5.17 (carried wheels) with specdash's patches.
-# Installs .carry/sglang/*.whl and .carry/ui/*.whl to /tmp/site, builds the benchmark pair
-# (benchmarks/sglang_checkpoint.py), then runs, in order, what STEPS names (default below):
+# Installs .carry/sglang/*.whl and (where carried) .carry/ui/*.whl to /tmp/site, builds the benchmark pair and
+# a DFlash draft of its target (benchmarks/sglang_checkpoint.py with CK_ARGS, e.g. `--shape 27b
+# --layers 4 --device cuda` for real-dim weights), then runs, in order, what STEPS names
+# (default below):
 #   start     benchmarks/bench_sglang_start.py: the sessions START_RUNS names (default: NGRAM,
 #             STANDALONE), start phases
 #   cli       specdash run --headless --engine sglang (NGRAM k=3, --json), once per CLI_RUNS entry
@@ -13,11 +15,14 @@
 # back to $OUT/triton-cache.tgz unless NO_CACHE_OUT=1 (a fresh machine otherwise spends ~70 s
 # compiling per call).
 set -u
-WHEELS=".carry/ui/*.whl" source benchmarks/sglang_box.sh
+WHEELS="$(ls .carry/ui/*.whl 2>/dev/null)" source benchmarks/sglang_box.sh  # UI wheels where carried
 python3 -c "import sglang, torch, triton; print('sglang', sglang.__version__, 'torch', torch.__version__, 'triton', triton.__version__)" | tee -a "$OUT/env.txt"
 echo "== install done $(( $(date +%s) - T0 ))s"
 CK=/tmp/sglang_pair
-[ -e $CK/draft/model.safetensors ] || python3 benchmarks/sglang_checkpoint.py $CK 2>&1 | tail -2
+# shellcheck disable=SC2086  # CK_ARGS is a list of arguments
+[ -e $CK/dflash/model.safetensors ] \
+  || python3 benchmarks/sglang_checkpoint.py $CK --dflash-draft $CK/dflash ${CK_ARGS:-} 2>&1 | tail -2
+echo "== checkpoint built $(( $(date +%s) - T0 ))s: $(du -sh $CK/target | cut -f1)"
 # at most 8 files come back from $OUT: `patches check` goes into env.txt
 python3 -c "from specdash.cli import main; main(['patches', 'check'])" >> "$OUT/env.txt" 2>&1
 tail -1 "$OUT/env.txt"
@@ -48,6 +53,7 @@ for step in ${STEPS:-cli bench}; do
         --json "$OUT/start.json" "${RUNS[@]}" ${START_ARGS:-} -- $BOX 2>&1 | tee "$OUT/start.log" ;;
     bench)
       timeout $(( l - 15 )) python3 benchmarks/bench_sglang.py --target $CK/target --draft $CK/draft \
+        --dflash-draft $CK/dflash \
         --json "$OUT/bench.json" --phases "${PHASES:-anchor,matrix}" --budget-s $(( l - 30 )) \
         $BOX ${BENCH_ARGS:-} 2>&1 | tee "$OUT/bench.log" | grep --line-buffered -E '^\[|engine |Error|error' | cut -c1-700 ;;
     tests)  # one pytest per test: a call that runs out of time keeps the finished reports

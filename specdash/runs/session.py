@@ -389,7 +389,7 @@ magnitude, up to ~2^6 times a logprob's) is a near-tie: the paths' last bits can
 def shadow_margin(top1: tuple[int, float], top2: tuple[int, float], dtype: str) -> Margin:
     """The shadow's margin at a divergence from its top two (token id, logprob) there, judged
     by the dtype the model computes in ("float32", "bfloat16", "float16"). Every backend builds
-    it here: the native one from the shadow's logprob row, SGLang (not yet) from its top
+    it here: the native one from the shadow's logprob row, SGLang from the shadow request's top
     logprobs."""
     (id1, lp1), (id2, lp2) = top1, top2
     ulps = fp32_ulps(lp1, lp2)

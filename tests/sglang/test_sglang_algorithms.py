@@ -1,8 +1,9 @@
 """Every `--speculative-algorithm` a checkpoint or the installed SGLang cannot run is refused
 before any engine starts, in one line that says why and what to use instead (exit 2), with the
 real 0.5.17 and 0.5.23 wheels: EAGLE3 on Qwen3.5 where SGLang's model class cannot capture
-hidden states (0.5.17), DFLASH without a DFlash draft of this target, NEXTN on a checkpoint
-without the MTP head. The refusals run on a machine without a GPU: nothing reaches CUDA."""
+hidden states (0.5.17), DFLASH without a DFlash draft of this target, DFLASH on 0.5.17 (it
+returns no logprobs), NEXTN on a checkpoint without the MTP head. The refusals run on a machine
+without a GPU: nothing reaches CUDA."""
 
 from __future__ import annotations
 
@@ -77,9 +78,12 @@ def test_algorithms_a_checkpoint_or_sglang_cannot_run_are_refused_first(
         assert code == 2 and "--speculative-algorithm: EAGLE3" in line
         assert "SGLang 0.5.17's Qwen3_5ForCausalLM cannot capture them" in line
         assert "use NEXTN (the checkpoint's MTP head), STANDALONE (a draft model) or NGRAM" in line
-    else:  # 0.5.23's Qwen3.5 captures EAGLE3's hidden states
+        code, (line,) = r["dflash_own"]
+        assert code == 2 and "SGLang 0.5.17's DFLASH returns no logprobs" in line
+    else:  # 0.5.23's Qwen3.5 captures EAGLE3's hidden states; its DFLASH returns logprobs
         assert NO_GPU in r["eagle3"][1][0] and r["eagle3"][0] == 4
-    assert refused - {"eagle3"} == {
+        assert NO_GPU in r["dflash_own"][1][0] and r["dflash_own"][0] == 4
+    assert refused - {"eagle3", "dflash_own"} == {
         "dflash_none",
         "dflash_dense",
         "dflash_other",

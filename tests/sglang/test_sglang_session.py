@@ -9,11 +9,17 @@ import logging
 import os
 
 import pytest
+import standin_engine
 
+from specdash.cli.headless import divergence_record
 from specdash.errors import UsageError
+from specdash.events import Divergence
+from specdash.metrics import fp32_ulps
 from specdash.runs.sglang import args, process
 from specdash.runs.sglang.backend import WARM_UP_PHASE, WARM_UP_TEXT
 from specdash.settings import SessionSettings
+from specdash.trace.jsonl import read_trace
+from specdash.ui.widgets.divergence import margin_text
 
 SESSION_SCRIPT = r"""
 import json, os, sys
@@ -287,3 +293,53 @@ def test_no_speculation_is_not_checked(run_sglang, tmp_path) -> None:
     start = next(e for e in r["events"] if e["kind"] == "session_start")
     assert start["config"]["shadow"] is False and len(r["engines"]) == 1
     assert r["summary"]["checked"] is False and r["summary"]["exact_prompts"] is None
+
+
+CLI_SCRIPT = r"""
+import contextlib, io, json, os, sys
+from pathlib import Path
+sys.path.insert(0, "tests/sglang")  # the shadow's host process imports the stand-in by name
+import standin_engine
+from specdash.cli import main
+from specdash.runs.sglang import preflight, process
+
+workdir = Path(os.environ["WORKDIR"])
+prompts = workdir / "p.jsonl"
+prompts.write_text("".join(json.dumps({"prompt": p}) + "\n" for p in standin_engine.PROMPTS))
+process.patched_engine_class = standin_engine.engine_class
+preflight.check_startable = lambda options, engines: None
+out = io.StringIO()
+with contextlib.redirect_stdout(out):
+    code = main(["run", "--headless", "--json", "--engine", "sglang", "--model", str(workdir),
+                 "--prompts", str(prompts), "-k", "2", "--max-new-tokens", "8",
+                 "--speculative-algorithm", "EAGLE3", "--sglang-shadow", os.environ["SHADOW_MODE"],
+                 "--trace", str(workdir / "t.jsonl")])
+print("RESULT " + json.dumps({"code": code, "json": json.loads(out.getvalue()),
+                              "engines": standin_engine.recorded(workdir)}))
+"""
+
+
+@pytest.mark.parametrize("shadow_mode", ["split", "sequential"])
+def test_divergence_carries_the_shadows_margin(run_sglang, tmp_path, shadow_mode) -> None:
+    """The shadow engine's request asks SGLang for its top-2 logprobs (the speculative one's is
+    unchanged: its speed is what is measured); the divergence's margin is the shadow's top-1
+    minus top-2 there, the same bits in the event, the trace and --json."""
+    proc = run_sglang(CLI_SCRIPT, env={"WORKDIR": str(tmp_path), "SHADOW_MODE": shadow_mode})
+    r = json.loads(next(x for x in proc.stdout.splitlines() if x.startswith("RESULT "))[7:])
+    spec, shadow = r["engines"]
+    # None: SGLang's own default, the request it was before; the shadow asks one prompt at a time
+    assert spec["top_logprobs_nums"] == [None, None] and shadow["top_logprobs_nums"] == [2, 2]
+
+    (top1, top2) = standin_engine.shadow_top2(1, 2)
+    _, events, _ = read_trace(tmp_path / "t.jsonl")
+    (d,) = [e for e in events if isinstance(e, Divergence)]
+    assert (d.prompt_index, d.position, d.what) == (1, 2, "logprob")
+    m = d.shadow_margin
+    assert m is not None and (m.top1_token, m.top2_token) == (top1[0], top2[0])
+    assert m.gap == top1[1] - top2[1] and m.gap > 0  # exact: the same doubles subtracted
+    assert m.ulps == 1 == fp32_ulps(top1[1], top2[1]) and m.near_tie  # bf16 model
+    assert d.shadow_logprob == top1[1]  # the top-1 is the token the shadow emitted
+    record = r["json"]["divergences"]
+    assert record == [json.loads(json.dumps(divergence_record(d)))]
+    assert record[0]["shadow_margin"] == m.model_dump()
+    assert "1 fp32 ulps" in margin_text(d) and "near-tie" in margin_text(d)

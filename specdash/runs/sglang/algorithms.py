@@ -5,8 +5,9 @@ source (not imported: seconds faster, and the same answer on a machine without a
 Why before: SGLang finds each of these out only after it has spawned its processes and loaded
 the weights (a minute at the 27B shape), and then says it in a traceback: EAGLE3 on a target
 whose model class cannot capture the hidden states EAGLE3 drafts from (SGLang 0.5.17's
-Qwen3.5), DFLASH with a draft that is not a DFlash draft of this target, NEXTN on a checkpoint
-without the MTP head it drafts with.
+Qwen3.5), DFLASH with a draft that is not a DFlash draft of this target, DFLASH on an SGLang
+whose DFLASH aborts every request that asks for logprobs (0.5.17; specdash compares logprob
+bits, so each request asks), NEXTN on a checkpoint without the MTP head it drafts with.
 """
 
 from __future__ import annotations
@@ -28,6 +29,8 @@ CAPTURE_METHOD = {
 """The target model-class method each hidden-state drafting algorithm calls at start."""
 DFLASH_ARCHITECTURES = ("DFlashDraftModel",)
 INSTEAD = "use NEXTN (the checkpoint's MTP head), STANDALONE (a draft model) or NGRAM"
+DFLASH_NO_LOGPROBS = "DFLASH speculative decoding does not support return_logprob"
+"""What an SGLang whose DFLASH cannot return logprobs says in `dflash_utils.py` (0.5.17)."""
 
 
 def refusal(kwargs: dict[str, Any]) -> str | None:
@@ -47,7 +50,8 @@ def refusal(kwargs: dict[str, Any]) -> str | None:
                 f"{INSTEAD}"
             )
     if algorithm == "DFLASH":
-        return _dflash_draft_refusal(target, kwargs.get("speculative_draft_model_path"))
+        draft = kwargs.get("speculative_draft_model_path")
+        return _dflash_draft_refusal(target, draft) or _dflash_logprob_refusal()
     if algorithm == "NEXTN" and kwargs.get("load_format") != "dummy":
         directory = Path(kwargs.get("speculative_draft_model_path") or kwargs["model_path"])
         names = tensor_names(directory)
@@ -82,6 +86,24 @@ def _dflash_draft_refusal(target: dict[str, Any], draft_path: str | None) -> str
             f"{ids or wanted}, and the target has {layers}"
         )
     return None
+
+
+def _dflash_logprob_refusal() -> str | None:
+    root = sglang_root()
+    if root is None:
+        return None
+    utils = root / "sglang" / "srt" / "speculative" / "dflash_utils.py"
+    try:
+        text = utils.read_text(encoding="utf-8", errors="replace")
+    except OSError:
+        return None
+    if DFLASH_NO_LOGPROBS not in text:
+        return None
+    return (
+        f"SGLang {sglang_version()}'s DFLASH returns no logprobs (it aborts every request that "
+        "asks for them) and specdash compares each token's logprob with the shadow run's: use "
+        f"SGLang 0.5.23 for DFLASH, or {INSTEAD}"
+    )
 
 
 def _config(path: str | None) -> dict[str, Any] | None:

@@ -22,9 +22,9 @@ from typing import Any, TextIO
 from specdash.controls import ControlState
 from specdash.engine_patches.registry import sglang_version
 from specdash.errors import EnvironmentProblem
-from specdash.events import Divergence, EngineError, Sink, Token
+from specdash.events import Divergence, EngineError, Margin, Sink, Token
 from specdash.prompts import Prompt
-from specdash.runs.session import Flight, Header, divergence_event
+from specdash.runs.session import Flight, Header, divergence_event, shadow_margin
 from specdash.runs.sglang import preflight, process
 from specdash.runs.sglang.args import SGLangOptions, applied_patches, engine_kwargs
 from specdash.runs.sglang.host import EngineHost
@@ -33,26 +33,40 @@ from specdash.runs.sglang.start import StartWatch
 from specdash.runs.sglang.telemetry import TelemetryReceiver, token_sources, verify_step_event
 from specdash.settings import SessionSettings
 
+SHADOW_TOP_LOGPROBS = 2
+"""Top logprobs per token the shadow's request asks for: its top-1 / top-2 margin at a
+divergence. Only the shadow asks: the speculative request stays as it was, so its speed does
+not move (the top-k is an extra kernel and host copy per step, never a change to the argmax or
+to the emitted token's logprob, which SGLang gathers from the same log-softmax row)."""
+
 
 @dataclass
 class _Output:
-    """One request's output: ids, and per token its logprob and text where SGLang gave them."""
+    """One request's output: ids, and per token its logprob and text where SGLang gave them,
+    and its top (token id, logprob) pairs, best first, where the request asked for them."""
 
     ids: list[int]
     logprobs: list[float | None]
     texts: list[str]
     meta: dict[str, Any]
+    top: list[list[tuple[int, float]]]
 
 
 def generate(
-    engine: SGLangEngine, texts: list[str], rids: list[str], max_new_tokens: int
+    engine: SGLangEngine,
+    texts: list[str],
+    rids: list[str],
+    max_new_tokens: int,
+    top_logprobs: int | None = None,
 ) -> list[_Output]:
-    """Greedy decoding of `texts` as one batch of requests (ids `rids`), with logprobs."""
+    """Greedy decoding of `texts` as one batch of requests (ids `rids`), with logprobs, and
+    the `top_logprobs` best per token where asked (None: SGLang's default, none)."""
     outs = engine.generate(
         prompt=texts,
         sampling_params={"temperature": 0.0, "max_new_tokens": max_new_tokens},
         return_logprob=True,
         rid=rids,
+        top_logprobs_num=top_logprobs,
     )
     results = []
     for out in outs:
@@ -60,12 +74,16 @@ def generate(
         ids = [int(t) for t in out["output_ids"]]
         triples = meta.get("output_token_logprobs") or []
         missing = len(ids) - len(triples)
+        # per token a list of (logprob, token id, text) best first, or None: SGLang's format
+        tops = meta.get("output_top_logprobs") or []
         results.append(
             _Output(
                 ids=ids,
                 logprobs=[lp for lp, _, _ in triples] + [None] * missing,
                 texts=[tx or "" for _, _, tx in triples] + [""] * missing,
                 meta=meta,
+                top=[[(int(t), lp) for lp, t, _ in row or ()] for row in tops]
+                + [[] for _ in range(len(ids) - len(tops))],
             )
         )
     return results
@@ -94,6 +112,8 @@ class _Request:
     """Accepted drafts per verify step, as the telemetry reported them."""
     texts: list[str] = field(default_factory=list)
     shadow_texts: list[str] = field(default_factory=list)
+    shadow_top: list[list[tuple[int, float]]] = field(default_factory=list)
+    """The shadow's top (token id, logprob) pairs per token, best first."""
 
 
 class SGLangBackend:
@@ -110,6 +130,8 @@ class SGLangBackend:
         self.shadow_kwargs = engine_kwargs(settings, options, speculative=False, split=self.split)
         self.log_file = options.log_file or process.log_file_beside(settings)
         self.gemm_backend = "auto"
+        self.dtype = ""
+        """What the model computes in (`process.engine_dtype`), read when the engines start."""
         self.requests: dict[int, _Request] = {}
         self._spec: SGLangEngine | None = None
         self._shadow: SGLangEngine | None = None
@@ -138,6 +160,8 @@ class SGLangBackend:
         name = "spec" if self.settings.speculation else "plain"
         self._spec = self._engines.enter_context(self._engine(self.spec_kwargs, name))
         self._shadow = shadow_ready() if shadow_ready is not None else None
+        # the shadow's too: both engines take the same checkpoint and dtype arguments
+        self.dtype = process.engine_dtype(self._spec)
         self._switch_gemm(self.settings.gemm_backend)
         return self._header(), [self.encode(p.name, p.text) for p in prompts]
 
@@ -285,9 +309,12 @@ class SGLangBackend:
 
     def _run_shadow(self, engine: SGLangEngine, flight: Flight) -> None:
         rid = f"specdash-shadow-{flight.index}"
-        (out,) = generate(engine, [flight.text], [rid], self.settings.max_new_tokens)
+        (out,) = generate(
+            engine, [flight.text], [rid], self.settings.max_new_tokens, SHADOW_TOP_LOGPROBS
+        )
         flight.shadow_ids, flight.shadow_logprobs = out.ids, out.logprobs
-        self.requests[flight.index].shadow_texts = out.texts
+        request = self.requests[flight.index]
+        request.shadow_texts, request.shadow_top = out.texts, out.top
 
     def late_shadows(self, flights: list[Flight]) -> Iterator[Flight]:
         """Sequential shadow: once the speculative engine has shut down (its GPU memory free),
@@ -314,7 +341,19 @@ class SGLangBackend:
             verify_mode=self.settings.verify_mode,
             gemm_backend=self.gemm_backend,
             texts=(request.texts[position], request.shadow_texts[position]),
+            margin=self._shadow_margin(request, position),
         )
+
+    def _shadow_margin(self, request: _Request, position: int) -> Margin | None:
+        """The shadow's top-1 / top-2 at `position`, from the top logprobs SGLang returned for
+        it. A difference of two log-softmax values of one row is the difference of their
+        logits (the row's log-sum-exp cancels) up to the fp32 rounding of each logprob, so the
+        gap reads as the logit gap, as the native engine's does. None where SGLang gave fewer
+        than two."""
+        top = request.shadow_top[position]
+        if len(top) < 2:
+            return None
+        return shadow_margin(top[0], top[1], self.dtype)
 
     def apply(self, name: str, value: object) -> bool:
         """The GEMM backend switches live on every scheduler rank of both engines; the other

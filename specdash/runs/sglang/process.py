@@ -47,6 +47,7 @@ class SGLangEngine(Protocol):
         sampling_params: dict[str, Any],
         return_logprob: bool,
         rid: list[str],
+        top_logprobs_num: int | None,
     ) -> list[dict[str, Any]]: ...
 
     def collective_rpc(self, method: str, **kwargs: Any) -> Any: ...
@@ -63,6 +64,12 @@ class Tokenizer(Protocol):
 def engine_tokenizer(engine: object) -> Tokenizer | None:
     """An in-process engine's tokenizer (None with `skip_tokenizer_init`, or a stand-in)."""
     return getattr(getattr(engine, "tokenizer_manager", None), "tokenizer", None)
+
+
+def engine_dtype(engine: Any) -> str:
+    """The dtype an in-process engine's model computes in ("bfloat16", ...), as SGLang resolved
+    it from its `dtype` argument and the checkpoint ("auto": the checkpoint's own)."""
+    return str(engine.tokenizer_manager.model_config.dtype).removeprefix("torch.")
 
 
 def log_file_beside(settings: SessionSettings) -> Path:
