@@ -10,7 +10,7 @@ Exit codes (also in the README):
   3  checkpoint problem (missing/corrupt files, missing tensor, shape mismatch,
      unsupported architecture, tokenizer mismatch)
   4  environment problem (no GPU/NVML/SGLang where required, unsupported SGLang version,
-     an SGLang scheduler process died,
+     an SGLang scheduler process died, the dashboard's engine process died,
      unwritable output path, an I/O error while recording a trace)
   5  `diff`: a recording ends mid-prompt and the tokens both traces hold are identical
   130 interrupted (Ctrl-C); partial results and the trace are kept

@@ -2,10 +2,9 @@
 
 from __future__ import annotations
 
-import sys
-import threading
-import types
+import time
 
+import engine_standins
 import pytest
 from fake_events import ScriptedSource, fake_session
 
@@ -31,6 +30,13 @@ def make_app(tmp_path, events=None, read_only=False) -> SpecdashApp:
 
 def state(app):
     return app.source.controls.snapshot()
+
+
+async def wait_until(pilot, condition, timeout: float = 30) -> None:
+    deadline = time.monotonic() + timeout
+    while not condition() and time.monotonic() < deadline:
+        await pilot.pause(0.05)
+    assert condition()
 
 
 async def settle(pilot):
@@ -281,83 +287,56 @@ async def test_status_bar_shows_verdict(tmp_path):
         assert "EXACT so far" in str(app.query_one("#status").render())
 
 
-@pytest.fixture
-def fake_engine(monkeypatch):
-    """A stand-in `specdash.runs.runner` (its `run_engine`), so LiveSession's threading is
-    tested without torch."""
-    module = types.ModuleType("specdash.runs.runner")
-    monkeypatch.setitem(sys.modules, "specdash.runs.runner", module)
-    return module
-
-
 @pytest.mark.parametrize(
-    ("error", "message"),
+    ("run", "message"),
     [
-        (RuntimeError("weights on fire"), "RuntimeError: weights on fire"),
-        # threading drops a SystemExit without a word: the session must still say why it ended
-        (SystemExit(3), "SystemExit: 3"),
+        (engine_standins.raise_runtime_error, "RuntimeError: weights on fire"),
+        # a SystemExit must not end the engine without a word either
+        (engine_standins.exit_3, "SystemExit: 3"),
     ],
 )
-def test_live_session_reports_an_engine_exception(fake_engine, error, message):
-    def run_session(settings, sink, controls, stop, options):
-        raise error
-
-    fake_engine.run_engine = run_session
+def test_live_session_reports_an_engine_exception(run, message):
     buffer = EventBuffer()
-    session = LiveSession(SessionSettings(), telemetry=False)
+    session = LiveSession(SessionSettings(), telemetry=False, run=run)
     session.start(buffer.put)
     session.stop()
     (event,) = buffer.drain()
     assert isinstance(event, EngineError) and event.message == message
 
 
-async def test_an_engine_error_is_not_doubled_by_the_thread_ending(fake_engine, tmp_path):
-    def run_session(settings, sink, controls, stop, options):
-        raise RuntimeError("weights on fire")
-
-    fake_engine.run_engine = run_session
-    app = SpecdashApp(LiveSession(SessionSettings(), telemetry=False), trace_dir=tmp_path)
+async def test_an_engine_error_is_not_doubled_by_the_engine_ending(tmp_path):
+    run = engine_standins.raise_runtime_error
+    app = SpecdashApp(LiveSession(SessionSettings(), telemetry=False, run=run), trace_dir=tmp_path)
     async with app.run_test(size=SIZE) as pilot:
-        app.source._engine.join(5)
+        await wait_until(pilot, lambda: not app.source.running)
         await settle(pilot)
         assert [e.message for e in app.model.errors] == ["RuntimeError: weights on fire"]
 
 
-async def test_dashboard_says_when_the_engine_thread_ends_unfinished(fake_engine, tmp_path):
-    """A session whose engine thread is gone with neither a summary nor an error is
-    reported, not shown as a dashboard that silently stops moving."""
-    ended = threading.Event()
-
-    def run_session(settings, sink, controls, stop, options):
-        for event in fake_session()[:5]:
-            sink(event)
-        ended.set()
-
-    fake_engine.run_engine = run_session
-    app = SpecdashApp(LiveSession(SessionSettings(), telemetry=False), trace_dir=tmp_path)
+async def test_dashboard_says_when_the_engine_ends_unfinished(tmp_path):
+    """A session whose engine is gone with neither a summary nor an error is reported, not
+    shown as a dashboard that silently stops moving."""
+    run = engine_standins.five_events_then_return
+    app = SpecdashApp(LiveSession(SessionSettings(), telemetry=False, run=run), trace_dir=tmp_path)
     async with app.run_test(size=SIZE) as pilot:
-        assert ended.wait(5)
-        app.source._engine.join(5)
+        await wait_until(pilot, lambda: not app.source.running)
         await settle(pilot)
         (error,) = app.model.errors
-        assert error.message == "the engine thread ended without finishing the session"
-        assert "engine thread ended" in str(app.query_one("ErrorPanel").render())
+        assert error.message == "the engine ended without finishing the session"
+        assert "engine ended" in str(app.query_one("ErrorPanel").render())
 
 
-def test_live_session_stop_ends_the_engine(fake_engine):
-    running = threading.Event()
-
-    def run_session(settings, sink, controls, stop, options):
-        running.set()
-        stop.wait(10)
-
-    fake_engine.run_engine = run_session
-    session = LiveSession(SessionSettings(k=7), telemetry=False)
+def test_live_session_stop_ends_the_engine():
+    buffer = EventBuffer()
+    session = LiveSession(SessionSettings(k=7), telemetry=False, run=engine_standins.wait_for_stop)
     assert session.controls.snapshot().k == 7
-    session.start(lambda e: None)
-    assert running.wait(5) and session.running
+    session.start(buffer.put)
+    deadline = time.monotonic() + 30
+    while not buffer.drain() and time.monotonic() < deadline:  # the child is running
+        time.sleep(0.05)
+    assert session.running
     session.stop()
-    assert not session.running
+    assert not session.running and not session._engine._process.is_alive()
 
 
 async def test_divergence_table_follows_a_model_reset(tmp_path):
@@ -441,32 +420,37 @@ SGLANG_FLAGS = [
 
 
 @pytest.mark.parametrize("prefix", [[], ["run"]], ids=["specdash", "specdash run"])
-def test_dashboard_gets_the_sglang_options_headless_gets(fake_engine, prefix):
-    """Same flags, same `session_options`, same `run_engine` call as `run --headless`."""
+def test_dashboard_gets_the_sglang_options_headless_gets(prefix):
+    """Same flags, same `session_options`, same `run_engine` call as `run --headless`, with
+    SGLang's log named here (the child's process id would name another file)."""
+    from dataclasses import replace
+
     from specdash.cli import build_parser
     from specdash.cli.dashboard import dashboard_app
     from specdash.cli.session_args import session_options, settings_from_args
     from specdash.runs.sglang.args import SGLangOptions
+    from specdash.runs.sglang.process import log_file_beside
 
     args = build_parser().parse_args([*prefix, *SGLANG_FLAGS])
     expected = SGLangOptions("EAGLE3", {"mem_fraction_static": 0.3}, "sequential", True)
     headless_args = build_parser().parse_args(["run", "--headless", *SGLANG_FLAGS])
-    assert session_options(settings_from_args(headless_args), headless_args) == expected
+    settings = settings_from_args(headless_args)
+    assert session_options(settings, headless_args) == expected
     source = dashboard_app(args).source
-    # SGLang's own output goes to a log file (the session's default) in both
-    dashboard_options = expected
-    assert source.engine_options == dashboard_options
-    received = []
-    fake_engine.run_engine = lambda settings, sink, controls, stop, options: received.append(
-        (settings.engine, options)
+    assert source.engine_options == expected
+    pinned = replace(expected, log_file=log_file_beside(settings))
+    assert str(pinned.log_file) in source.loading  # the loading line names the log it writes
+    session = LiveSession(
+        source.settings, False, source.engine_options, run=engine_standins.report_arguments
     )
-    source._telemetry = False
-    source.start(lambda event: None)
-    source.stop()
-    assert received == [("sglang", dashboard_options)]
+    buffer = EventBuffer()
+    session.start(buffer.put)
+    session.stop()
+    (event,) = buffer.drain()
+    assert event.message == repr(("sglang", pinned, session.controls.snapshot()))
 
 
-def test_native_engine_gets_no_sglang_options_and_keeps_sigquit(fake_engine):
+def test_native_engine_gets_no_sglang_options_and_keeps_sigquit():
     import signal
 
     from specdash.cli import build_parser
@@ -474,9 +458,13 @@ def test_native_engine_gets_no_sglang_options_and_keeps_sigquit(fake_engine):
 
     source = dashboard_app(build_parser().parse_args(["--speculative-algorithm", "EAGLE3"])).source
     assert source.engine_options is None
-    fake_engine.run_engine = lambda *args: None
+    session = LiveSession(
+        source.settings, False, source.engine_options, run=engine_standins.report_arguments
+    )
     before = signal.getsignal(signal.SIGQUIT)
-    source._telemetry = False
-    source.start(lambda event: None)
+    buffer = EventBuffer()
+    session.start(buffer.put)
+    session.stop()
     assert signal.getsignal(signal.SIGQUIT) is before
-    source.stop()
+    (event,) = buffer.drain()
+    assert event.message.startswith("('native', None, ")

@@ -4,18 +4,17 @@ knowing the engine.
 `run_engine(settings, sink, controls, stop, options)` builds the engine's backend (native, or
 SGLang in-process) and runs a `specdash.runs.session.Session` on it: it blocks, calls
 `sink(event)`, applies `controls` between steps, ends early when `stop` is set, and returns the
-`Summary` it emitted last. `loading_label` says what a session loads, and `fatal_watch` how an
-engine's failure outside the session's thread reaches it: the dashboard needs both without
+`Summary` it emitted last. `loading_label` says what a session loads, and `pinned_options`
+fixes what a session in another process must not decide there: the dashboard needs both without
 knowing the engine. Nothing here imports torch or SGLang (the backends are imported lazily).
 """
 
 from __future__ import annotations
 
 import threading
-from typing import TYPE_CHECKING, Protocol
+from typing import TYPE_CHECKING
 
 from specdash.controls import Controls
-from specdash.errors import SpecdashError
 from specdash.events import Sink, Summary
 from specdash.settings import SessionSettings
 
@@ -71,34 +70,18 @@ def loading_label(settings: SessionSettings) -> str:
     return f"loading {target}{draft} on {settings.device} ({settings.engine} engine)"
 
 
-class FatalWatch(Protocol):
-    """How an engine's failure that happens outside the session's thread (a child process
-    dying) ends the session: `arm` from the main thread before the session's thread starts,
-    `disarm` after; `failure` is that error once it came."""
+def pinned_options(
+    settings: SessionSettings, options: EngineOptions | None
+) -> EngineOptions | None:
+    """`options` with what they leave to the process that runs the session fixed here, for a
+    session that runs in another process (`engine_process`): SGLang's log, named by this
+    process's id when there is no trace (what `loading_label` says)."""
+    if settings.engine != "sglang":
+        return options
+    from dataclasses import replace
 
-    failure: SpecdashError | None
+    from specdash.runs.sglang.args import SGLangOptions
+    from specdash.runs.sglang.process import log_file_beside
 
-    def arm(self, thread: threading.Thread) -> None: ...
-
-    def disarm(self) -> None: ...
-
-
-class _NoWatch:
-    """An engine whose failures all happen in the session's thread."""
-
-    failure: SpecdashError | None = None
-
-    def arm(self, thread: threading.Thread) -> None:
-        pass
-
-    def disarm(self) -> None:
-        pass
-
-
-def fatal_watch(settings: SessionSettings) -> FatalWatch:
-    """The `FatalWatch` of the engine `settings.engine` names."""
-    if settings.engine == "sglang":
-        from specdash.runs.sglang.process import SchedulerWatch
-
-        return SchedulerWatch()
-    return _NoWatch()
+    options = options or SGLangOptions()
+    return replace(options, log_file=options.log_file or log_file_beside(settings))

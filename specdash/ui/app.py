@@ -3,8 +3,8 @@
 Threads never touch widgets. Producers (engine, GPU sampler, replay) put events into an
 `EventBuffer`; a 1 Hz timer drains it into the `DashboardModel` and updates the numbers (a key
 redraws them at once), a 0.5 Hz timer redraws the plots, and each only when something changed.
-Slow on purpose: the native engine shares this process's GIL, and every millisecond the UI
-spends in Python is one the engine waits (docs/PERF.md, the dashboard's cost). Keys write
+Slow on purpose: the engine runs in a process of its own (`LiveSession`), but on a machine
+with few cores the UI's CPU is still the engine's (docs/PERF.md, the dashboard's cost). Keys write
 `Controls`, which the engine reads at its next step and answers with a `ControlChange` event.
 The same timer hands each event to a `TraceRecorder` (`--trace`, and `e` to export
 mid-session); the app only shows what it says. `specdash.cli.dashboard` builds the app from the
@@ -227,7 +227,7 @@ class SpecdashApp(App[int]):
         ended = not getattr(self.source, "running", True)  # before the drain: no event after
         self._consume(self.buffer.drain())
         if ended and not self.model.finished and not self.model.errors:
-            gone = "the engine thread ended without finishing the session"
+            gone = "the engine ended without finishing the session"
             self._consume([EngineError(message=gone)])
         if not self.screen_stack:
             return  # a tick while the app quits: the screens are gone, the events are recorded

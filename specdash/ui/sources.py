@@ -11,9 +11,11 @@ An event source is any object with this tiny protocol (`EventSource`):
     stop() -> None
         Finish promptly and release threads; idempotent.
 
-`LiveSession` runs the session (`specdash.runs.runner.run_engine`, whichever engine)
-on a worker thread next to the GPU sampler. The engine never waits on the UI: its sink is
-`EventBuffer.put`, a short locked append that the dashboard drains on a timer.
+`LiveSession` runs the session (`specdash.runs.runner.run_engine`, whichever engine) in a
+process of its own (`specdash.runs.engine_process`: the UI's Python never holds the engine's
+GIL), the GPU sampler on a thread here. The engine never waits on the UI: its events arrive in
+batches on a pump thread whose sink is `EventBuffer.put`, a short locked append that the
+dashboard drains on a timer.
 """
 
 from __future__ import annotations
@@ -25,9 +27,10 @@ from typing import TYPE_CHECKING, Protocol
 
 from specdash.controls import Controls
 from specdash.errors import SpecdashError
-from specdash.events import EngineError, Event, Sink
+from specdash.events import Event, Sink
+from specdash.runs.engine_process import EngineProcess, Run
 from specdash.runs.nvml_sampler import GpuSampler, device_index
-from specdash.runs.runner import fatal_watch, loading_label
+from specdash.runs.runner import loading_label, run_engine
 from specdash.settings import SessionSettings
 
 if TYPE_CHECKING:
@@ -68,16 +71,15 @@ class EventBuffer:
 
 
 class LiveSession:
-    """A live session: the engine on a worker thread, the GPU sampler on another.
+    """A live session: the engine in a child process (`EngineProcess`), the GPU sampler on a
+    thread of this one.
 
     An engine exception becomes an `EngineError` event (the dashboard shows it; the session
-    is over) instead of a traceback on a thread nobody watches; `describe` words a known error
-    (the command line names the flag of the setting it is about). An engine failure that
-    happens outside the worker thread (an engine's child process dying) reaches it through the
-    engine's `specdash.runs.runner.FatalWatch`, armed here on the main thread while the session
-    runs.
-
-    The engine runs with the options headless gets (`engine_options`: SGLang's flags).
+    is over) instead of a traceback nobody sees; `describe` words a known error (the command
+    line names the flag of the setting it is about). The engine process dying before its
+    session ended is one too. The engine runs with the options headless gets
+    (`engine_options`: SGLang's flags); `run` is what the child runs (tests: a stand-in,
+    importable by name).
     """
 
     def __init__(
@@ -86,57 +88,29 @@ class LiveSession:
         telemetry: bool = True,
         engine_options: EngineOptions | None = None,
         describe: Callable[[SpecdashError], str] = str,
+        run: Run = run_engine,
     ) -> None:
         self.settings = settings
         self.engine_options = engine_options
-        # the dashboard's session stays open after its prompts, for typed ones, until `q`
-        self.controls: Controls | None = Controls.from_settings(settings, stay_open=True)
         self.loading = loading_label(settings)
         """What the session loads, for the dashboard's loading line."""
-        self._describe = describe
         self._telemetry = telemetry
-        self._stop = threading.Event()
-        self._engine: threading.Thread | None = None
+        self._engine = EngineProcess(settings, engine_options, describe, run)
+        # the dashboard's session stays open after its prompts, for typed ones, until `q`
+        self.controls: Controls | None = self._engine.controls
         self._sampler: GpuSampler | None = None
-        self._fatal = fatal_watch(settings)
 
     def start(self, sink: Sink) -> None:
-        self._engine = threading.Thread(
-            target=self._run_engine, args=(sink,), name="specdash-engine", daemon=True
-        )
-        self._fatal.arm(self._engine)
-        self._engine.start()
+        self._engine.start(sink)
         if self._telemetry:
             self._sampler = GpuSampler(sink, index=device_index(self.settings.device) or 0)
             self._sampler.start()
 
-    def _run_engine(self, sink: Sink) -> None:
-        from specdash.runs.runner import run_engine
-
-        try:
-            run_engine(self.settings, sink, self.controls, self._stop, self.engine_options)
-        except BaseException as e:  # the dashboard is this thread's only reporter, and a
-            # SystemExit would otherwise end the thread without a word (threading ignores it)
-            sink(self._engine_error(e))
-
-    def _engine_error(self, e: BaseException) -> EngineError:
-        failure = self._fatal.failure  # it arrived in this thread without its message
-        if failure is not None:
-            return EngineError(
-                message=f"{type(failure).__name__}: {failure}", exit_code=failure.exit_code
-            )
-        if isinstance(e, SpecdashError):
-            return EngineError(message=self._describe(e), exit_code=e.exit_code)
-        return EngineError(message=f"{type(e).__name__}: {e}")
-
     @property
     def running(self) -> bool:
-        return self._engine is not None and self._engine.is_alive()
+        return self._engine.running
 
     def stop(self) -> None:
-        self._stop.set()
-        self._fatal.disarm()
         if self._sampler is not None:
             self._sampler.stop()
-        if self._engine is not None and self._engine is not threading.current_thread():
-            self._engine.join(timeout=5)
+        self._engine.stop()

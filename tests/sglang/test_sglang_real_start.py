@@ -27,10 +27,12 @@ REAL_START = r"""
 import asyncio, json, sys, time
 from pathlib import Path
 from specdash.cli import build_parser
-from specdash.runs.sglang import preflight
 from specdash.cli.dashboard import dashboard_app
+from specdash.cli.session_args import describe
+from specdash.ui.sources import LiveSession
 
-preflight.check_startable = lambda options, engines: None
+sys.path.insert(0, "tests/sglang")  # the engine process imports the unchecked start by name
+import unchecked_start
 out = Path(sys.argv[1])
 argv = ["--engine", "sglang", "--model", sys.argv[2], "--sglang-arg", "device=cpu",
         "--speculative-algorithm", "NGRAM", "--max-new-tokens", "4",
@@ -39,7 +41,9 @@ argv = ["--engine", "sglang", "--model", sys.argv[2], "--sglang-arg", "device=cp
 
 async def main():
     app = dashboard_app(build_parser().parse_args(argv))
-    app.source._telemetry = False
+    built = app.source
+    app.source = LiveSession(built.settings, False, built.engine_options, describe,
+                             run=unchecked_start.run)
     async with app.run_test(size=(160, 48)) as pilot:
         loading = ""
         for _ in range(50):  # the status bar redraws at its own rate (1 Hz), a key at once

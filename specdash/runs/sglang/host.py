@@ -20,7 +20,8 @@ from pathlib import Path
 from typing import Any
 
 from specdash.errors import EnvironmentProblem
-from specdash.runs.sglang.process import enter_host, start_resource_tracker
+from specdash.runs.sglang.process import enter_host
+from specdash.runs.spawn import start_resource_tracker
 
 SHUTDOWN_WAIT_S = 60.0
 

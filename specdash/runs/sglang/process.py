@@ -13,22 +13,19 @@ address, the log and error files and the memory-pool turn reach them.
 from __future__ import annotations
 
 import contextlib
-import ctypes
 import inspect
 import logging
 import os
-import signal
-import sys
 import tempfile
-import threading
 from collections.abc import Callable, Iterator
 from pathlib import Path
 from types import FrameType
 from typing import Any, Protocol
 
 from specdash.engine_patches import memory_pools_in_turn, telemetry
-from specdash.errors import EnvironmentProblem, SpecdashError, UsageError
+from specdash.errors import EnvironmentProblem, UsageError
 from specdash.runs.sglang.preflight import explain_failure, last_line
+from specdash.runs.spawn import redirect_output, start_resource_tracker
 from specdash.settings import SessionSettings
 
 PATCHES_ENV = "SPECDASH_SGLANG_PATCHES"
@@ -158,14 +155,6 @@ def enter_host(env: dict[str, str], log: str) -> None:
     redirect_output(log)
 
 
-def redirect_output(path: str) -> None:
-    """fds 1 and 2 of this process (and of every process it starts) to the end of `path`."""
-    fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o600)
-    os.dup2(fd, 1)
-    os.dup2(fd, 2)
-    os.close(fd)
-
-
 class SchedulerFailed(EnvironmentProblem):
     """A scheduler process died; the message is its own last line (e.g. SGLang's ValueError).
     An EnvironmentProblem, so headless prints that line and exits 4, not a traceback."""
@@ -263,52 +252,6 @@ def scheduler_failed(signum: int, frame: FrameType | None) -> None:
     raise SchedulerFailed(reason or f"an SGLang scheduler process died ({where})")
 
 
-class SchedulerWatch:
-    """A session on a worker thread (the dashboard's): a scheduler's death reaches it anyway.
-
-    Headless, `sglang.Engine` installs `scheduler_failed` for SIGQUIT (a dying scheduler sends
-    it to its parent), which raises `SchedulerFailed` in the session's thread. SGLang only
-    installs it from the main thread, and here the engine runs on a worker; unhandled, SIGQUIT
-    would kill the process with a core dump (and leave a TUI's terminal in raw mode). So `arm`
-    (called on the main thread) installs it, and the `SchedulerFailed` it raises is passed on to
-    the engine thread, which unwinds (shutting the engines down) and reports it like any engine
-    error; `failure` keeps it, with its message (an exception raised in another thread arrives
-    as its bare type)."""
-
-    def __init__(self) -> None:
-        self.failure: SpecdashError | None = None
-        self._thread: threading.Thread | None = None
-        self._previous: Any = None
-
-    def arm(self, thread: threading.Thread) -> None:
-        self._thread = thread
-        self._previous = signal.signal(signal.SIGQUIT, self._on_sigquit)
-
-    def disarm(self) -> None:
-        if self._thread is not None:
-            signal.signal(signal.SIGQUIT, self._previous)
-            self._thread = None
-
-    def _on_sigquit(self, signum: int, frame: FrameType | None) -> None:
-        """SIGQUIT on the main thread: SGLang's handler, its exception raised in the engine."""
-        try:
-            scheduler_failed(signum, frame)
-        except SchedulerFailed as e:
-            self.failure = e
-            if self._thread is not None and self._thread.is_alive():
-                raise_in_thread(self._thread, SchedulerFailed)
-
-
-def raise_in_thread(thread: threading.Thread, exc_type: type[BaseException]) -> None:
-    """Raise `exc_type` in `thread` at its next Python instruction (CPython's async exception:
-    a thread blocked in C sees it once the call returns; SGLang's request wait wakes every
-    few seconds)."""
-    assert thread.ident is not None, "the thread has not started"
-    ctypes.pythonapi.PyThreadState_SetAsyncExc(
-        ctypes.c_ulong(thread.ident), ctypes.py_object(exc_type)
-    )
-
-
 def patched_engine_class() -> type:
     """`sglang.Engine` with the patching scheduler entry. The class comes from its module:
     `sglang.Engine` is a `sglang.utils.LazyImport` instance, which cannot be subclassed."""
@@ -339,14 +282,3 @@ def start_engine(
         algo = kwargs.get("speculative_algorithm")
         what = f"with speculative algorithm {algo}" if algo else "(shadow, no speculation)"
         raise UsageError(f"sglang could not start {what}: {reason or type(e).__name__}") from None
-
-
-def start_resource_tracker() -> None:
-    """multiprocessing's resource tracker, started with the real stderr before SGLang (or
-    `host.EngineHost`) spawns its processes. It passes `sys.stderr.fileno()` to its child, and
-    under Textual sys.stderr is a print capture whose fileno() is -1: every dashboard start of
-    SGLang failed with 'bad value(s) in fds_to_keep'."""
-    from multiprocessing import resource_tracker
-
-    with contextlib.redirect_stderr(sys.__stderr__):
-        resource_tracker.ensure_running()
