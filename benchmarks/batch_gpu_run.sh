@@ -63,7 +63,7 @@ if [[ " $STEPS " == *" ref "* ]]; then
   read -r -a SPEC <<< "${SPEC_ARGS:---long-prefill 0 --contexts 2048 --prompts 4 --spec-tokens 20}"
   for p in kernels engine_patches; do [ -e $REF/specdash/$p ] || ln -s ../$p $REF/specdash/$p; done
   n=0
-  for run in ref this ref; do
+  for run in ${SIDE_RUNS:-ref this ref}; do
     n=$((n + 1)); echo "== side by side: $run $(date -u +%T)"
     tree=$PWD; [ $run = ref ] && tree=$(cd "$REF" && pwd)
     (cd "$tree" && PYTHONPATH="/tmp/pyd:$tree" timeout ${SPEC_TIMEOUT:-170} python3 \
