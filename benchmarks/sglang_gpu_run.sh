@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # One device call on the H200: real SGLang 0.5.17 (carried wheels) with specdash's patches.
-# Installs .carry/sglang/*.whl and .carry/ui/*.whl to /tmp/site, builds the benchmark pair and
+# Installs .carry/sglang/*.whl and (where carried) .carry/ui/*.whl to /tmp/site, builds the benchmark pair and
 # a DFlash draft of its target (benchmarks/sglang_checkpoint.py with CK_ARGS, e.g. `--shape 27b
 # --layers 4 --device cuda` for real-dim weights), then runs, in order, what STEPS names
 # (default below):
@@ -15,7 +15,7 @@
 # back to $OUT/triton-cache.tgz unless NO_CACHE_OUT=1 (a fresh machine otherwise spends ~70 s
 # compiling per call).
 set -u
-WHEELS=".carry/ui/*.whl" source benchmarks/sglang_box.sh
+WHEELS="$(ls .carry/ui/*.whl 2>/dev/null)" source benchmarks/sglang_box.sh  # UI wheels where carried
 python3 -c "import sglang, torch, triton; print('sglang', sglang.__version__, 'torch', torch.__version__, 'triton', triton.__version__)" | tee -a "$OUT/env.txt"
 echo "== install done $(( $(date +%s) - T0 ))s"
 CK=/tmp/sglang_pair
