@@ -1,4 +1,4 @@
-"""The patches specdash applies to SGLang, in order: the two start-up fixes, then the four that
+"""The patches specdash applies to SGLang, in order: the two start-up fixes, then the five that
 `--sglang-unpatch` can leave off; one looked up by its flag; applying and removing them together.
 
 Each patch is its own module, built from `registry`'s bookkeeping (targets, rebindings,
@@ -8,6 +8,7 @@ per-release variants); this module is the one that knows them all.
 from __future__ import annotations
 
 from specdash.engine_patches import (
+    dflash_logprobs,
     gdn_verify_as_decode,
     gemm_routing,
     lazy_dsa_import,
@@ -19,7 +20,7 @@ from specdash.engine_patches.registry import Patch
 
 
 def all_patches() -> list[Patch]:
-    """Every patch, in the order they are applied: the start-up fixes, then the four that can
+    """Every patch, in the order they are applied: the start-up fixes, then the five that can
     be left off."""
     return [
         lazy_dsa_import.PATCH,
@@ -28,6 +29,7 @@ def all_patches() -> list[Patch]:
         verify_attention_as_decode_rows.PATCH,
         gemm_routing.PATCH,
         telemetry.PATCH,
+        dflash_logprobs.PATCH,
     ]
 
 

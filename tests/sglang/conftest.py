@@ -148,6 +148,12 @@ def run_each_sglang(request) -> Callable[..., subprocess.CompletedProcess[str]]:
     return run
 
 
+@pytest.fixture(scope="session")
+def run_release() -> Callable[[str], Callable[..., subprocess.CompletedProcess[str]]]:
+    """`run_sglang` for a named release: a test comparing two releases within one run."""
+    return lambda version: runner(sglang_path_for(version))
+
+
 def runner(path: str) -> Callable[..., subprocess.CompletedProcess[str]]:
     """Run a Python snippet (or `-m module args`) with `path` on PYTHONPATH.
 

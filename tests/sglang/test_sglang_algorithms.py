@@ -1,9 +1,10 @@
 """Every `--speculative-algorithm` a checkpoint or the installed SGLang cannot run is refused
 before any engine starts, in one line that says why and what to use instead (exit 2), with the
 real 0.5.17 and 0.5.23 wheels: EAGLE3 on Qwen3.5 where SGLang's model class cannot capture
-hidden states (0.5.17), DFLASH without a DFlash draft of this target, DFLASH on 0.5.17 (it
-returns no logprobs), NEXTN on a checkpoint without the MTP head. The refusals run on a machine
-without a GPU: nothing reaches CUDA."""
+hidden states (0.5.17), DFLASH without a DFlash draft of this target, DFLASH on 0.5.17 with
+its `dflash-logprobs` patch left off (stock 0.5.17 returns no logprobs; the patch ports
+0.5.23's, so with it DFLASH starts), NEXTN on a checkpoint without the MTP head. The refusals
+run on a machine without a GPU: nothing reaches CUDA."""
 
 from __future__ import annotations
 
@@ -53,6 +54,9 @@ out = {
                       "--speculative-algorithm", "DFLASH"),
     "dflash_own": run("--model", target, "--draft", own_dflash,
                       "--speculative-algorithm", "DFLASH"),
+    "dflash_own_unpatched": run("--model", target, "--draft", own_dflash,
+                                "--speculative-algorithm", "DFLASH",
+                                "--sglang-unpatch", "dflash-logprobs"),
     "nextn_no_mtp": run("--model", target, "--speculative-algorithm", "NEXTN"),
     "nextn_mtp": run("--model", mtp, "--speculative-algorithm", "NEXTN"),
     "nextn_dummy": run("--model", target, "--speculative-algorithm", "NEXTN",
@@ -78,12 +82,15 @@ def test_algorithms_a_checkpoint_or_sglang_cannot_run_are_refused_first(
         assert code == 2 and "--speculative-algorithm: EAGLE3" in line
         assert "SGLang 0.5.17's Qwen3_5ForCausalLM cannot capture them" in line
         assert "use NEXTN (the checkpoint's MTP head), STANDALONE (a draft model) or NGRAM" in line
-        code, (line,) = r["dflash_own"]
+        code, (line,) = r["dflash_own_unpatched"]
         assert code == 2 and "SGLang 0.5.17's DFLASH returns no logprobs" in line
+        assert "leave its patch on (no --sglang-unpatch dflash-logprobs)" in line
     else:  # 0.5.23's Qwen3.5 captures EAGLE3's hidden states; its DFLASH returns logprobs
         assert NO_GPU in r["eagle3"][1][0] and r["eagle3"][0] == 4
-        assert NO_GPU in r["dflash_own"][1][0] and r["dflash_own"][0] == 4
-    assert refused - {"eagle3", "dflash_own"} == {
+        assert NO_GPU in r["dflash_own_unpatched"][1][0] and r["dflash_own_unpatched"][0] == 4
+    # with the dflash-logprobs patch (the default) 0.5.17's DFLASH starts too
+    assert NO_GPU in r["dflash_own"][1][0] and r["dflash_own"][0] == 4
+    assert refused - {"eagle3", "dflash_own_unpatched"} == {
         "dflash_none",
         "dflash_dense",
         "dflash_other",

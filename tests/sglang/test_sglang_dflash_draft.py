@@ -4,7 +4,8 @@ config, loads every tensor of the checkpoint through its `load_weights` (no para
 unfilled, no checkpoint tensor dropped, the fused q/k/v and gate/up in SGLang's order), also at
 the 27B shape; the loaded attention, run through SGLang's own q/k norms and RoPE, attends one
 position back (what makes the draft propose the bigram of the last token); and specdash's
-DFLASH preflight takes the draft with its target and refuses it with another one."""
+DFLASH preflight takes the draft with its target (on 0.5.17 with the `dflash-logprobs` patch,
+the default; refused without it) and refuses it with another one."""
 
 from __future__ import annotations
 
@@ -125,14 +126,17 @@ target, _ = build(root / "pair", layers=8, config_only=True, dflash_draft=root /
 wide, _ = build(root / "wide", layers=8, shape="27b", config_only=True)
 shallow, _ = build(root / "shallow", layers=4, config_only=True)
 
-def run(model):
+def run(model, *flags):
     err = io.StringIO()
     with contextlib.redirect_stderr(err):
         code = main(["run", "--headless", "--engine", "sglang", "--model", str(model),
-                     "--draft", str(root / "dflash"), "--speculative-algorithm", "DFLASH"])
+                     "--draft", str(root / "dflash"), "--speculative-algorithm", "DFLASH", *flags])
     return [code, err.getvalue().strip().splitlines()]
 
-print("RESULT " + json.dumps({"own": run(target), "wide": run(wide), "shallow": run(shallow)}))
+print("RESULT " + json.dumps({
+    "own": run(target), "wide": run(wide), "shallow": run(shallow),
+    "own_unpatched": run(target, "--sglang-unpatch", "dflash-logprobs"),
+}))
 """
 )
 
@@ -146,6 +150,8 @@ def test_dflash_preflight_takes_the_built_draft_for_its_target_only(
     for case, (_, lines) in r.items():
         assert len(lines) == 1 and lines[0].startswith("specdash: error: "), (case, lines)
     code, (line,) = r["own"]
+    assert code == 4 and NO_GPU in line
+    code, (line,) = r["own_unpatched"]
     if run_each_sglang.version == "0.5.17":
         assert code == 2 and "SGLang 0.5.17's DFLASH returns no logprobs" in line
     else:

@@ -1,7 +1,8 @@
 """engine_patches/diffs/<release>/*.diff against the real sglang 0.5.17 and 0.5.23 files: each
 applies cleanly with `patch -p1`, and the patched-on-disk modules behave like that release's
 runtime patches (same launch configs, same packed-decode flag, same conv update kernel source,
-same verify routing, same GEMM routing)."""
+same verify routing, same GEMM routing; on 0.5.17 the same DFLASH worker source and request
+check)."""
 
 from __future__ import annotations
 
@@ -16,6 +17,12 @@ from specdash.engine_patches import patch_set, registry
 
 DIFFS = Path(registry.__file__).parent / "diffs"
 EXACTNESS_PATCHES = ("gdn_verify_as_decode", "verify_attention_as_decode_rows", "gemm_routing")
+DIFFED = {
+    "0.5.17": (*EXACTNESS_PATCHES, "dflash_logprobs"),
+    "0.5.23": EXACTNESS_PATCHES,
+}
+"""The patches shipped as diffs per release: the exactness patches, and 0.5.17's DFLASH
+logprob port (0.5.23 needs none)."""
 
 
 def diff_files(diff: Path) -> list[str]:
@@ -29,7 +36,7 @@ def patched_tree(run_each_sglang, tmp_path_factory) -> Path:
         pytest.fail("GNU patch is needed to test engine_patches/diffs (apt-get install patch)")
     wheel = run_each_sglang.wheel
     tree = tmp_path_factory.mktemp("patched")
-    for name in EXACTNESS_PATCHES:
+    for name in DIFFED[run_each_sglang.version]:
         diff = DIFFS / run_each_sglang.version / f"{name}.diff"
         for rel in diff_files(diff):
             (tree / rel).parent.mkdir(parents=True, exist_ok=True)
@@ -45,9 +52,10 @@ def patched_tree(run_each_sglang, tmp_path_factory) -> Path:
 
 
 @pytest.mark.parametrize("row", registry.SUPPORTED_VERSIONS)
-def test_each_exactness_patch_has_a_diff_on_its_replaced_targets(row: str) -> None:
+def test_each_diffed_patch_has_a_diff_on_its_replaced_targets(row: str) -> None:
     patches = {p.name: p for p in patch_set.all_patches()}
-    for name in EXACTNESS_PATCHES:
+    assert sorted(f.stem for f in (DIFFS / row).glob("*.diff")) == sorted(DIFFED[row])
+    for name in DIFFED[row]:
         diff = DIFFS / row / f"{name}.diff"
         touched = {f.removesuffix(".py").replace("/", ".") for f in diff_files(diff)}
         targets = patches[name].variant(row).targets
@@ -56,7 +64,7 @@ def test_each_exactness_patch_has_a_diff_on_its_replaced_targets(row: str) -> No
 
 
 EQUIVALENCE_SCRIPT = """
-import importlib.util, inspect, json, os
+import importlib.util, inspect, json, os, sys
 from types import SimpleNamespace
 import sglang
 import torch
@@ -71,6 +79,7 @@ def load(rel):
     name = "ondisk_" + rel.replace("/", "_").removesuffix(".py")
     spec = importlib.util.spec_from_file_location(name, f"{tree}/{rel}")
     mod = importlib.util.module_from_spec(spec)
+    sys.modules[name] = mod  # dataclasses look their module up
     spec.loader.exec_module(mod)
     return mod
 
@@ -133,6 +142,27 @@ a = torch.randn(3, 8, dtype=torch.bfloat16)
 b = torch.randn(16, 8, dtype=torch.bfloat16).t()
 expected = (a.float() @ b.float() + 1.0).to(torch.bfloat16)
 out["gemm"] = [torch.equal(mod.matmul_persistent(a, b), expected) for mod in (ops_disk, ops_rt)]
+
+if not NEW:  # the DFLASH logprob port: the worker's source and the request check
+    from types import SimpleNamespace
+
+    import textwrap
+    from sglang.srt.managers import scheduler as scheduler_rt
+    from sglang.srt.speculative import dflash_utils as utils_rt, dflash_worker_v2 as worker_rt
+
+    utils_disk = load("sglang/srt/speculative/dflash_utils.py")
+    worker_disk = load("sglang/srt/speculative/dflash_worker_v2.py")
+    method = lambda mod: textwrap.dedent(inspect.getsource(
+        mod.DFlashWorkerV2.forward_batch_generation))
+    out["dflash_worker"] = [method(worker_disk) == method(worker_rt),
+                            "chain_logprobs(" in method(worker_rt)]
+    reqs = [SimpleNamespace(return_logprob=lp, return_hidden_states=hs)
+            for lp in (False, True) for hs in (False, True)]
+    out["dflash_validate"] = [
+        [f(r, overlap) for r in reqs for overlap in (False, True)]
+        for f in (utils_disk.validate_dflash_request, utils_rt.validate_dflash_request,
+                  scheduler_rt.validate_dflash_request)
+    ]
 print("RESULT " + json.dumps(out))
 """
 
@@ -149,3 +179,8 @@ def test_patched_files_behave_like_the_runtime_patches(run_each_sglang, patched_
         assert r["launch_pairs"] == []
     assert r["verify_routing"] == ["rows", "rows"] and r["verify_calls_equal"]
     assert r["gemm"] == [True, True]
+    if run_each_sglang.version == "0.5.17":
+        assert r["dflash_worker"] == [True, True]
+        disk, *runtime = r["dflash_validate"]
+        # 8 cases; refused only: hidden states with overlap (2)
+        assert runtime == [disk, disk] and disk.count(None) == 6, disk

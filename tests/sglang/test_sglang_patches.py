@@ -94,9 +94,9 @@ def test_targets_resolve_and_patches_restore_sglang_exactly(run_each_sglang) -> 
         ), unresolved
     else:
         assert unresolved == []
-    # every rebinding of the five patches (GDN's conv kernel included): 0.5.17 has no
-    # launch-config pin
-    assert f"IDENTITY-OK {16 if version == '0.5.23' else 15}" in out
+    # every rebinding of the six patches (GDN's conv kernel included): 0.5.17 has no
+    # launch-config pin, 0.5.23 no DFLASH logprob port
+    assert f"IDENTITY-OK {16 if version == '0.5.23' else 18}" in out
 
 
 RENAMED = (

@@ -6,19 +6,22 @@ Why before: SGLang finds each of these out only after it has spawned its process
 the weights (a minute at the 27B shape), and then says it in a traceback: EAGLE3 on a target
 whose model class cannot capture the hidden states EAGLE3 drafts from (SGLang 0.5.17's
 Qwen3.5), DFLASH with a draft that is not a DFlash draft of this target, DFLASH on an SGLang
-whose DFLASH aborts every request that asks for logprobs (0.5.17; specdash compares logprob
-bits, so each request asks), NEXTN on a checkpoint without the MTP head it drafts with.
+whose DFLASH aborts every request that asks for logprobs (0.5.17 without the `dflash_logprobs`
+patch; specdash compares logprob bits, so each request asks), NEXTN on a checkpoint without
+the MTP head it drafts with.
 """
 
 from __future__ import annotations
 
 import ast
 import json
+from collections.abc import Collection
 from pathlib import Path
 from typing import Any
 
 from safetensors import safe_open
 
+from specdash.engine_patches import dflash_logprobs
 from specdash.engine_patches.installed_source import sglang_root
 from specdash.engine_patches.registry import sglang_version
 
@@ -33,9 +36,10 @@ DFLASH_NO_LOGPROBS = "DFLASH speculative decoding does not support return_logpro
 """What an SGLang whose DFLASH cannot return logprobs says in `dflash_utils.py` (0.5.17)."""
 
 
-def refusal(kwargs: dict[str, Any]) -> str | None:
-    """Why the speculative engine's `sglang.Engine` arguments cannot run their algorithm, or
-    None (also when the checkpoints cannot be read here: SGLang then says it itself)."""
+def refusal(kwargs: dict[str, Any], patches: Collection[str]) -> str | None:
+    """Why the speculative engine's `sglang.Engine` arguments cannot run their algorithm with
+    the named patches applied in its scheduler, or None (also when the checkpoints cannot be
+    read here: SGLang then says it itself)."""
     algorithm = kwargs.get("speculative_algorithm")
     target = _config(kwargs.get("model_path"))
     if algorithm is None or target is None:
@@ -51,7 +55,7 @@ def refusal(kwargs: dict[str, Any]) -> str | None:
             )
     if algorithm == "DFLASH":
         draft = kwargs.get("speculative_draft_model_path")
-        return _dflash_draft_refusal(target, draft) or _dflash_logprob_refusal()
+        return _dflash_draft_refusal(target, draft) or _dflash_logprob_refusal(patches)
     if algorithm == "NEXTN" and kwargs.get("load_format") != "dummy":
         directory = Path(kwargs.get("speculative_draft_model_path") or kwargs["model_path"])
         names = tensor_names(directory)
@@ -88,7 +92,11 @@ def _dflash_draft_refusal(target: dict[str, Any], draft_path: str | None) -> str
     return None
 
 
-def _dflash_logprob_refusal() -> str | None:
+def _dflash_logprob_refusal(patches: Collection[str]) -> str | None:
+    """Why DFLASH returns no logprobs here: the installed SGLang refuses them (0.5.17) and
+    the patch that ports 0.5.23's is left off."""
+    if dflash_logprobs.PATCH.name in patches:
+        return None
     root = sglang_root()
     if root is None:
         return None
@@ -101,8 +109,9 @@ def _dflash_logprob_refusal() -> str | None:
         return None
     return (
         f"SGLang {sglang_version()}'s DFLASH returns no logprobs (it aborts every request that "
-        "asks for them) and specdash compares each token's logprob with the shadow run's: use "
-        f"SGLang 0.5.23 for DFLASH, or {INSTEAD}"
+        "asks for them) and specdash compares each token's logprob with the shadow run's: "
+        f"leave its patch on (no --sglang-unpatch {dflash_logprobs.PATCH.flag}), use SGLang "
+        f"0.5.23, or {INSTEAD}"
     )
 
 

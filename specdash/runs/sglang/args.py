@@ -51,8 +51,9 @@ class SGLangOptions:
     shadow_mode: Literal["split", "sequential"] = "split"
     force_patches: bool = False
     unpatch: tuple[str, ...] = ()
-    """Patch flags (`gdn`, `attention`, `gemm`, `telemetry`) left off in both engines, to see
-    which fix matters on a model: the divergences come back."""
+    """Patch flags (`gdn`, `attention`, `gemm`, `telemetry`, `dflash-logprobs`) left off in both
+    engines, to see which fix matters on a model: the divergences come back (without
+    `dflash-logprobs`, SGLang 0.5.17's DFLASH is refused: it returns no logprobs)."""
     log_file: Path | None = None
     """Where SGLang's processes write their output; None: `process.log_file_beside` the trace.
     Never the terminal: a TUI owns it, headless prints one line per error, and the start phases

@@ -15,7 +15,7 @@ from typing import Any
 
 from specdash.errors import EnvironmentProblem, UsageError
 from specdash.runs.sglang import algorithms
-from specdash.runs.sglang.args import ALGORITHMS, SGLangOptions
+from specdash.runs.sglang.args import ALGORITHMS, SGLangOptions, applied_patches
 
 
 def module_missing(name: str) -> bool:
@@ -84,7 +84,8 @@ def check_startable(options: SGLangOptions, engines: list[dict[str, Any]]) -> No
             f"{options.speculative_algorithm!r}: one of {', '.join(ALGORITHMS)}",
             setting="speculative_algorithm",
         )
-    reason = algorithms.refusal(engines[0])  # the speculative engine's, or the plain one's
+    # the speculative engine's, or the plain one's
+    reason = algorithms.refusal(engines[0], applied_patches(options))
     if reason is not None:
         raise UsageError(reason, setting="speculative_algorithm")
     import torch
