@@ -32,7 +32,7 @@ from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
-from specdash.engine_patches import patch_set
+from specdash.engine_patches import dflash_logprobs, patch_set
 from specdash.prompts import load_prompts
 from specdash.runs.sglang.args import (
     SGLangOptions,
@@ -43,7 +43,9 @@ from specdash.runs.sglang.args import (
 from specdash.runs.sglang.process import session_environment, start_engine
 from specdash.settings import SessionSettings
 
-ALL_OFF = tuple(p.flag for p in patch_set.optional_patches())  # stock SGLang
+# Stock SGLang: every optional patch off but DFLASH's logprobs (0.5.17 aborts a DFLASH request
+# that asks for them; they are SGLang's own log-softmax of the verify logits, not a fix).
+ALL_OFF = tuple(p.flag for p in patch_set.optional_patches() if p is not dflash_logprobs.PATCH)
 T0 = time.monotonic()
 
 
