@@ -25,12 +25,16 @@ The patch (0.5.17), the smallest port of that:
 
 from __future__ import annotations
 
-import inspect
-import linecache
-import textwrap
 from typing import Any
 
-from specdash.engine_patches.registry import Patch, Rebinding, Target, Variant
+from specdash.engine_patches.registry import (
+    Patch,
+    Rebinding,
+    Target,
+    Variant,
+    compiled_from_edited,
+    edited_source,
+)
 
 _UTILS = "sglang.srt.speculative.dflash_utils"
 _SCHEDULER = "sglang.srt.managers.scheduler"
@@ -105,22 +109,12 @@ def chain_logprobs(batch: Any, logits_output: Any, out_tokens: Any, block_size: 
 def with_logprobs(source: str) -> str:
     """0.5.17's `forward_batch_generation` source (the method or its module) with
     `LOGPROB_EDITS` applied; ValueError when a replaced text is not there exactly once."""
-    for old, new in LOGPROB_EDITS:
-        if source.count(old) != 1:
-            raise ValueError(f"dflash_logprobs: worker text found {source.count(old)}x")
-        source = source.replace(old, new)
-    return source
+    return edited_source(source, LOGPROB_EDITS, "dflash_logprobs: worker text")
 
 
 def _forward_with_logprobs(original: Any) -> Any:
-    """The method compiled from its edited source in a copy of its module's globals; the
-    source goes into linecache under its own file name, so tracebacks show its lines."""
-    text = textwrap.dedent(with_logprobs(inspect.getsource(original)))
-    filename = f"<specdash dflash_logprobs: {original.__module__}.{original.__qualname__}>"
-    linecache.cache[filename] = (len(text), None, text.splitlines(keepends=True), filename)
-    namespace = dict(original.__globals__)
-    exec(compile(text, filename, "exec"), namespace)
-    method = namespace[original.__name__]
+    """The method compiled from its edited source in a copy of its module's globals."""
+    method = compiled_from_edited(original, LOGPROB_EDITS, "dflash_logprobs")
     method.__qualname__ = original.__qualname__
     method.__specdash_original__ = original
     return method

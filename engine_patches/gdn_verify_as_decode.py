@@ -39,7 +39,14 @@ from __future__ import annotations
 from collections.abc import Callable
 from typing import Any
 
-from specdash.engine_patches.registry import Patch, Rebinding, Target, Variant
+from specdash.engine_patches.registry import (
+    Patch,
+    Rebinding,
+    Target,
+    Variant,
+    compiled_from_edited,
+    edited_source,
+)
 
 _KERNEL = "sglang.srt.layers.attention.linear.kernels.gdn_triton.TritonGDNKernel"
 _LAUNCH_MODULE = "sglang.kernels.ops.attention.linear.fused_sigmoid_gating_recurrent"
@@ -160,28 +167,13 @@ TREE_TAPS_IN_DECODE_ORDER: tuple[tuple[str, str], ...] = (
 def tree_taps_in_decode_order(source: str) -> str:
     """SGLang's `causal_conv1d_triton` source (the module or the kernel) with the kernel's tree
     branch summing in decode's order; ValueError when a replaced text is not there once."""
-    for old, new in TREE_TAPS_IN_DECODE_ORDER:
-        if source.count(old) != 1:
-            raise ValueError(f"gdn_verify_as_decode: conv tree text found {source.count(old)}x")
-        source = source.replace(old, new)
-    return source
+    return edited_source(source, TREE_TAPS_IN_DECODE_ORDER, "gdn_verify_as_decode: conv tree text")
 
 
 def _conv_kernel_in_decode_order(original: Any) -> Any:
     """A copy of the `@triton.jit` conv update kernel, compiled from its patched source in a
-    copy of its module's globals. The source goes into linecache under its own file name, so
-    Triton (and its interpreter) can read it back with `inspect`."""
-    import inspect
-    import linecache
-    import textwrap
-
-    fn = original.fn
-    text = tree_taps_in_decode_order(textwrap.dedent(inspect.getsource(fn)))
-    filename = f"<specdash gdn_verify_as_decode: {fn.__module__}.{fn.__name__}>"
-    linecache.cache[filename] = (len(text), None, text.splitlines(keepends=True), filename)
-    namespace = dict(fn.__globals__)
-    exec(compile(text, filename, "exec"), namespace)
-    kernel = namespace[fn.__name__]
+    copy of its module's globals."""
+    kernel = compiled_from_edited(original.fn, TREE_TAPS_IN_DECODE_ORDER, "gdn_verify_as_decode")
     kernel.__specdash_original__ = original
     return kernel
 

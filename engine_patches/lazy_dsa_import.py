@@ -23,7 +23,7 @@ import sys
 from dataclasses import dataclass, field
 from types import ModuleType
 
-from specdash.engine_patches.registry import Patch, Target, Variant
+from specdash.engine_patches.registry import Patch, Target, Variant, edited_source
 
 DSA_MODULE = "sglang.srt.layers.attention.dsa_backend"
 _CAPTURE = "sglang.srt.speculative.eagle_worker_v2.EagleDraftWorker._capture_cuda_graphs"
@@ -44,9 +44,7 @@ def deep_gemm_installed() -> bool:
 def guarded_source(source: str) -> str:
     """`dsa_backend`'s source with its DeepGEMM import guarded; ValueError unless the
     unguarded statement occurs exactly once."""
-    if source.count(UNGUARDED) != 1:
-        raise ValueError(f"lazy_dsa_import: DeepGEMM import found {source.count(UNGUARDED)}x")
-    return source.replace(UNGUARDED, GUARDED)
+    return edited_source(source, ((UNGUARDED, GUARDED),), "lazy_dsa_import: DeepGEMM import")
 
 
 @dataclass

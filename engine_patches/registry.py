@@ -12,7 +12,10 @@ The patches themselves, and applying them all: `patch_set`.
 from __future__ import annotations
 
 import importlib
+import inspect
+import linecache
 import os
+import textwrap
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from importlib import metadata
@@ -181,3 +184,27 @@ class Patch:
         for r in reversed(self._applied.rebindings):
             r.remove()
         self._applied = None
+
+
+def edited_source(source: str, edits: tuple[tuple[str, str], ...], what: str) -> str:
+    """`source` with each (old, new) of `edits` replaced; ValueError naming `what` unless each
+    old text is there exactly once (a release that moved it needs the patch redone, not half
+    applied)."""
+    for old, new in edits:
+        if source.count(old) != 1:
+            raise ValueError(f"{what} found {source.count(old)}x")
+        source = source.replace(old, new)
+    return source
+
+
+def compiled_from_edited(fn: Any, edits: tuple[tuple[str, str], ...], patch: str) -> Any:
+    """`fn` compiled again from its source with `edits` applied, in a copy of its module's
+    globals. The text goes into linecache under its own file name, so tracebacks show its lines
+    and Triton (and its interpreter) can read a kernel back with `inspect`."""
+    what = f"{patch}: {fn.__module__}.{fn.__qualname__}"
+    text = textwrap.dedent(edited_source(inspect.getsource(fn), edits, what))
+    filename = f"<specdash {what}>"
+    linecache.cache[filename] = (len(text), None, text.splitlines(keepends=True), filename)
+    namespace = dict(fn.__globals__)
+    exec(compile(text, filename, "exec"), namespace)
+    return namespace[fn.__name__]
