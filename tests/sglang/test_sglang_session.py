@@ -21,20 +21,26 @@ from specdash.settings import SessionSettings
 from specdash.trace.jsonl import read_trace
 from specdash.ui.widgets.divergence import margin_text
 
-SESSION_SCRIPT = r"""
-import json, os, sys
+STANDIN = r"""
+import contextlib, io, json, os, sys
 from pathlib import Path
 sys.path.insert(0, "tests/sglang")  # the shadow's host process imports the stand-in by name
 import standin_engine
-from specdash.runs.runner import run_engine
 from specdash.runs.sglang import args, preflight, process
-from specdash.settings import SessionSettings
 
 workdir = Path(os.environ["WORKDIR"])
 prompts = workdir / "p.jsonl"
 prompts.write_text("".join(json.dumps({"prompt": p}) + "\n" for p in standin_engine.PROMPTS))
 process.patched_engine_class = standin_engine.engine_class
 preflight.check_startable = lambda options, engines: None
+"""
+"""A script's start: the stand-in engine in place of SGLang's, the stand-in's prompts written."""
+
+SESSION_SCRIPT = (
+    STANDIN
+    + r"""
+from specdash.runs.runner import run_engine
+from specdash.settings import SessionSettings
 events = []
 settings = SessionSettings(engine="sglang", model=Path("/models/m"), k=2, prompts=prompts,
                            gemm_backend="deepgemm", max_new_tokens=8,
@@ -51,6 +57,7 @@ print("RESULT " + json.dumps({
     "engines": standin_engine.recorded(workdir),
 }))
 """
+)
 
 
 TOKENS = [
@@ -295,19 +302,10 @@ def test_no_speculation_is_not_checked(run_sglang, tmp_path) -> None:
     assert r["summary"]["checked"] is False and r["summary"]["exact_prompts"] is None
 
 
-CLI_SCRIPT = r"""
-import contextlib, io, json, os, sys
-from pathlib import Path
-sys.path.insert(0, "tests/sglang")  # the shadow's host process imports the stand-in by name
-import standin_engine
+CLI_SCRIPT = (
+    STANDIN
+    + r"""
 from specdash.cli import main
-from specdash.runs.sglang import preflight, process
-
-workdir = Path(os.environ["WORKDIR"])
-prompts = workdir / "p.jsonl"
-prompts.write_text("".join(json.dumps({"prompt": p}) + "\n" for p in standin_engine.PROMPTS))
-process.patched_engine_class = standin_engine.engine_class
-preflight.check_startable = lambda options, engines: None
 out = io.StringIO()
 with contextlib.redirect_stdout(out):
     code = main(["run", "--headless", "--json", "--engine", "sglang", "--model", str(workdir),
@@ -317,6 +315,7 @@ with contextlib.redirect_stdout(out):
 print("RESULT " + json.dumps({"code": code, "json": json.loads(out.getvalue()),
                               "engines": standin_engine.recorded(workdir)}))
 """
+)
 
 
 @pytest.mark.parametrize("shadow_mode", ["split", "sequential"])
