@@ -332,7 +332,13 @@ class Bench:
         tmp.write_text(json.dumps(self.record, indent=1) + "\n", encoding="utf-8")
         tmp.replace(self.args.json)
 
-    def table(self) -> None:
+    def report(self) -> None:
+        """The load, and a line per mode: medians over the measured rounds so far."""
+        load = [
+            " ".join(f"{x:.2f}" for x in la)
+            for la in (self.record["load_average_start"], os.getloadavg())
+        ]
+        print(f"load average (1/5/15 min) at start {load[0]}, at end {load[1]}")
         print(f"{'mode':<30} {'engine t/s':>10} {'vs headless':>11} {'UI CPU':>8}   runs t/s")
         for name, row in self.medians().items():
             runs = " ".join(
@@ -394,6 +400,7 @@ def parse(argv: list[str] | None) -> tuple[argparse.Namespace, argparse.Namespac
 
 def main(argv: list[str] | None = None) -> int:
     args, session = parse(argv)
+    bench: Bench | None = None
     try:
         settings = settings_from_args(session)
         options = session_options(settings, session)
@@ -438,15 +445,15 @@ def main(argv: list[str] | None = None) -> int:
             bench.measure(name, runs[name], round_no)
     except SpecdashError as e:
         print(f"specdash: error: {describe(e)}", file=sys.stderr)
-        return e.exit_code
+        code = e.exit_code
     except RunFailed as e:
         print(f"bench_dashboard: error: {e}", file=sys.stderr)
-        return e.exit_code
-    load = " ".join(f"{x:.2f}" for x in record["load_average_start"])
-    print(f"load average (1/5/15 min) at start {load}, at end "
-          f"{' '.join(f'{x:.2f}' for x in os.getloadavg())}")  # fmt: skip
-    bench.table()
-    return 0
+        code = e.exit_code
+    else:
+        code = 0
+    if bench is not None and bench.runs:  # what was measured before an error too
+        bench.report()
+    return code
 
 
 if __name__ == "__main__":

@@ -8,9 +8,10 @@
 #   sglang  `--engine sglang` on benchmarks/sglang_checkpoint.py's small real-weights pair
 #           (CK_ARGS), NGRAM k=3, the rest of the budget (each run starts two engines)
 # Both: PROMPTS (default 5) shipped prompts, NEW (default 32) new tokens, REPEATS (default 2)
-# rounds, BENCH_ARGS added to both, NATIVE_ARGS / SGLANG_ARGS to one (any `specdash run` flag).
-# A run that would end past its step's budget is not started; each run's line is printed as it
-# ends and the JSON rewritten after it.
+# rounds, BENCH_ARGS added to both (e.g. `--warmup once`: a headless run left out of the
+# medians), NATIVE_ARGS / SGLANG_ARGS (default `--max-new-tokens 128`) to one: any flag of
+# `specdash run`, a later one wins. A run that would end past its step's budget is not started;
+# each run's line is printed as it ends and the JSON rewritten after it.
 # Environment: benchmarks/sglang_box.sh (the carried SGLang wheels, Triton's carried cache), the
 # UI wheels from .carry/ui, fla-core from .carry/fla where carried (the native prefill's GDN).
 # Results under $OUT: env.txt, native.{txt,json}, sglang.{txt,json}, sglang_log_tail.txt, and
@@ -40,7 +41,7 @@ for step in ${STEPS:-native sglang}; do
     sglang) s=$(( l - 10 ))  # what the carried SGLang supports on this box: its README
       ARGS=(--engine sglang --model "$CK/target" --speculative-algorithm NGRAM -k 3
         --sglang-arg grammar_backend=none --sglang-arg sampling_backend=pytorch)
-      read -r -a MORE <<< "${SGLANG_ARGS:-}" ;;
+      read -r -a MORE <<< "${SGLANG_ARGS---max-new-tokens 128}" ;;  # the start dwarfs 32 tokens
     *) echo "== unknown step $step"; continue ;;
   esac
   [ "$s" -lt 90 ] && { echo "== SKIP $step (${s}s left)"; continue; }

@@ -342,3 +342,43 @@ def test_divergence_carries_the_shadows_margin(run_sglang, tmp_path, shadow_mode
     assert record == [json.loads(json.dumps(divergence_record(d)))]
     assert record[0]["shadow_margin"] == m.model_dump()
     assert "1 fp32 ulps" in margin_text(d) and "near-tie" in margin_text(d)
+
+
+BENCH_SCRIPT = (
+    STANDIN
+    + r"""
+sys.path.insert(0, "benchmarks")
+import bench_dashboard
+out = io.StringIO()
+with contextlib.redirect_stdout(out):
+    code = bench_dashboard.main([
+        "--repeats", "1", "--warmup", "none", "--json", str(workdir / "bench.json"),
+        "--engine", "sglang", "--model", str(workdir), "--prompts", str(prompts), "-k", "2",
+        "--max-new-tokens", "8", "--speculative-algorithm", "NGRAM",
+        "--sglang-arg", "mem_fraction_static=0.3", "--only", "headless", "dashboard-thread"])
+print("RESULT " + json.dumps({"code": code, "out": out.getvalue(),
+                              "engines": standin_engine.recorded(workdir)}))
+"""
+)
+
+
+def test_dashboard_cost_bench_runs_the_sglang_session_of_its_flags(run_sglang, tmp_path) -> None:
+    """benchmarks/bench_dashboard.py takes `specdash run`'s SGLang flags: its headless run is that
+    session on the engine the flags build (here the stand-in), counted from the session's
+    header, after both engines' starts; the dashboard on an engine thread is not run (SGLang
+    starts only on a main thread)."""
+    proc = run_sglang(BENCH_SCRIPT, env={"WORKDIR": str(tmp_path)})
+    r = json.loads(next(x for x in proc.stdout.splitlines() if x.startswith("RESULT "))[7:])
+    assert r["code"] == 0 and "dashboard-thread: not run" in r["out"]
+    spec, shadow = r["engines"]
+    assert (
+        spec["kw"]["speculative_algorithm"] == "NGRAM" and spec["kw"]["mem_fraction_static"] == 0.3
+    )
+    assert spec["shut"] and shadow["shut"]
+    record = json.loads((tmp_path / "bench.json").read_text())
+    assert record["settings"]["engine"] == "sglang" and record["settings"]["k"] == 2
+    assert record["sglang"]["speculative_algorithm"] == "NGRAM"
+    assert record["sglang"]["engine_args"] == {"mem_fraction_static": "0.3"}
+    (run,) = record["runs"]
+    assert run["mode"] == "headless" and run["tokens"] == len(TOKENS) and run["engine_tps"] > 0
+    assert 0 < run["start_s"] < run["wall_s"]
