@@ -1,10 +1,11 @@
 """Every `--speculative-algorithm` a checkpoint or the installed SGLang cannot run is refused
 before any engine starts, in one line that says why and what to use instead (exit 2), with the
 real 0.5.17 and 0.5.23 wheels: EAGLE3 on Qwen3.5 where SGLang's model class cannot capture
-hidden states (0.5.17), DFLASH without a DFlash draft of this target, DFLASH on 0.5.17 with
-its `dflash-logprobs` patch left off (stock 0.5.17 returns no logprobs; the patch ports
-0.5.23's, so with it DFLASH starts), NEXTN on a checkpoint without the MTP head. The refusals
-run on a machine without a GPU: nothing reaches CUDA."""
+hidden states (0.5.17), DFLASH on 0.5.17's text-only Qwen3_5ForCausalLM (its multimodal class,
+the one Qwen3.5's checkpoints name, captures them), DFLASH without a DFlash draft of this
+target, DFLASH on 0.5.17 with its `dflash-logprobs` patch left off (stock 0.5.17 returns no
+logprobs; the patch ports 0.5.23's, so with it DFLASH starts), NEXTN on a checkpoint without
+the MTP head. The refusals run on a machine without a GPU: nothing reaches CUDA."""
 
 from __future__ import annotations
 
@@ -29,6 +30,9 @@ def checkpoint(name, config, tensors=("model.embed_tokens.weight",)):
 qwen35 = {"architectures": ["Qwen3_5ForCausalLM"], "hidden_size": 64, "vocab_size": 512,
           "num_hidden_layers": 8}
 target = checkpoint("target", qwen35)
+# Qwen3.5's own checkpoints: the multimodal class, the language model's sizes in text_config
+multimodal = checkpoint("multimodal", {"architectures": ["Qwen3_5ForConditionalGeneration"],
+                                       "text_config": qwen35})
 mtp = checkpoint("mtp", qwen35, ("model.embed_tokens.weight", "mtp.fc.weight"))
 dense = checkpoint("dense", {"architectures": ["Qwen3ForCausalLM"], "hidden_size": 64,
                              "vocab_size": 512, "num_hidden_layers": 1})
@@ -46,15 +50,18 @@ def run(*args):
 
 out = {
     "eagle3": run("--model", target, "--speculative-algorithm", "EAGLE3"),
-    "dflash_none": run("--model", target, "--speculative-algorithm", "DFLASH"),
-    "dflash_dense": run("--model", target, "--draft", dense, "--speculative-algorithm", "DFLASH"),
-    "dflash_other": run("--model", target, "--draft", other_dflash,
+    "dflash_none": run("--model", multimodal, "--speculative-algorithm", "DFLASH"),
+    "dflash_dense": run("--model", multimodal, "--draft", dense,
                         "--speculative-algorithm", "DFLASH"),
-    "dflash_far": run("--model", target, "--draft", far_dflash,
+    "dflash_other": run("--model", multimodal, "--draft", other_dflash,
+                        "--speculative-algorithm", "DFLASH"),
+    "dflash_far": run("--model", multimodal, "--draft", far_dflash,
                       "--speculative-algorithm", "DFLASH"),
     "dflash_own": run("--model", target, "--draft", own_dflash,
                       "--speculative-algorithm", "DFLASH"),
-    "dflash_own_unpatched": run("--model", target, "--draft", own_dflash,
+    "dflash_multimodal": run("--model", multimodal, "--draft", own_dflash,
+                             "--speculative-algorithm", "DFLASH"),
+    "dflash_own_unpatched": run("--model", multimodal, "--draft", own_dflash,
                                 "--speculative-algorithm", "DFLASH",
                                 "--sglang-unpatch", "dflash-logprobs"),
     "nextn_no_mtp": run("--model", target, "--speculative-algorithm", "NEXTN"),
@@ -82,15 +89,22 @@ def test_algorithms_a_checkpoint_or_sglang_cannot_run_are_refused_first(
         assert code == 2 and "--speculative-algorithm: EAGLE3" in line
         assert "SGLang 0.5.17's Qwen3_5ForCausalLM cannot capture them" in line
         assert "use NEXTN (the checkpoint's MTP head), STANDALONE (a draft model) or NGRAM" in line
+        # its text-only Qwen3_5ForCausalLM captures no hidden states for DFLASH either (the
+        # GPU said so at start: "implements neither ... set_dflash_layers_to_capture")
+        code, (line,) = r["dflash_own"]
+        assert code == 2 and "SGLang 0.5.17's Qwen3_5ForCausalLM cannot capture them" in line
+        assert "(it has no set_dflash_layers_to_capture)" in line
         code, (line,) = r["dflash_own_unpatched"]
         assert code == 2 and "SGLang 0.5.17's DFLASH returns no logprobs" in line
         assert "leave its patch on (no --sglang-unpatch dflash-logprobs)" in line
+        starting = {"dflash_multimodal"}
     else:  # 0.5.23's Qwen3.5 captures EAGLE3's hidden states; its DFLASH returns logprobs
         assert NO_GPU in r["eagle3"][1][0] and r["eagle3"][0] == 4
         assert NO_GPU in r["dflash_own_unpatched"][1][0] and r["dflash_own_unpatched"][0] == 4
-    # with the dflash-logprobs patch (the default) 0.5.17's DFLASH starts too
-    assert NO_GPU in r["dflash_own"][1][0] and r["dflash_own"][0] == 4
-    assert refused - {"eagle3", "dflash_own_unpatched"} == {
+        starting = {"dflash_multimodal", "dflash_own"}
+    # with the dflash-logprobs patch (the default) 0.5.17's multimodal class starts DFLASH too
+    assert all(NO_GPU in r[case][1][0] and r[case][0] == 4 for case in starting)
+    assert refused - {"eagle3", "dflash_own_unpatched", "dflash_own"} == {
         "dflash_none",
         "dflash_dense",
         "dflash_other",

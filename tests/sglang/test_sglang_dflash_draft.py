@@ -4,8 +4,9 @@ config, loads every tensor of the checkpoint through its `load_weights` (no para
 unfilled, no checkpoint tensor dropped, the fused q/k/v and gate/up in SGLang's order), also at
 the 27B shape; the loaded attention, run through SGLang's own q/k norms and RoPE, attends one
 position back (what makes the draft propose the bigram of the last token); and specdash's
-DFLASH preflight takes the draft with its target (on 0.5.17 with the `dflash-logprobs` patch,
-the default; refused without it) and refuses it with another one."""
+DFLASH preflight takes the draft with its target in the multimodal form Qwen3.5's checkpoints
+have (on 0.5.17 with the `dflash-logprobs` patch, the default; refused without it, and refused
+for 0.5.17's text-only class, which captures no hidden states) and refuses it with another one."""
 
 from __future__ import annotations
 
@@ -117,7 +118,7 @@ def test_sglang_dflash_draft_model_loads_the_built_draft(run_each_sglang, tmp_pa
 PREFLIGHT = (
     BUILD
     + """
-import contextlib, io, json
+import contextlib, io, json, shutil
 sys.path.insert(0, "benchmarks")
 from sglang_checkpoint import build
 from specdash.cli import main
@@ -133,9 +134,18 @@ def run(model, *flags):
                      "--draft", str(root / "dflash"), "--speculative-algorithm", "DFLASH", *flags])
     return [code, err.getvalue().strip().splitlines()]
 
+def multimodal(model):  # as Qwen3.5's own checkpoints: the multimodal class, text_config
+    text = json.loads((model / "config.json").read_text())
+    out = model.with_name(model.name + "-multimodal")
+    shutil.copytree(model, out)
+    config = {"architectures": ["Qwen3_5ForConditionalGeneration"], "text_config": text}
+    (out / "config.json").write_text(json.dumps(config))
+    return out
+
+own = multimodal(target)
 print("RESULT " + json.dumps({
-    "own": run(target), "wide": run(wide), "shallow": run(shallow),
-    "own_unpatched": run(target, "--sglang-unpatch", "dflash-logprobs"),
+    "own": run(own), "wide": run(multimodal(wide)), "shallow": run(multimodal(shallow)),
+    "own_text": run(target), "own_unpatched": run(own, "--sglang-unpatch", "dflash-logprobs"),
 }))
 """
 )
@@ -151,11 +161,15 @@ def test_dflash_preflight_takes_the_built_draft_for_its_target_only(
         assert len(lines) == 1 and lines[0].startswith("specdash: error: "), (case, lines)
     code, (line,) = r["own"]
     assert code == 4 and NO_GPU in line
-    code, (line,) = r["own_unpatched"]
     if run_each_sglang.version == "0.5.17":
+        code, (line,) = r["own_unpatched"]
         assert code == 2 and "SGLang 0.5.17's DFLASH returns no logprobs" in line
+        code, (line,) = r["own_text"]  # its text-only class captures nothing for DFLASH
+        assert code == 2 and "0.5.17's Qwen3_5ForCausalLM cannot capture them" in line
     else:
-        assert code == 4 and NO_GPU in line
+        for case in ("own_unpatched", "own_text"):
+            code, (line,) = r[case]
+            assert code == 4 and NO_GPU in line
     assert r["wide"][0] == 2 and "its hidden_size is 2048, the target's 5120" in r["wide"][1][0]
     assert r["shallow"][0] == 2
     assert "reads target layers [1, 3, 5], and the target has 4" in r["shallow"][1][0]

@@ -68,6 +68,9 @@ def refusal(kwargs: dict[str, Any], patches: Collection[str]) -> str | None:
 
 
 def _dflash_draft_refusal(target: dict[str, Any], draft_path: str | None) -> str | None:
+    # a multimodal checkpoint (Qwen3.5's own: Qwen3_5ForConditionalGeneration) keeps the
+    # language model's sizes in its text_config
+    target = target.get("text_config") or target
     draft = _config(draft_path)
     if draft is None:
         return "DFLASH needs a DFlash draft checkpoint (a draft directory with its config.json)"
@@ -144,26 +147,65 @@ def tensor_names(directory: Path) -> list[str] | None:
 
 
 def class_has_method(arch: str, method: str) -> bool | None:
-    """Whether the installed SGLang's model class `arch` (or a base class of its module)
-    defines `method`; None when SGLang or the class is not found."""
+    """Whether the installed SGLang's model class for architecture `arch` (the class a module's
+    `EntryClass` names, as SGLang's model registry resolves it: other modules may define a
+    class of that name for their own use) or one of its base classes defines `method`; None
+    when SGLang or the class is not found."""
     root = sglang_root()
     if root is None:
         return None
-    for file in sorted((root / "sglang" / "srt" / "models").glob("*.py")):
-        text = file.read_text(encoding="utf-8", errors="replace")
-        if f"class {arch}(" not in text:
-            continue
-        classes = {n.name: n for n in ast.parse(text).body if isinstance(n, ast.ClassDef)}
-        return _defines(classes, arch, method, seen=set())
+    models = root / "sglang" / "srt" / "models"
+    for file in sorted(models.glob("*.py")):
+        module = _parsed(file)
+        if module is not None and arch in _entry_classes(module):
+            return _defines(models, module, arch, method, seen=set())
     return None
 
 
-def _defines(classes: dict[str, ast.ClassDef], name: str, method: str, seen: set[str]) -> bool:
+def _parsed(file: Path) -> ast.Module | None:
+    try:
+        return ast.parse(file.read_text(encoding="utf-8", errors="replace"))
+    except (OSError, SyntaxError):
+        return None
+
+
+def _entry_classes(module: ast.Module) -> set[str]:
+    """The class names a model module registers (`EntryClass = X` or `= [X, Y]`)."""
+    for node in module.body:
+        if isinstance(node, ast.Assign) and any(
+            isinstance(t, ast.Name) and t.id == "EntryClass" for t in node.targets
+        ):
+            values = node.value.elts if isinstance(node.value, ast.List) else [node.value]
+            return {v.id for v in values if isinstance(v, ast.Name)}
+    return set()
+
+
+def _defines(models: Path, module: ast.Module, name: str, method: str, seen: set[str]) -> bool:
+    """Whether class `name` of `module`, or a base class (followed into the model module it is
+    imported from), defines `method`."""
+    classes = {n.name: n for n in module.body if isinstance(n, ast.ClassDef)}
     node = classes.get(name)
-    if node is None or name in seen:
+    if node is None:
+        source = _imported_from(module, name)
+        imported = _parsed(models / f"{source}.py") if source else None
+        return imported is not None and _defines(models, imported, name, method, seen)
+    if f"{id(module)}:{name}" in seen:
         return False
-    seen.add(name)
+    seen.add(f"{id(module)}:{name}")
     if any(isinstance(n, ast.FunctionDef) and n.name == method for n in node.body):
         return True
     bases = [b.id for b in node.bases if isinstance(b, ast.Name)]
-    return any(_defines(classes, b, method, seen) for b in bases)
+    return any(_defines(models, module, b, method, seen) for b in bases)
+
+
+def _imported_from(module: ast.Module, name: str) -> str | None:
+    """The sibling model module `name` is imported from (`from sglang.srt.models.X import
+    name`), or None."""
+    for node in module.body:
+        if not isinstance(node, ast.ImportFrom) or node.module is None:
+            continue
+        if node.module.startswith("sglang.srt.models.") and any(
+            alias.name == name and alias.asname is None for alias in node.names
+        ):
+            return node.module.rpartition(".")[2]
+    return None
