@@ -34,9 +34,17 @@ the later positions only see masks and rarely match. Context features reach the 
 zero: the draft ignores them). `--dflash-layers` (default 1; extra layers add nothing) and
 `--dflash-block-size` (default 16) shape it; with `--config-only` it is a config alone.
 
+`--multimodal` writes the same target (the same tensors, bit for bit) in the form Qwen3.5's own
+checkpoints have: `Qwen3_5ForConditionalGeneration`, the language model's config as
+`text_config` beside a `vision_config`, its tensors under `model.language_model.` (`lm_head`
+and the MTP head's `mtp.*` keep their names). SGLang 0.5.17 serves the text-only architecture
+with a class that captures no hidden states, so DFLASH needs this form there. The vision tower
+is the smallest SGLang builds (one block, no deepstack) and has no tensors in the checkpoint:
+SGLang's loader leaves what a checkpoint lacks as allocated, and text prompts never run it.
+
 Usage: python benchmarks/sglang_checkpoint.py OUT_DIR [--device cuda] [--layers 8]
-    [--shape small|27b] [--config-only] [--dflash-draft DIR [--dflash-layers 1]
-    [--dflash-block-size 16]]
+    [--shape small|27b] [--config-only] [--multimodal] [--dflash-draft DIR
+    [--dflash-layers 1] [--dflash-block-size 16]]
 Writes OUT_DIR/target and OUT_DIR/draft (HF format: config.json, model.safetensors,
 tokenizer.json), the same bytes for the same arguments and torch version.
 """
@@ -133,6 +141,53 @@ def target_config(vocab: int, layers: int, shape: Shape = SHAPES["small"]) -> di
         "eos_token_id": 0,
         "pad_token_id": 0,
         "torch_dtype": "bfloat16",
+    }
+
+
+def vision_config(text: dict) -> dict:
+    """The smallest vision tower SGLang's Qwen3-VL vision model builds (one block of width 64,
+    a 4 x 4 position grid, no deepstack layers), feeding the language model's width."""
+    return {
+        "model_type": "qwen3_5",
+        "depth": 1,
+        "hidden_size": 64,
+        "intermediate_size": 64,
+        "num_heads": 1,
+        "hidden_act": "gelu_pytorch_tanh",
+        "in_channels": 3,
+        "patch_size": 16,
+        "spatial_merge_size": 2,
+        "temporal_patch_size": 2,
+        "num_position_embeddings": 16,
+        "deepstack_visual_indexes": [],
+        "out_hidden_size": text["hidden_size"],
+    }
+
+
+def multimodal_config(text: dict) -> dict:
+    """`text` as Qwen3.5's own multimodal config holds it. The image and video token ids lie
+    past the vocabulary: no text token is one."""
+    vocab = text["vocab_size"]
+    return {
+        "architectures": ["Qwen3_5ForConditionalGeneration"],
+        "model_type": "qwen3_5",
+        "text_config": {k: v for k, v in text.items() if k != "architectures"},
+        "vision_config": vision_config(text),
+        "image_token_id": vocab,
+        "video_token_id": vocab + 1,
+        "vision_start_token_id": vocab + 2,
+        "vision_end_token_id": vocab + 3,
+        "tie_word_embeddings": text["tie_word_embeddings"],
+        "torch_dtype": text["torch_dtype"],
+    }
+
+
+def multimodal_names(weights: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
+    """The language model's tensors under the multimodal checkpoint's `model.language_model.`;
+    `lm_head` and `mtp.*` as they are."""
+    return {
+        ("model.language_model." + n[len("model.") :] if n.startswith("model.") else n): t
+        for n, t in weights.items()
     }
 
 
@@ -418,19 +473,22 @@ def build(
     dflash_draft: Path | None = None,
     dflash_layers: int = 1,
     dflash_block_size: int = 16,
+    multimodal: bool = False,
 ) -> tuple[Path, Path]:
-    """OUT/target and OUT/draft; also a DFlash draft of the target at `dflash_draft`."""
+    """OUT/target and OUT/draft; also a DFlash draft of the target at `dflash_draft`;
+    `multimodal`: the target in Qwen3.5's multimodal checkpoint form."""
     tok, vocab = _tokenizer()
     tcfg = target_config(vocab, layers, SHAPES[shape])
     dcfg = draft_config(vocab, SHAPES[shape])
+    written = multimodal_config(tcfg) if multimodal else tcfg
     if dflash_draft is not None:
         build_dflash_draft(dflash_draft, tcfg, dflash_layers, dflash_block_size, config_only)
     if config_only:
-        _write(out / "target", tcfg, None, tok)
+        _write(out / "target", written, None, tok)
         _write(out / "draft", dcfg, None, tok)
         return out / "target", out / "draft"
     target = target_weights(tcfg, _Init(device))
-    _write(out / "target", tcfg, target, tok)
+    _write(out / "target", written, multimodal_names(target) if multimodal else target, tok)
     _write(out / "draft", dcfg, draft_weights(dcfg, target), tok)
     return out / "target", out / "draft"
 
@@ -442,6 +500,9 @@ def main() -> None:
     parser.add_argument("--layers", type=int, default=8)
     parser.add_argument("--shape", choices=sorted(SHAPES), default="small")
     parser.add_argument("--config-only", action="store_true")
+    parser.add_argument(
+        "--multimodal", action="store_true", help="the target as Qwen3_5ForConditionalGeneration"
+    )
     parser.add_argument("--dflash-draft", type=Path, help="also write a DFlash draft here")
     parser.add_argument("--dflash-layers", type=int, default=1)
     parser.add_argument("--dflash-block-size", type=int, default=16)
@@ -455,6 +516,7 @@ def main() -> None:
         args.dflash_draft,
         args.dflash_layers,
         args.dflash_block_size,
+        args.multimodal,
     )
     dflash = f" dflash {args.dflash_draft}" if args.dflash_draft else ""
     print(f"target {target} draft {draft}{dflash} (device {args.device})")

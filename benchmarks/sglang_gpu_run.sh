@@ -2,7 +2,8 @@
 # One device call on the H200: real SGLang 0.5.17 (carried wheels) with specdash's patches.
 # Installs .carry/sglang/*.whl and (where carried) .carry/ui/*.whl to /tmp/site, builds the benchmark pair and
 # a DFlash draft of its target (benchmarks/sglang_checkpoint.py with CK_ARGS, e.g. `--shape 27b
-# --layers 4 --device cuda` for real-dim weights), then runs, in order, what STEPS names
+# --layers 4 --device cuda` for real-dim weights; add `--multimodal` for the target as
+# Qwen3_5ForConditionalGeneration, which 0.5.17's DFLASH needs), then runs, in order, what STEPS names
 # (default below):
 #   start     benchmarks/bench_sglang_start.py: the sessions START_RUNS names (default: NGRAM,
 #             STANDALONE), start phases
