@@ -354,10 +354,12 @@ def divergence_event(
     context: str = "",
     root_cause: RootCause | None = None,
     margin: Margin | None = None,
+    prefix_cached: tuple[int, int] | None = None,
 ) -> Divergence:
     """The `Divergence` at generated token `position` of `flight`: `texts` are the spec and
     shadow token's text there; a missing logprob is NaN; `margin`: the shadow's top-1 / top-2
-    there (`shadow_margin`), None where the engine does not report it."""
+    there (`shadow_margin`), None where the engine does not report it; `prefix_cached`: the
+    prompt tokens each engine read from its prefix cache, where it reports them."""
     a, b = flight.ids[position], flight.shadow_ids[position]
     la, lb = flight.logprobs[position], flight.shadow_logprobs[position]
     return Divergence(
@@ -377,6 +379,7 @@ def divergence_event(
         context=context,
         root_cause=root_cause,
         shadow_margin=margin,
+        prefix_cached=prefix_cached,
     )
 
 
