@@ -342,6 +342,17 @@ class Session:
         )
 
 
+CONTEXT_TOKENS = 24
+"""How many tokens before a divergence its `context` shows."""
+
+
+def context_ids(flight: Flight, position: int) -> list[int]:
+    """The prompt and generated ids just before generated token `position` (a divergence's
+    `context`, decoded by the backend's tokenizer)."""
+    end = len(flight.prompt) + position
+    return [*flight.prompt, *flight.ids][max(0, end - CONTEXT_TOKENS) : end]
+
+
 def divergence_event(
     flight: Flight,
     position: int,

@@ -341,6 +341,9 @@ def test_divergence_carries_the_shadows_margin(run_sglang, tmp_path, shadow_mode
     record = r["json"]["divergences"]
     assert record == [json.loads(json.dumps(divergence_record(d)))]
     assert record[0]["shadow_margin"] == m.model_dump()
+    # the tokens before it, decoded by the engine's tokenizer: the prompt's, then the output's
+    prompt_ids = standin_engine.StandInTokenizer().encode(standin_engine.PROMPTS[1])
+    assert d.context == "".join(f"<{t}>" for t in [*prompt_ids, *standin_engine.IDS[1][:2]])
     # the prompt tokens each engine read from its prefix cache, as SGLang counted them
     assert d.prefix_cached == standin_engine.CACHED_TOKENS[1] == (3, 0)
     assert record[0]["prefix_cached"] == [3, 0]

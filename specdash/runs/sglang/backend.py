@@ -24,7 +24,7 @@ from specdash.engine_patches.registry import sglang_version
 from specdash.errors import EnvironmentProblem
 from specdash.events import Divergence, EngineError, Margin, Sink, Token
 from specdash.prompts import Prompt
-from specdash.runs.session import Flight, Header, divergence_event, shadow_margin
+from specdash.runs.session import Flight, Header, context_ids, divergence_event, shadow_margin
 from specdash.runs.sglang import preflight, process
 from specdash.runs.sglang.args import SGLangOptions, applied_patches, engine_kwargs
 from specdash.runs.sglang.host import EngineHost
@@ -356,6 +356,11 @@ class SGLangBackend:
             verify_mode=self.settings.verify_mode,
             gemm_backend=self.gemm_backend,
             texts=(request.texts[position], request.shadow_texts[position]),
+            context=(
+                self._tokenizer.decode(context_ids(flight, position))
+                if self._tokenizer is not None
+                else ""
+            ),
             margin=self._shadow_margin(request, position),
             prefix_cached=(
                 (request.cached, request.shadow_cached)
