@@ -222,6 +222,11 @@ class Divergence(_Event):
     root_cause: RootCause | None = None
     shadow_margin: Margin | None = None
     """The shadow's top-1 / top-2 at this position; None where the engine did not report it."""
+    prefix_cached: tuple[int, int] | None = None
+    """Prompt tokens the speculative engine and the shadow read from their prefix caches
+    instead of prefilling them (SGLang's `cached_tokens`); None where the engine does not say.
+    A prefill over a cached prefix starts its kernels' tiles and chunks elsewhere than one over
+    the whole prompt, so unequal counts can change a prefill token's bits."""
 
 
 class PromptDone(_Event):

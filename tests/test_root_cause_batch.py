@@ -212,6 +212,9 @@ def test_batched_root_cause_names_the_op_that_ran(pair, gemm) -> None:  # noqa: 
         seq = next(s for s in live.seqs if s.index == d.prompt_index)
         assert d.root_cause is not None
         check_cause(session.backend.engine.target, live, seq, d.position, d.root_cause)
+        end = len(seq.prompt) + d.position  # the context: the 24 tokens before it
+        tok = session.backend.loaded.tokenizer
+        assert d.context == tok.decode([*seq.prompt, *seq.ids][max(0, end - 24) : end])
 
 
 def test_continuous_batching_root_cause_names_the_op_that_ran(pair) -> None:  # noqa: ANN001

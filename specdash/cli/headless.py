@@ -85,6 +85,7 @@ def divergence_record(d: Divergence) -> dict[str, object]:
         "shadow_logprob_hex": d.shadow_logprob.hex(),
         "root_cause": None if d.root_cause is None else d.root_cause.model_dump(),
         "shadow_margin": None if d.shadow_margin is None else d.shadow_margin.model_dump(),
+        "prefix_cached": None if d.prefix_cached is None else list(d.prefix_cached),
     }
 
 

@@ -35,7 +35,14 @@ from specdash.events import (
     VerifyStep,
 )
 from specdash.prompts import Prompt
-from specdash.runs.session import Flight, Header, Session, divergence_event, shadow_margin
+from specdash.runs.session import (
+    Flight,
+    Header,
+    Session,
+    context_ids,
+    divergence_event,
+    shadow_margin,
+)
 from specdash.settings import MAX_K, SessionSettings
 
 
@@ -228,15 +235,14 @@ class NativeBackend:
         return iter(())  # the shadow advances in every step
 
     def divergence(self, flight: Flight, position: int, first: bool) -> Divergence:
-        """With the root cause of the first (the sub-op whose bits differ first) and up to 24
-        tokens of context before it."""
+        """With the root cause of the first (the sub-op whose bits differ first) and the tokens
+        before it (`context_ids`)."""
         seq, tok = self.seqs[flight.index], self.loaded.tokenizer
         cause = None
         if self.settings.root_cause and first:
             cause = self.root_causes.find(seq, position)
         record = seq.steps[self.engine.step_of(seq, position)[0]]
         assert record.mode != "prefill", "a verify step's mode is a verify mode"
-        end = len(seq.prompt) + position
         return divergence_event(
             flight,
             position,
@@ -245,7 +251,7 @@ class NativeBackend:
             verify_mode=record.mode,
             gemm_backend=record.gemm.name,
             texts=(tok.decode([seq.ids[position]]), tok.decode([seq.shadow_ids[position]])),
-            context=tok.decode((seq.prompt + seq.ids)[max(0, end - 24) : end]),
+            context=tok.decode(context_ids(flight, position)),
             root_cause=cause,
             margin=self._shadow_margin(seq, position),
         )

@@ -342,6 +342,17 @@ class Session:
         )
 
 
+CONTEXT_TOKENS = 24
+"""How many tokens before a divergence its `context` shows."""
+
+
+def context_ids(flight: Flight, position: int) -> list[int]:
+    """The prompt and generated ids just before generated token `position` (a divergence's
+    `context`, decoded by the backend's tokenizer)."""
+    end = len(flight.prompt) + position
+    return [*flight.prompt, *flight.ids][max(0, end - CONTEXT_TOKENS) : end]
+
+
 def divergence_event(
     flight: Flight,
     position: int,
@@ -354,10 +365,12 @@ def divergence_event(
     context: str = "",
     root_cause: RootCause | None = None,
     margin: Margin | None = None,
+    prefix_cached: tuple[int, int] | None = None,
 ) -> Divergence:
     """The `Divergence` at generated token `position` of `flight`: `texts` are the spec and
     shadow token's text there; a missing logprob is NaN; `margin`: the shadow's top-1 / top-2
-    there (`shadow_margin`), None where the engine does not report it."""
+    there (`shadow_margin`), None where the engine does not report it; `prefix_cached`: the
+    prompt tokens each engine read from its prefix cache, where it reports them."""
     a, b = flight.ids[position], flight.shadow_ids[position]
     la, lb = flight.logprobs[position], flight.shadow_logprobs[position]
     return Divergence(
@@ -377,6 +390,7 @@ def divergence_event(
         context=context,
         root_cause=root_cause,
         shadow_margin=margin,
+        prefix_cached=prefix_cached,
     )
 
 

@@ -40,6 +40,8 @@ def shadow_top2(prompt: int, position: int) -> tuple[tuple[int, float], tuple[in
     return (IDS[prompt][position], lp), (RUNNER_UP_IDS[prompt][position], second)
 
 
+CACHED_TOKENS = [(0, 0), (3, 0)]
+"""Prompt tokens (speculative engine, shadow) read from the prefix cache, per prompt."""
 SHADOW_LOGPROBS = [list(LOGPROBS[0]), [*LOGPROBS[1][:2], next_float(LOGPROBS[1][2])]]
 """The shadow's logprobs: one differs from the speculative run's in its last bit."""
 
@@ -99,7 +101,8 @@ class StandInEngine:
             lps = LOGPROBS[i] if "speculative_algorithm" in self.kw else SHADOW_LOGPROBS[i]
             # no text, as `Engine.generate` gives it: the session decodes the ids itself
             triples = [(lp, t, None) for lp, t in zip(lps, IDS[i], strict=True)]
-            meta = {"output_token_logprobs": triples}
+            cached = CACHED_TOKENS[i]["speculative_algorithm" not in self.kw]
+            meta = {"output_token_logprobs": triples, "cached_tokens": cached}
             if top_logprobs_num:
                 assert "speculative_algorithm" not in self.kw, "the stand-in knows the shadow's"
                 meta["output_top_logprobs"] = [

@@ -19,7 +19,7 @@ from specdash.runs.sglang import args, process
 from specdash.runs.sglang.backend import WARM_UP_PHASE, WARM_UP_TEXT
 from specdash.settings import SessionSettings
 from specdash.trace.jsonl import read_trace
-from specdash.ui.widgets.divergence import margin_text
+from specdash.ui.widgets.divergence import margin_text, prefix_cached_text
 
 STANDIN = r"""
 import contextlib, io, json, os, sys
@@ -341,6 +341,15 @@ def test_divergence_carries_the_shadows_margin(run_sglang, tmp_path, shadow_mode
     record = r["json"]["divergences"]
     assert record == [json.loads(json.dumps(divergence_record(d)))]
     assert record[0]["shadow_margin"] == m.model_dump()
+    # the tokens before it, decoded by the engine's tokenizer: the prompt's, then the output's
+    prompt_ids = standin_engine.StandInTokenizer().encode(standin_engine.PROMPTS[1])
+    assert d.context == "".join(f"<{t}>" for t in [*prompt_ids, *standin_engine.IDS[1][:2]])
+    # the prompt tokens each engine read from its prefix cache, as SGLang counted them
+    assert d.prefix_cached == standin_engine.CACHED_TOKENS[1] == (3, 0)
+    assert record[0]["prefix_cached"] == [3, 0]
+    assert "3 prompt tokens cached (spec), 0 (shadow): the prefills differed" in (
+        prefix_cached_text(d.prefix_cached)
+    )
     assert "1 fp32 ulps" in margin_text(d) and "near-tie" in margin_text(d)
 
 

@@ -24,7 +24,7 @@ from specdash.engine_patches.registry import sglang_version
 from specdash.errors import EnvironmentProblem
 from specdash.events import Divergence, EngineError, Margin, Sink, Token
 from specdash.prompts import Prompt
-from specdash.runs.session import Flight, Header, divergence_event, shadow_margin
+from specdash.runs.session import Flight, Header, context_ids, divergence_event, shadow_margin
 from specdash.runs.sglang import preflight, process
 from specdash.runs.sglang.args import SGLangOptions, applied_patches, engine_kwargs
 from specdash.runs.sglang.host import EngineHost
@@ -112,6 +112,9 @@ class _Request:
     """Accepted drafts per verify step, as the telemetry reported them."""
     texts: list[str] = field(default_factory=list)
     shadow_texts: list[str] = field(default_factory=list)
+    cached: int | None = None
+    shadow_cached: int | None = None
+    """Prompt tokens each engine read from its prefix cache (SGLang's `cached_tokens`)."""
     shadow_top: list[list[tuple[int, float]]] = field(default_factory=list)
     """The shadow's top (token id, logprob) pairs per token, best first."""
 
@@ -280,6 +283,7 @@ class SGLangBackend:
         request, k = self.requests[flight.index], self.settings.k
         steps, meta = request.accepted, out.meta
         flight.ids, flight.logprobs, request.texts = out.ids, out.logprobs, self._texts(out)
+        request.cached = out.meta.get("cached_tokens")
         flight.decode_s = seconds
         flight.verify_steps = int(meta.get("spec_verify_ct", len(steps)) or 0)
         flight.accepted_drafts = int(meta.get("spec_num_correct_drafts", sum(steps)) or 0)
@@ -325,6 +329,7 @@ class SGLangBackend:
         flight.shadow_ids, flight.shadow_logprobs = out.ids, out.logprobs
         request = self.requests[flight.index]
         request.shadow_texts, request.shadow_top = self._texts(out), out.top
+        request.shadow_cached = out.meta.get("cached_tokens")
 
     def late_shadows(self, flights: list[Flight]) -> Iterator[Flight]:
         """Sequential shadow: once the speculative engine has shut down (its GPU memory free),
@@ -351,7 +356,17 @@ class SGLangBackend:
             verify_mode=self.settings.verify_mode,
             gemm_backend=self.gemm_backend,
             texts=(request.texts[position], request.shadow_texts[position]),
+            context=(
+                self._tokenizer.decode(context_ids(flight, position))
+                if self._tokenizer is not None
+                else ""
+            ),
             margin=self._shadow_margin(request, position),
+            prefix_cached=(
+                (request.cached, request.shadow_cached)
+                if request.cached is not None and request.shadow_cached is not None
+                else None
+            ),
         )
 
     def _shadow_margin(self, request: _Request, position: int) -> Margin | None:

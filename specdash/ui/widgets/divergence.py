@@ -37,6 +37,13 @@ def root_cause_label(d: Divergence) -> str:
     return f"L{layer} {rc.sub_op}"
 
 
+def prefix_cached_text(cached: tuple[int, int]) -> str:
+    """The prompt tokens each engine read from its prefix cache, and what unequal counts mean."""
+    spec, shadow = cached
+    text = f"{spec} prompt tokens cached (spec), {shadow} (shadow)"
+    return text + (": the prefills differed" if spec != shadow else "")
+
+
 def margin_text(d: Divergence) -> str:
     """The shadow's top-1 / top-2 margin at the divergence, and what it says."""
     if d.shadow_margin is None:
@@ -173,6 +180,11 @@ class DivergenceDetail(ModalScreen[None]):
             "",
             f"[b]shadow margin[/b] {escape(margin_text(d))}",
             f"[b]root cause[/b] {cause}",
+            *(
+                [f"[b]prefix cache[/b] {prefix_cached_text(d.prefix_cached)}"]
+                if d.prefix_cached is not None
+                else []
+            ),
             "",
             "[b]context[/b]",
             escape(d.context) or "–",
