@@ -267,6 +267,9 @@ def test_engine_kwargs_per_algorithm(tmp_path, monkeypatch) -> None:
     assert nextn["speculative_draft_model_path"] == str(tmp_path)  # MTP: the target itself
     assert nextn["linear_attn_backend"] == "triton" and nextn["attention_backend"] == "triton"
     assert not {"speculative_num_steps", "speculative_eagle_topk"} & set(kwargs("DFLASH"))
+    # text prompts: no image processor, unless --sglang-arg asks for one
+    assert nextn["enable_multimodal"] is False
+    assert kwargs("NEXTN", enable_multimodal=True)["enable_multimodal"] is True
     ngram = kwargs("NGRAM")  # k + 1 verify tokens; SGLang's breadth, so GDN verify sees trees
     assert ngram["speculative_num_draft_tokens"] == 4
     assert "speculative_ngram_max_bfs_breadth" not in ngram

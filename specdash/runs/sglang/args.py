@@ -105,6 +105,9 @@ def engine_kwargs(
         "model_path": str(settings.model),
         "random_seed": settings.seed,
         "skip_tokenizer_init": False,
+        # the prompts are text: a multimodal checkpoint (Qwen3.5's own class) would otherwise
+        # load an image processor it never uses, and fail where the checkpoint has none
+        "enable_multimodal": False,
     }
     if settings.dtype is not None:
         kw["dtype"] = settings.dtype
