@@ -156,15 +156,18 @@ def class_has_method(arch: str, method: str) -> bool | None:
         return None
     models = root / "sglang" / "srt" / "models"
     for file in sorted(models.glob("*.py")):
-        module = _parsed(file)
+        module = _parsed(file, arch)
         if module is not None and arch in _entry_classes(module):
             return _defines(models, module, arch, method, seen=set())
     return None
 
 
-def _parsed(file: Path) -> ast.Module | None:
+def _parsed(file: Path, name: str) -> ast.Module | None:
+    """`file`'s syntax tree, or None where it cannot be read or never mentions `name` (most
+    of SGLang's 200-odd model modules: parsing them all would add half a second to a start)."""
     try:
-        return ast.parse(file.read_text(encoding="utf-8", errors="replace"))
+        text = file.read_text(encoding="utf-8", errors="replace")
+        return ast.parse(text) if name in text else None
     except (OSError, SyntaxError):
         return None
 
@@ -187,7 +190,7 @@ def _defines(models: Path, module: ast.Module, name: str, method: str, seen: set
     node = classes.get(name)
     if node is None:
         source = _imported_from(module, name)
-        imported = _parsed(models / f"{source}.py") if source else None
+        imported = _parsed(models / f"{source}.py", name) if source else None
         return imported is not None and _defines(models, imported, name, method, seen)
     if f"{id(module)}:{name}" in seen:
         return False
