@@ -118,14 +118,16 @@ def test_sglang_dflash_draft_model_loads_the_built_draft(run_each_sglang, tmp_pa
 PREFLIGHT = (
     BUILD
     + """
-import contextlib, io, json, shutil
+import contextlib, io, json
 sys.path.insert(0, "benchmarks")
 from sglang_checkpoint import build
 from specdash.cli import main
 
 target, _ = build(root / "pair", layers=8, config_only=True, dflash_draft=root / "dflash")
-wide, _ = build(root / "wide", layers=8, shape="27b", config_only=True)
-shallow, _ = build(root / "shallow", layers=4, config_only=True)
+# the targets as Qwen3.5's own checkpoints are: the multimodal class, sizes in text_config
+own, _ = build(root / "own", layers=8, config_only=True, multimodal=True)
+wide, _ = build(root / "wide", layers=8, shape="27b", config_only=True, multimodal=True)
+shallow, _ = build(root / "shallow", layers=4, config_only=True, multimodal=True)
 
 def run(model, *flags):
     err = io.StringIO()
@@ -134,17 +136,8 @@ def run(model, *flags):
                      "--draft", str(root / "dflash"), "--speculative-algorithm", "DFLASH", *flags])
     return [code, err.getvalue().strip().splitlines()]
 
-def multimodal(model):  # as Qwen3.5's own checkpoints: the multimodal class, text_config
-    text = json.loads((model / "config.json").read_text())
-    out = model.with_name(model.name + "-multimodal")
-    shutil.copytree(model, out)
-    config = {"architectures": ["Qwen3_5ForConditionalGeneration"], "text_config": text}
-    (out / "config.json").write_text(json.dumps(config))
-    return out
-
-own = multimodal(target)
 print("RESULT " + json.dumps({
-    "own": run(own), "wide": run(multimodal(wide)), "shallow": run(multimodal(shallow)),
+    "own": run(own), "wide": run(wide), "shallow": run(shallow),
     "own_text": run(target), "own_unpatched": run(own, "--sglang-unpatch", "dflash-logprobs"),
 }))
 """
