@@ -69,7 +69,6 @@ def engine(
         unpatch=off,
         engine_args={
             **args.sglang_args,
-            **dflash_block(algorithm, k),
             "disable_cuda_graph": not graphs,
             "cuda_graph_max_bs_decode": 32,
             "mem_fraction_static": mem,
@@ -92,12 +91,6 @@ def algorithm_draft(args: argparse.Namespace, algorithm: str | None) -> Path | N
     """The draft checkpoint an algorithm speculates with: STANDALONE's dense draft, DFLASH's
     DFlash draft (`sglang_checkpoint.py --dflash-draft`); None for the others."""
     return {"STANDALONE": args.draft, "DFLASH": args.dflash_draft}.get(algorithm or "")
-
-
-def dflash_block(algorithm: str | None, k: int) -> dict[str, Any]:
-    """DFLASH verifies a block whose size the draft's config gives; here k + 1 rows, as the
-    chain algorithms verify (SGLang takes speculative_num_draft_tokens over the config's)."""
-    return {"speculative_num_draft_tokens": k + 1} if algorithm == "DFLASH" else {}
 
 
 @contextlib.contextmanager

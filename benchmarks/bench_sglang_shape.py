@@ -51,7 +51,6 @@ from bench_sglang import (  # noqa: E402
     ALL_OFF,
     algorithm_draft,
     compare,
-    dflash_block,
     record,
     started,
 )
@@ -105,7 +104,6 @@ def engine(
             "max_running_requests": max(args.batches, default=1),
             "context_length": 8192,
             "speculative_draft_load_format": "dummy",  # NEXTN's MTP head, DFLASH's draft too
-            **dflash_block(algorithm, args.k),
             **graphs,
             **args.sglang_args,
         },

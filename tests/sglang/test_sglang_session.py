@@ -266,7 +266,9 @@ def test_engine_kwargs_per_algorithm(tmp_path, monkeypatch) -> None:
     assert nextn["speculative_num_draft_tokens"] == 4
     assert nextn["speculative_draft_model_path"] == str(tmp_path)  # MTP: the target itself
     assert nextn["linear_attn_backend"] == "triton" and nextn["attention_backend"] == "triton"
-    assert not {"speculative_num_steps", "speculative_eagle_topk"} & set(kwargs("DFLASH"))
+    dflash = kwargs("DFLASH")  # its block: the anchor and k drafts, not the draft's 16
+    assert not {"speculative_num_steps", "speculative_eagle_topk"} & set(dflash)
+    assert dflash["speculative_num_draft_tokens"] == 4
     # text prompts: no image processor, unless --sglang-arg asks for one
     assert nextn["enable_multimodal"] is False
     assert kwargs("NEXTN", enable_multimodal=True)["enable_multimodal"] is True

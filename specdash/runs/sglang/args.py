@@ -27,8 +27,9 @@ EXACT_DEFAULTS: dict[str, Any] = {
     "mamba_ssm_dtype": "float32",
 }
 CHAIN_ALGORITHMS = ("NEXTN", "EAGLE3", "STANDALONE")
-"""Algorithms whose draft length specdash sets from -k (steps=k, topk=1, k+1 verify tokens);
-DFLASH takes its block size from the draft model, NGRAM its own defaults."""
+"""Algorithms that draft a chain of k tokens one step at a time (steps=k, topk=1). Every
+algorithm verifies k + 1 tokens, so -k means the same on each: DFLASH's block is the anchor and
+k drafts (SGLang would otherwise take the draft config's block_size, 16 for released drafts)."""
 SPLIT_MEM_FRACTION = 0.4
 """mem_fraction_static of each engine when spec and shadow engines share the GPU."""
 START_DEFAULTS: dict[str, Any] = {
@@ -119,12 +120,13 @@ def engine_kwargs(
             kw["speculative_num_steps"] = settings.k
             kw["speculative_eagle_topk"] = 1
             kw["speculative_num_draft_tokens"] = settings.k + 1
-        elif options.speculative_algorithm == "NGRAM":
-            # k + 1 verify tokens. The breadth stays SGLang's (10): NGRAM drafts are trees even
-            # at breadth 1 (several trie anchors), and SGLang gives GDN verify the parent of
-            # each row only when breadth (its eagle topk) > 1. At breadth 1 the GDN state runs
-            # down the packed rows as if they were a chain (NGRAM k=5 on the SGLang test pair:
-            # 2/24 prompts differ). The attention rows read each row's ancestors from the mask.
+        else:
+            # NGRAM, DFLASH: k + 1 verify tokens. NGRAM's breadth stays SGLang's (10): its
+            # drafts are trees even at breadth 1 (several trie anchors), and SGLang gives GDN
+            # verify the parent of each row only when breadth (its eagle topk) > 1. At breadth 1
+            # the GDN state runs down the packed rows as if they were a chain (NGRAM k=5 on the
+            # SGLang test pair: 2/24 prompts differ). The attention rows read each row's
+            # ancestors from the mask.
             kw["speculative_num_draft_tokens"] = settings.k + 1
         if options.speculative_algorithm == "NEXTN":
             kw["speculative_draft_model_path"] = str(settings.draft or settings.model)
