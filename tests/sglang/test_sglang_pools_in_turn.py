@@ -22,14 +22,16 @@ from specdash.engine_patches import memory_pools_in_turn as turn
 hold_s, die = float(sys.argv[1]), sys.argv[2] == "die"
 times = {}
 init = turn._turn_first(lambda self: times.setdefault("measured", time.time()))
-pools = turn._turn_ends(lambda self: time.sleep(hold_s))
+def allocate(self):  # the pools exist before the turn ends: the clock is read inside it
+    time.sleep(hold_s)
+    times["allocated"] = time.time()
+pools = turn._turn_ends(allocate)
 init(None)
 init(None)  # the draft's model runner: the turn is already held
 if die:
     print(json.dumps(times), flush=True)
     os._exit(3)
 pools(None)
-times["allocated"] = time.time()
 times["env_after"] = os.environ.get(turn.TURN_ENV)
 print(json.dumps(times), flush=True)
 """
