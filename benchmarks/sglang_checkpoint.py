@@ -229,51 +229,61 @@ class _Init:
 
 def target_weights(cfg: dict, init: _Init) -> dict[str, torch.Tensor]:
     v, h = cfg["vocab_size"], cfg["hidden_size"]
-    # Output projections scaled with the width, so every shape keeps the bigram dominant.
-    out_std = 0.02 * LAYER_SCALE * math.sqrt(2048 / h)
     zeros = lambda *s: torch.zeros(s, dtype=torch.bfloat16)  # noqa: E731  (Qwen3.5 norms: 1 + w)
     w = {"model.embed_tokens.weight": init.normal(v, h, std=1.0)}
     for i, kind in enumerate(cfg["layer_types"]):
-        w |= _layer_weights(f"model.layers.{i}.", kind, cfg, init, out_std)
+        w |= _layer_weights(f"model.layers.{i}.", kind, cfg, init)
     w["model.norm.weight"] = zeros(h)
     w["lm_head.weight"] = init.normal(v, h, std=1.0 / math.sqrt(h))
     return w | _mtp_weights(cfg, init)
 
 
 def _layer_weights(
-    p: str, kind: str, cfg: dict, init: _Init, out_std: float, zero_out: bool = False
+    p: str, kind: str, cfg: dict, init: _Init, zero_out: bool = False
 ) -> dict[str, torch.Tensor]:
-    """One decoder layer; `zero_out`: output projections zero (the layer adds nothing)."""
+    """One decoder layer; `zero_out`: output projections zero (the layer adds nothing).
+
+    Every shape writes as much into the residual stream, per element, as the small one, so the
+    bigram stays as dominant at every width: input projections scale with 1/sqrt(hidden), which
+    keeps the activations' size, and output projections with 1/sqrt(their input width), each
+    against the small shape's width of that projection."""
     h, f = cfg["hidden_size"], cfg["intermediate_size"]
     zeros = lambda *s: torch.zeros(s, dtype=torch.bfloat16)  # noqa: E731
-    out = (lambda *s: zeros(*s)) if zero_out else (lambda *s: init.normal(*s, std=out_std))
+    small = SHAPES["small"]
+    in_std = 0.02 * math.sqrt(small.hidden / h)
+
+    def out(rows: int, width: int, small_width: int) -> torch.Tensor:
+        if zero_out:
+            return zeros(rows, width)
+        return init.normal(rows, width, std=0.02 * LAYER_SCALE * math.sqrt(small_width / width))
+
     w: dict[str, torch.Tensor] = {}
     if kind == "linear_attention":
         heads, vheads = cfg["linear_num_key_heads"], cfg["linear_num_value_heads"]
         key_dim = heads * cfg["linear_key_head_dim"]
         value_dim = vheads * cfg["linear_value_head_dim"]
         a = p + "linear_attn."
-        w[a + "in_proj_qkv.weight"] = init.normal(2 * key_dim + value_dim, h, std=0.02)
-        w[a + "in_proj_z.weight"] = init.normal(value_dim, h, std=0.02)
-        w[a + "in_proj_b.weight"] = init.normal(vheads, h, std=0.02)
-        w[a + "in_proj_a.weight"] = init.normal(vheads, h, std=0.02)
+        w[a + "in_proj_qkv.weight"] = init.normal(2 * key_dim + value_dim, h, std=in_std)
+        w[a + "in_proj_z.weight"] = init.normal(value_dim, h, std=in_std)
+        w[a + "in_proj_b.weight"] = init.normal(vheads, h, std=in_std)
+        w[a + "in_proj_a.weight"] = init.normal(vheads, h, std=in_std)
         w[a + "conv1d.weight"] = init.normal(2 * key_dim + value_dim, 1, CONV, std=0.3)
         w[a + "dt_bias"] = torch.ones(vheads, dtype=torch.bfloat16)
         w[a + "A_log"] = torch.linspace(1.0, 16.0, vheads).log().to(torch.bfloat16)
         w[a + "norm.weight"] = torch.ones(cfg["linear_value_head_dim"], dtype=torch.bfloat16)
-        w[a + "out_proj.weight"] = out(h, value_dim)
+        w[a + "out_proj.weight"] = out(h, value_dim, small.gdn_value_heads * small.gdn_head_dim)
     else:
         heads, kv, d = cfg["num_attention_heads"], cfg["num_key_value_heads"], cfg["head_dim"]
         a = p + "self_attn."
-        w[a + "q_proj.weight"] = init.normal(2 * heads * d, h, std=0.02)
-        w[a + "k_proj.weight"] = init.normal(kv * d, h, std=0.02)
-        w[a + "v_proj.weight"] = init.normal(kv * d, h, std=0.02)
-        w[a + "o_proj.weight"] = out(h, heads * d)
+        w[a + "q_proj.weight"] = init.normal(2 * heads * d, h, std=in_std)
+        w[a + "k_proj.weight"] = init.normal(kv * d, h, std=in_std)
+        w[a + "v_proj.weight"] = init.normal(kv * d, h, std=in_std)
+        w[a + "o_proj.weight"] = out(h, heads * d, small.heads * small.head_dim)
         w[a + "q_norm.weight"] = zeros(d)
         w[a + "k_norm.weight"] = zeros(d)
-    w[p + "mlp.gate_proj.weight"] = init.normal(f, h, std=0.02)
-    w[p + "mlp.up_proj.weight"] = init.normal(f, h, std=0.02)
-    w[p + "mlp.down_proj.weight"] = out(h, f)
+    w[p + "mlp.gate_proj.weight"] = init.normal(f, h, std=in_std)
+    w[p + "mlp.up_proj.weight"] = init.normal(f, h, std=in_std)
+    w[p + "mlp.down_proj.weight"] = out(h, f, small.intermediate)
     w[p + "input_layernorm.weight"] = zeros(h)
     w[p + "post_attention_layernorm.weight"] = zeros(h)
     return w
@@ -290,7 +300,7 @@ def _mtp_weights(cfg: dict, init: _Init) -> dict[str, torch.Tensor]:
         "mtp.fc.weight": fc,
         "mtp.pre_fc_norm_embedding.weight": zeros(h),
         "mtp.pre_fc_norm_hidden.weight": zeros(h),
-        **_layer_weights("mtp.layers.0.", "full_attention", cfg, init, 0.0, zero_out=True),
+        **_layer_weights("mtp.layers.0.", "full_attention", cfg, init, zero_out=True),
         "mtp.norm.weight": zeros(h),
     }
 
