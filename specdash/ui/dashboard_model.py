@@ -9,6 +9,7 @@ from __future__ import annotations
 
 from collections import Counter, deque
 from dataclasses import dataclass, field
+from typing import Literal
 
 from specdash import metrics
 from specdash.events import (
@@ -36,6 +37,9 @@ HISTORY = 600
 STREAM_TOKENS = 4000
 """Tokens of the current prompt kept for the token stream."""
 MAX_DIVERGENCES = 1000
+Verdict = Literal["running", "exact", "diverged", "unchecked"]
+"""A prompt's verdict: "diverged" from its first divergence on, the others once it is done
+("unchecked": no shadow ran)."""
 
 
 @dataclass(slots=True)
@@ -102,6 +106,9 @@ class DashboardModel:
     idle: bool = False
     """Every prompt decoded; the engine waits for a typed one (`Idle`)."""
     prompt_index: int | None = None
+    requests: dict[int, Verdict] = field(default_factory=dict)
+    """Each prompt's verdict by prompt index, in the order they started: several run at once
+    in a batch, and the status line names only the latest."""
     prompts_done: int = 0
     exact_prompts: int = 0
     finished: bool = False
@@ -255,6 +262,7 @@ class DashboardModel:
         self.prefill = f"prompt {e.prompt_index}, {e.prompt_tokens:,} tokens"
         self.prefill_t_ns = e.t_ns
         self.prompt_index = e.prompt_index
+        self.requests[e.prompt_index] = "running"
         self.prompt_text = e.text
         self.stream.clear()
         self._diverged_positions.clear()
@@ -301,6 +309,7 @@ class DashboardModel:
         self.divergence_count += 1
         if self.first_divergence is None:
             self.first_divergence = e
+        self.requests[e.prompt_index] = "diverged"
         if e.prompt_index != self.prompt_index:
             return
         self._diverged_positions.add(e.position)
@@ -312,6 +321,8 @@ class DashboardModel:
     def _on_prompt_done(self, e: PromptDone) -> None:
         self.prompts_done += 1
         self.exact_prompts += e.exact
+        verdict: Verdict = "unchecked" if not self.shadow else "exact" if e.exact else "diverged"
+        self.requests[e.prompt_index] = verdict
 
     def _on_telemetry(self, e: TelemetrySample) -> None:
         self.telemetry = e

@@ -1,4 +1,5 @@
-"""Divergence panel: every flagged (prompt, position) in a table; Enter opens the detail.
+"""Divergence panel: each prompt's verdict, one mark per prompt (a batch runs several at once),
+and every flagged (prompt, position) in a table; Enter opens the detail.
 
 The detail shows both tokens, both logprobs with their exact bits (the guarantee is about
 bits, so the hex form is what settles a logprob divergence), the text around the position
@@ -8,6 +9,7 @@ and the root-cause layer and sub-op when the engine found one.
 from __future__ import annotations
 
 from rich.markup import escape
+from rich.text import Text
 from textual.app import ComposeResult
 from textual.binding import Binding
 from textual.containers import Vertical, VerticalScroll
@@ -15,7 +17,7 @@ from textual.screen import ModalScreen
 from textual.widgets import DataTable, Static
 
 from specdash.events import Divergence
-from specdash.ui.dashboard_model import DashboardModel
+from specdash.ui.dashboard_model import DashboardModel, Verdict
 from specdash.ui.widgets.readout import Readout
 
 COLUMNS = ("p", "tok", "what", "spec", "shadow", "k", "verify", "GEMM", "gap", "root cause")
@@ -25,6 +27,34 @@ NARROW_COLUMNS = ("p", "tok", "what", "spec", "shadow", "root cause")
 WIDE_WIDTH = 70
 NARROW_TEXT = 8
 NARROW_CAUSE = 12
+
+
+MARKS: dict[Verdict, tuple[str, str]] = {
+    "running": ("•", "bold yellow"),
+    "exact": ("✓", "green"),
+    "diverged": ("✗", "bold red"),
+    "unchecked": ("·", "dim"),
+}
+
+
+def requests_text(m: DashboardModel, width: int) -> Text:
+    """One mark per prompt in the order they started, the latest that fit in `width`, and how
+    many are in flight."""
+    verdicts = list(m.requests.values())
+    running = verdicts.count("running")
+    text = Text("requests ", style="dim")
+    tail = f"  {running} in flight" if running else ""
+    room = max(2, width - len(text) - len(tail))
+    if not verdicts:
+        text.append("–")
+    elif len(verdicts) > room:
+        text.append("…", style="dim")
+        verdicts = verdicts[len(verdicts) - room + 1 :]
+    for verdict in verdicts:
+        mark, style = MARKS[verdict]
+        text.append(mark, style=style)
+    text.append(tail)
+    return text
 
 
 def root_cause_label(d: Divergence) -> str:
@@ -105,12 +135,15 @@ class DivergencePanel(Vertical):
     _model: DashboardModel | None = None
 
     def compose(self) -> ComposeResult:
+        yield Readout("requests –", id="requests")
         yield Readout("divergences (session): none", id="divergence-count")
         table = DivergenceTable(id="divergence-table", cursor_type="row", zebra_stripes=True)
         table.add_columns(*COLUMNS)
         yield table
 
     def on_resize(self) -> None:
+        if self._model is not None:  # the marks that fit depend on the width
+            self.show_requests(self._model)
         narrow = 0 < self.size.width < WIDE_WIDTH
         if narrow == self._narrow:
             return
@@ -144,6 +177,10 @@ class DivergencePanel(Vertical):
         count = m.divergence_count
         label = "none" if count == 0 else f"{count}   Enter: detail"
         self.query_one("#divergence-count", Readout).show_text(f"divergences (session): {label}")
+        self.show_requests(m)
+
+    def show_requests(self, m: DashboardModel) -> None:
+        self.query_one("#requests", Readout).show_text(requests_text(m, self.content_size.width))
 
     def selected(self, m: DashboardModel) -> Divergence | None:
         table = self.query_one(DataTable)

@@ -58,6 +58,8 @@ session started, **now** = the latest sample, **N ms** = the GPU sampler's windo
 - **mem busy %**: NVML `utilization.memory`, the share of time memory was read or written; shown
   when GPM is unavailable; it saturates early and is *not* bandwidth.
 - **SM util (GPM)**: share of SMs busy; power: board power draw; mem used: device memory in use.
+- **requests**: one mark per prompt, in the order they started (a batch runs several at once):
+  ✓ exact, ✗ diverged (from its first divergence on), • in flight, · not checked (no shadow).
 - **divergence**: a position where the spec and shadow token ids differ (*token*) or only the
   fp32 logprob bits differ (*logprob*); **root cause**: the first layer and sub-op whose bits
   differ when the step is re-run in both paths; **gap** (the shadow's margin): its own top-1
