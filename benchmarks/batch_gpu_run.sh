@@ -27,9 +27,10 @@ ls .carry/fla/fla_core-*.whl > /dev/null 2>&1 && python3 -m pip install -q --no-
 export PYTHONPATH="/tmp/pyd:$PWD"
 { date -u; nvidia-smi --query-gpu=name,driver_version --format=csv,noheader;
   python3 -c "import torch, triton; print(torch.__version__, triton.__version__)"; } | tee "$OUT/env.txt"
+# -v: a test's PASSED line as it ends, so a call that runs out of time still says which passed
 if [[ " $STEPS " == *" tests "* ]]; then
   echo "== tests $(date -u +%T)"
-  timeout ${TESTS_TIMEOUT:-300} python3 -m pytest -q -rA -p no:cacheprovider -m gpu \
+  timeout ${TESTS_TIMEOUT:-300} python3 -m pytest -v -rA -p no:cacheprovider -m gpu \
     ${TESTS_FILES:-tests/test_gpu_engine.py} -k "${TESTS_K-captured or batched}" > "$OUT/batched_tests.txt" 2>&1
   tail -8 "$OUT/batched_tests.txt"
 fi

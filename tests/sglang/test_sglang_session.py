@@ -13,13 +13,14 @@ import standin_engine
 
 from specdash.cli.headless import divergence_record
 from specdash.errors import UsageError
-from specdash.events import Divergence
+from specdash.events import EVENT_ADAPTER, Divergence
 from specdash.metrics import fp32_ulps
 from specdash.runs.sglang import args, process
 from specdash.runs.sglang.backend import WARM_UP_PHASE, WARM_UP_TEXT
 from specdash.settings import SessionSettings
 from specdash.trace.jsonl import read_trace
-from specdash.ui.widgets.divergence import margin_text, prefix_cached_text
+from specdash.ui.dashboard_model import DashboardModel
+from specdash.ui.widgets.divergence import margin_text, prefix_cached_text, requests_text
 
 STANDIN = r"""
 import contextlib, io, json, os, sys
@@ -176,6 +177,13 @@ def test_batch_sends_the_prompts_at_once_and_checks_each_alone(
     assert div == [(1, 2, 0)]
     done = [(e["prompt_index"], e["exact"]) for e in events if e["kind"] == "prompt_done"]
     assert done == [(0, True), (1, False)]
+    model = DashboardModel()  # the dashboard: both requests in flight, then each one's verdict
+    first_step = next(i for i, e in enumerate(events) if e["kind"] == "verify_step")
+    for i, e in enumerate(events):
+        model.consume(EVENT_ADAPTER.validate_python(e))
+        if i == first_step:
+            assert requests_text(model, 60).plain == "requests ••  2 in flight"
+    assert requests_text(model, 60).plain == "requests ✓✗"
     summary = r["summary"]
     assert (summary["prompts"], summary["exact_prompts"], summary["verify_steps"]) == (2, 1, 3)
     assert summary["acceptance_rate"] == 3 / 6 and summary["mean_accepted_length"] == 6 / 3
