@@ -6,9 +6,9 @@
 # with SPEC_ARGS (default: no 128k prefill, 2k context only, a short spec envelope); step `attn`:
 # bench_prefill_attention.py (torch's flash attention vs specdash's Triton prefill kernel); step
 # `split`: the decode attention config sweep with SPLITS split sizes; step `ref`: bench_spec_gpu.py
-# (SPEC_ARGS) from the reference tree REF (default .carry/ref, made here by `git archive COMMIT
-# specdash kernels engine_patches benchmarks/bench_spec_gpu.py benchmarks/cuda_timing.py`), then
-# from this tree, then REF again: the decode step side by side on one machine.
+# (SPEC_ARGS) from the reference tree REF (default .carry/ref: `REF=COMMIT bash
+# benchmarks/make_carry.sh`), then from this tree, then REF again: the decode step side by side
+# on one machine.
 # Needs pydantic (the settings models) from .carry/sglang, installed to /tmp/pyd (and FLA from
 # .carry/fla when there).
 # Usage on the GPU machine, from the repo root: [STEPS="tests bench"] bash benchmarks/batch_gpu_run.sh
@@ -21,7 +21,7 @@ for p in kernels engine_patches; do [ -e specdash/$p ] || ln -s ../$p specdash/$
 python3 -m pip install -q --no-index --no-deps --target /tmp/pyd .carry/sglang/pydantic*.whl \
   .carry/sglang/annotated_types*.whl .carry/sglang/typing_inspection*.whl \
   .carry/sglang/typing_extensions*.whl > /tmp/pyd.log 2>&1
-# FLA's chunked GDN kernel for prefill, when carried (`pip download --no-deps fla-core==0.6.0`)
+# FLA's chunked GDN kernel for prefill, when carried (benchmarks/make_carry.sh)
 ls .carry/fla/fla_core-*.whl > /dev/null 2>&1 && python3 -m pip install -q --no-index --no-deps \
   --target /tmp/pyd .carry/fla/fla_core-*.whl >> /tmp/pyd.log 2>&1
 export PYTHONPATH="/tmp/pyd:$PWD"
