@@ -1,7 +1,7 @@
 # Sourced by the SGLang device-call scripts: the box's environment, Triton's carried cache, the
 # carried wheels (`.carry/sglang/*.whl` and the caller's WHEELS; benchmarks/make_carry.sh builds
-# them) installed to /tmp/site, and this
-# tree importable as specdash. Sets T0, BUDGET, OUT; `left` prints the seconds left.
+# them) installed to /tmp/site, and this tree importable as specdash. Sets T0, BUDGET, OUT;
+# `left` prints the seconds left.
 T0=$(date +%s); BUDGET=${BUDGET:-560}
 OUT=${OUT:-/tmp/out}; mkdir -p "$OUT"
 export PYTHONUNBUFFERED=1 TOKENIZERS_PARALLELISM=false HF_HUB_OFFLINE=1 TRANSFORMERS_OFFLINE=1
