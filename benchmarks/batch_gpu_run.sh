@@ -25,6 +25,10 @@ python3 -m pip install -q --no-index --no-deps --target /tmp/pyd .carry/sglang/p
 ls .carry/fla/fla_core-*.whl > /dev/null 2>&1 && python3 -m pip install -q --no-index --no-deps \
   --target /tmp/pyd .carry/fla/fla_core-*.whl >> /tmp/pyd.log 2>&1
 export PYTHONPATH="/tmp/pyd:$PWD"
+# Triton's compiled kernels travel between calls (a cold cache cost the GPU tests over 200 s):
+# read from .carry/triton-cache.tgz when carried, written to $OUT/triton-cache.tgz with CACHE_OUT=1
+export TRITON_CACHE_DIR=/tmp/triton-cache; mkdir -p $TRITON_CACHE_DIR
+[ -f .carry/triton-cache.tgz ] && tar -xzf .carry/triton-cache.tgz -C $TRITON_CACHE_DIR
 { date -u; nvidia-smi --query-gpu=name,driver_version --format=csv,noheader;
   python3 -c "import torch, triton; print(torch.__version__, triton.__version__)"; } | tee "$OUT/env.txt"
 # -v: a test's PASSED line as it ends, so a call that runs out of time still says which passed
@@ -72,4 +76,6 @@ if [[ " $STEPS " == *" ref "* ]]; then
       | grep --line-buffered -v Warning | tee "$OUT/side_${n}_$run.txt" | grep "tokens_per_s" | cut -c1-400
   done
 fi
+[ -n "${CACHE_OUT:-}" ] && tar -czf "$OUT/triton-cache.tgz" -C $TRITON_CACHE_DIR . \
+  && du -h "$OUT/triton-cache.tgz"
 echo "== done $(date -u +%T)"
