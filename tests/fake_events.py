@@ -4,6 +4,7 @@ so the dashboard can be driven (and snapshotted) without an engine or a clock.""
 from __future__ import annotations
 
 import random
+from collections.abc import Iterable
 
 from specdash.controls import Controls
 from specdash.events import (
@@ -19,10 +20,19 @@ from specdash.events import (
     VerifyStep,
 )
 from specdash.settings import SessionSettings
+from specdash.ui.dashboard_model import DashboardModel
 from specdash.ui.sources import Sink
 
 WORDS = ["the", " cat", " sat", " on", " a", " mat", ",", " and", " then", " it", " slept", "."]
 STEP_NS = 20_000_000
+
+
+def folded(events: Iterable[Event]) -> DashboardModel:
+    """The dashboard's model after `events`, in order."""
+    model = DashboardModel()
+    for event in events:
+        model.consume(event)
+    return model
 
 
 def fake_session(

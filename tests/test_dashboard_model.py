@@ -6,17 +6,9 @@ from __future__ import annotations
 import subprocess
 import sys
 
-from fake_events import STEP_NS, fake_session
+from fake_events import STEP_NS, fake_session, folded
 
 from specdash.events import ControlChange, EngineError, Summary, TelemetrySample, VerifyStep
-from specdash.ui.dashboard_model import DashboardModel
-
-
-def folded(events) -> DashboardModel:
-    model = DashboardModel()
-    for event in events:
-        model.consume(event)
-    return model
 
 
 def test_acceptance_numbers_match_the_steps():

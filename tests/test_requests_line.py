@@ -4,7 +4,7 @@ checked), so a batch's prompts each have a verdict on screen, not only the lates
 from __future__ import annotations
 
 import pytest
-from fake_events import ScriptedSource, fake_session
+from fake_events import ScriptedSource, fake_session, folded
 from tiny_models import write_pair
 
 from specdash.events import Divergence, Event, PromptDone, PromptStart
@@ -13,13 +13,6 @@ from specdash.settings import SessionSettings
 from specdash.ui.app import SpecdashApp
 from specdash.ui.dashboard_model import DashboardModel
 from specdash.ui.widgets.divergence import requests_text
-
-
-def folded(events: list[Event]) -> DashboardModel:
-    model = DashboardModel()
-    for event in events:
-        model.consume(event)
-    return model
 
 
 def test_a_prompt_is_diverged_from_its_first_divergence_and_exact_only_when_done() -> None:
