@@ -44,6 +44,10 @@ for step in ${STEPS:-cli bench}; do
           --max-new-tokens ${CLI_MAX_NEW:-32} --json $BOX $run_args \
           > "$OUT/cli-$n.json" 2> >(python3 benchmarks/stamp_lines.py > "$OUT/cli-$n.log"); echo "exit $?"
         cut -c1-600 "$OUT/cli-$n.json"; grep -a "specdash: error" "$OUT/cli-$n.log" | tail -3
+        # SGLang's own log of the run (start phases, each prefill batch's cached tokens), after
+        # specdash's stderr, so a run's one file says what SGLang did
+        for f in /tmp/specdash-sglang-[0-9]*.log; do
+          [ -e "$f" ] && { echo "== $f"; cat "$f"; rm -f "$f"; } >> "$OUT/cli-$n.log"; done
       done ;;
     start)  # time to the first verified token, phase by phase (benchmarks/bench_sglang_start.py)
       # START_RUNS: the labels to run, in order (a label run twice: cold, then warm cache)
