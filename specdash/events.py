@@ -329,6 +329,9 @@ class Summary(_Event):
     unreproduced_root_causes: int = 0
     """Divergences whose root-cause replay did not reproduce the flagged bits (no sub-op
     named: `RootCause.reproduced` False)."""
+    rate_includes_prefill: bool = False
+    """`seconds` (so `tokens_per_s`) holds each request's prefill: the engine times whole
+    requests (SGLang), not decode steps."""
 
     @property
     def exact_text(self) -> str:

@@ -63,6 +63,7 @@ class SessionStats:
         self.verify_steps = self.accepted = self.proposed = self.emitted = 0
         self.divergences = self.unreproduced_root_causes = 0
         self.checked = True  # a shadow decode compares the output (not --no-shadow)
+        self.rate_includes_prefill = False
         self.clock = BusyClock()
 
     def consume(self, event: Event) -> None:
@@ -76,6 +77,7 @@ class SessionStats:
                 self.emitted += len(event.emitted_tokens)
         elif isinstance(event, SessionStart):
             self.checked = bool(event.config.get("shadow", True))
+            self.rate_includes_prefill = bool(event.config.get("rate_includes_prefill", False))
         elif isinstance(event, Divergence):
             self.divergences += 1
             cause = event.root_cause
@@ -110,4 +112,5 @@ class SessionStats:
             else None,
             wall_seconds=self.clock.seconds(t_ns),
             unreproduced_root_causes=self.unreproduced_root_causes,
+            rate_includes_prefill=self.rate_includes_prefill,
         )

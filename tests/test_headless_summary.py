@@ -57,6 +57,24 @@ def test_summary_has_the_shadow_rate_the_ratio_and_the_wall_rate():
     assert "prefill" in wall and "shadow" in wall
 
 
+def test_a_rate_over_whole_requests_says_it_holds_their_prefill():
+    """An engine that times whole requests (SGLang) says so in its header; the summary then
+    names the rate for what it is instead of calling it a decode rate."""
+    stats = SessionStats()
+    config = {"rate_includes_prefill": True}
+    stats.consume(SessionStart(t_ns=0, config=config, versions={}, device="cpu", gemm_backend="t"))
+    stats.consume(_step(1_000_000_000, tokens=4, spec_s=0.5, shadow_s=0.0))
+    done = PromptDone(t_ns=2_000_000_000, prompt_index=0, new_tokens=4, seconds=2.0,
+                      verify_steps=1, accepted_drafts=3, proposed_drafts=3, exact=True)  # fmt: skip
+    stats.consume(done)
+    summary = stats.summary(at_ns=3_000_000_000)
+    assert summary.rate_includes_prefill and summary.tokens_per_s == pytest.approx(2.0)
+    text = format_summary(summary, [])
+    assert "decode t/s, speculative" not in text
+    rate = next(line for line in text.splitlines() if line.startswith("t/s, speculative requests"))
+    assert "2.0" in rate and "prefill" in rate
+
+
 def test_the_wall_clock_stops_while_paused_or_idle():
     stats = SessionStats()
     stats.consume(SessionStart(t_ns=0, config={}, versions={}, device="cpu", gemm_backend="t"))

@@ -27,7 +27,11 @@ def format_summary(summary: Summary, divergences: list[Divergence]) -> str:
         ("prompts", f"{s.prompts}"),
         ("exact prompts", s.exact_text),
         ("new tokens", f"{s.new_tokens}"),
-        ("decode t/s, speculative", f"{s.tokens_per_s:.1f}  (draft + verify + rollback)"),
+        (
+            ("t/s, speculative requests", f"{s.tokens_per_s:.1f}  (prefill + draft + verify)")
+            if s.rate_includes_prefill
+            else ("decode t/s, speculative", f"{s.tokens_per_s:.1f}  (draft + verify + rollback)")
+        ),
         (
             "decode t/s, shadow (plain greedy)",
             f"{_rate(s.shadow_tokens_per_s)}  (the same tokens, no speculation)"

@@ -313,6 +313,9 @@ def test_no_speculation_is_not_checked(run_sglang, tmp_path) -> None:
     start = next(e for e in r["events"] if e["kind"] == "session_start")
     assert start["config"]["shadow"] is False and len(r["engines"]) == 1
     assert r["summary"]["checked"] is False and r["summary"]["exact_prompts"] is None
+    # SGLang's requests hold their prefill: the header says so, and the summary carries it
+    assert start["config"]["rate_includes_prefill"] is True
+    assert r["summary"]["rate_includes_prefill"] is True
 
 
 CLI_SCRIPT = (

@@ -179,6 +179,9 @@ class SGLangBackend:
             "sglang_args": {k: repr(v) for k, v in self.options.engine_args.items()},
             "shadow_mode": self.options.shadow_mode,
             "sglang_patches": applied_patches(self.options),
+            # SGLang prefills inside each request and reports no first-token time, so a
+            # request's seconds, which the rates divide by, hold its prefill
+            "rate_includes_prefill": True,
         }
         versions = {"sglang": sglang_version() or "?", "torch": torch.__version__}
         cuda = torch.cuda.is_available()
