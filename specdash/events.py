@@ -239,6 +239,9 @@ class PromptDone(_Event):
     proposed_drafts: int
     exact: bool
     """Ids and fp32 logprob bits equal to the shadow's, every token."""
+    shadow_seconds: float = 0.0
+    """The shadow's plain greedy decode of the same tokens, timed as `seconds` is (0: no
+    shadow ran)."""
     same_text: bool | None = None
     """Token ids equal to the shadow's, every token (the bits may differ); None: not checked."""
     skipped: bool = False

@@ -69,7 +69,6 @@ class SessionStats:
     def consume(self, event: Event) -> None:
         self.clock.consume(event)
         if isinstance(event, VerifyStep):
-            self.shadow_seconds += event.shadow_s
             if not event.plain:
                 self.verify_steps += 1
                 self.accepted += event.accepted
@@ -89,6 +88,7 @@ class SessionStats:
                 self.same_text_prompts = (self.same_text_prompts or 0) + event.same_text
             self.new_tokens += event.new_tokens
             self.seconds += event.seconds
+            self.shadow_seconds += event.shadow_seconds
 
     def summary(self, at_ns: int | None = None) -> Summary:
         """The totals as of event time `at_ns` (default: now), which the summary carries."""

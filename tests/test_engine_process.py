@@ -23,7 +23,16 @@ from specdash.trace.jsonl import TraceWriter, read_trace
 from specdash.ui.app import SpecdashApp
 from specdash.ui.sources import EventBuffer, LiveSession
 
-TIMES = {"t_ns", "wall_time", "seconds", "draft_s", "verify_s", "shadow_s", "rollback_s"}
+TIMES = {
+    "t_ns",
+    "wall_time",
+    "seconds",
+    "shadow_seconds",
+    "draft_s",
+    "verify_s",
+    "shadow_s",
+    "rollback_s",
+}
 """Fields that differ between two runs of one session: clocks and durations."""
 TIMED = {"summary": {"tokens_per_s", "shadow_tokens_per_s", "wall_seconds"}}
 

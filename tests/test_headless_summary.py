@@ -44,6 +44,7 @@ def test_summary_has_the_shadow_rate_the_ratio_and_the_wall_rate():
             accepted_drafts=6,
             proposed_drafts=6,
             exact=True,
+            shadow_seconds=2.0,
         )
     )
     summary = stats.summary(at_ns=4_000_000_000)
@@ -65,14 +66,21 @@ def test_a_rate_over_whole_requests_says_it_holds_their_prefill():
     stats.consume(SessionStart(t_ns=0, config=config, versions={}, device="cpu", gemm_backend="t"))
     stats.consume(_step(1_000_000_000, tokens=4, spec_s=0.5, shadow_s=0.0))
     done = PromptDone(t_ns=2_000_000_000, prompt_index=0, new_tokens=4, seconds=2.0,
-                      verify_steps=1, accepted_drafts=3, proposed_drafts=3, exact=True)  # fmt: skip
+                      verify_steps=1, accepted_drafts=3, proposed_drafts=3, exact=True,
+                      shadow_seconds=4.0)  # fmt: skip
     stats.consume(done)
     summary = stats.summary(at_ns=3_000_000_000)
     assert summary.rate_includes_prefill and summary.tokens_per_s == pytest.approx(2.0)
+    assert summary.shadow_tokens_per_s == pytest.approx(1.0) and summary.speedup == 2.0
     text = format_summary(summary, [])
-    assert "decode t/s, speculative" not in text
-    rate = next(line for line in text.splitlines() if line.startswith("t/s, speculative requests"))
-    assert "2.0" in rate and "prefill" in rate
+    assert "decode t/s" not in text
+    lines = {line.split("  ")[0]: line for line in text.splitlines()}
+    assert (
+        "2.0" in lines["t/s, speculative requests"]
+        and "prefill" in lines["t/s, speculative requests"]
+    )
+    assert "1.0" in lines["t/s, shadow (plain greedy) requests"]
+    assert "2.00x" in lines["speculative / shadow requests"]
 
 
 def test_the_wall_clock_stops_while_paused_or_idle():

@@ -23,22 +23,29 @@ def _rate(value: float | None, spec: str = ".1f") -> str:
 
 def format_summary(summary: Summary, divergences: list[Divergence]) -> str:
     s = summary
+    # an engine that times whole requests (SGLang) has no decode-only time: its rates say so
+    rate = "t/s, {} requests" if s.rate_includes_prefill else "decode t/s, {}"
+    basis = "requests" if s.rate_includes_prefill else "decode"
+    spec_parts = (
+        "prefill + draft + verify" if s.rate_includes_prefill else "draft + verify + rollback"
+    )
+    shadow_what = (
+        "the same prompts alone, no speculation"
+        if s.rate_includes_prefill
+        else "the same tokens, no speculation"
+    )
     rows = [
         ("prompts", f"{s.prompts}"),
         ("exact prompts", s.exact_text),
         ("new tokens", f"{s.new_tokens}"),
+        (rate.format("speculative"), f"{s.tokens_per_s:.1f}  ({spec_parts})"),
         (
-            ("t/s, speculative requests", f"{s.tokens_per_s:.1f}  (prefill + draft + verify)")
-            if s.rate_includes_prefill
-            else ("decode t/s, speculative", f"{s.tokens_per_s:.1f}  (draft + verify + rollback)")
-        ),
-        (
-            "decode t/s, shadow (plain greedy)",
-            f"{_rate(s.shadow_tokens_per_s)}  (the same tokens, no speculation)"
+            rate.format("shadow (plain greedy)"),
+            f"{_rate(s.shadow_tokens_per_s)}  ({shadow_what})"
             if s.checked
             else "– (--no-shadow: no plain decode ran)",
         ),
-        ("speculative / shadow decode", f"{_rate(s.speedup, '.2f')}x" if s.speedup else "–"),
+        (f"speculative / shadow {basis}", f"{_rate(s.speedup, '.2f')}x" if s.speedup else "–"),
         (
             "wall t/s",
             f"{_rate(s.wall_tokens_per_s)}  (the whole session: prefill, speculative"

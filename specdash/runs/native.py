@@ -169,6 +169,7 @@ class NativeBackend:
         """A step's events: the drafts, the verify step and the tokens it emitted."""
         k, step_no = self._k, self._step
         flight.decode_s += r.draft_s + r.verify_s + r.rollback_s
+        flight.shadow_s += r.shadow_s
         if k:
             self._emit(
                 Draft(

@@ -64,6 +64,8 @@ class Flight:
     done: bool = False
     decode_s: float = 0.0
     """Seconds of speculative decoding (prefill and the shadow excluded)."""
+    shadow_s: float = 0.0
+    """Seconds of the shadow's plain decode of the same tokens, timed as `decode_s` is."""
     verify_steps: int = 0
     accepted_drafts: int = 0
     proposed_drafts: int = 0
@@ -332,6 +334,7 @@ class Session:
                 prompt_index=flight.index,
                 new_tokens=len(flight.ids),
                 seconds=flight.decode_s,
+                shadow_seconds=flight.shadow_s,
                 verify_steps=flight.verify_steps,
                 accepted_drafts=flight.accepted_drafts,
                 proposed_drafts=flight.proposed_drafts,

@@ -135,6 +135,10 @@ def test_session_events_from_a_stand_in_engine(run_sglang, tmp_path, shadow_mode
     assert done == [(0, True), (1, False)]
     assert r["summary"]["exact_prompts"] == 1 and r["summary"]["verify_steps"] == 3
     assert r["summary"]["divergences"] == 1
+    # each prompt's shadow request is timed (alone, prefill inside, as the speculative side),
+    # so the summary has a shadow rate and a ratio in both shadow modes
+    assert all(e["shadow_seconds"] > 0 for e in r["events"] if e["kind"] == "prompt_done")
+    assert r["summary"]["shadow_tokens_per_s"] > 0 and r["summary"]["rate_includes_prefill"]
 
 
 @pytest.mark.parametrize("shadow_mode", ["split", "sequential"])

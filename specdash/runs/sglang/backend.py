@@ -326,9 +326,11 @@ class SGLangBackend:
 
     def _run_shadow(self, engine: SGLangEngine, flight: Flight) -> None:
         rid = f"specdash-shadow-{flight.index}"
+        t0 = time.monotonic()
         (out,) = generate(
             engine, [flight.text], [rid], self.settings.max_new_tokens, SHADOW_TOP_LOGPROBS
         )
+        flight.shadow_s = time.monotonic() - t0  # a whole request, as the speculative side's
         flight.shadow_ids, flight.shadow_logprobs = out.ids, out.logprobs
         request = self.requests[flight.index]
         request.shadow_texts, request.shadow_top = self._texts(out), out.top
