@@ -312,8 +312,9 @@ class Summary(_Event):
     same_text_prompts: int | None = None
     """Prompts whose token ids equal the shadow's to the end (None: not checked)."""
     shadow_tokens_per_s: float | None = None
-    """New tokens / the seconds the shadow's plain greedy decode spent on them (prefill
-    excluded, as in `tokens_per_s`); None without a shadow."""
+    """New tokens / the seconds the shadow's plain greedy decode spent on them, timed as
+    `tokens_per_s` is (prefill excluded, or inside where `rate_includes_prefill`); None without
+    a shadow."""
     wall_seconds: float | None = None
     """The session's wall time from its header: prefill, speculative and shadow decode, less
     the time it was paused or idle (loading the weights comes before the header)."""
