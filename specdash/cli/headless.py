@@ -23,17 +23,15 @@ def _rate(value: float | None, spec: str = ".1f") -> str:
 
 def format_summary(summary: Summary, divergences: list[Divergence]) -> str:
     s = summary
-    # an engine that times whole requests (SGLang) has no decode-only time: its rates say so
-    rate = "t/s, {} requests" if s.rate_includes_prefill else "decode t/s, {}"
-    basis = "requests" if s.rate_includes_prefill else "decode"
-    spec_parts = (
-        "prefill + draft + verify" if s.rate_includes_prefill else "draft + verify + rollback"
-    )
-    shadow_what = (
-        "the same prompts alone, no speculation"
-        if s.rate_includes_prefill
-        else "the same tokens, no speculation"
-    )
+    if s.rate_includes_prefill:  # the engine times whole requests (SGLang): no decode-only time
+        rate, basis = "t/s, {} requests", "requests"
+        spec_parts, shadow_what = (
+            "prefill + draft + verify",
+            "the same prompts alone, no speculation",
+        )
+    else:
+        rate, basis = "decode t/s, {}", "decode"
+        spec_parts, shadow_what = "draft + verify + rollback", "the same tokens, no speculation"
     rows = [
         ("prompts", f"{s.prompts}"),
         ("exact prompts", s.exact_text),
