@@ -10,8 +10,10 @@ scheduler entry is the product's; 24 shipped prompts submitted together, greedy,
 - gemm:    a patched NGRAM engine and its plain shadow both alive; the GEMM backend switched
            live on both (SGLang persistent Triton, specdash Triton tile, cuBLAS, DeepGEMM) and
            the prompts run again after each switch;
-- speed:   one prompt at a time (batch 1), CUDA graphs on: stock plain, stock spec, patched
-           spec; generated tokens / wall time of the generate calls, after a warm-up prompt.
+- speed:   one prompt at a time (batch 1), CUDA graphs on: `--speed-cells` of stock and patched,
+           spec and plain; generated tokens / wall time of the generate calls, after a warm-up
+           prompt, with and without the prefill's share; `--profile-prompts N`: SGLang's
+           profiler over N more prompts, kernel time by name and the GPU's busy share.
 Every comparison: per prompt, token ids equal and fp32 logprob bits equal (struct-packed).
 
 Usage (on the GPU box, SGLang importable): python benchmarks/bench_sglang.py --target DIR
@@ -27,6 +29,7 @@ import contextlib
 import json
 import struct
 import sys
+import tempfile
 import time
 from collections.abc import Iterator
 from pathlib import Path
@@ -267,32 +270,127 @@ def phase_gemm(args, res, texts) -> None:
 
 
 def tokens_per_s(e: Any, texts: list[str], max_new: int) -> dict[str, float]:
+    """Warm batch-1 rate, prefill inside, and without it: the same prompts once more with one
+    new token each (prefill + the first token) give the prefill's share, so the decode rate is
+    (tokens - prompts) / (seconds - prefill seconds)."""
     generate(e, texts[:1], max_new)  # warm-up (first Triton compiles, graph paths)
     t, tokens = time.monotonic(), 0
     for text in texts:
         tokens += len(generate(e, [text], max_new)[0]["ids"])
     seconds = time.monotonic() - t
-    return {"tokens": tokens, "seconds": round(seconds, 3), "tokens_per_s": tokens / seconds}
+    t = time.monotonic()
+    for text in texts:
+        generate(e, [text], 1)
+    prefill_s = time.monotonic() - t
+    return {
+        "tokens": tokens,
+        "seconds": round(seconds, 3),
+        "tokens_per_s": tokens / seconds,
+        "prefill_seconds": round(prefill_s, 3),
+        "decode_tokens_per_s": (tokens - len(texts)) / (seconds - prefill_s),
+    }
+
+
+def kernel_profile(
+    e: Any, texts: list[str], max_new: int, out_dir: Path, *, host: bool
+) -> dict[str, Any]:
+    """Where a batch-1 request's time goes: SGLang's own torch profiler around `texts` decoded
+    one at a time; kernel time summed by name (CUDA-graph replays included) and the GPU's busy
+    share of the profiled span (the rest waits on the host). `host`: CPU activity too, and the
+    launches and host ops by total time (what keeps the GPU waiting)."""
+    import gzip
+
+    out_dir.mkdir(parents=True, exist_ok=True)
+    before = set(out_dir.glob("*.trace.json.gz"))
+    e.start_profile(
+        output_dir=str(out_dir),
+        activities=["CPU", "GPU"] if host else ["GPU"],
+        with_stack=False,
+        record_shapes=False,
+    )
+    for text in texts:
+        generate(e, [text], max_new)
+    e.stop_profile()
+    (trace,) = set(out_dir.glob("*.trace.json.gz")) - before
+    with gzip.open(trace) as f:
+        events = [ev for ev in json.load(f)["traceEvents"] if ev.get("ph") == "X"]
+    kernels = [ev for ev in events if ev.get("cat") == "kernel"]
+    spans = sorted((ev["ts"], ev["ts"] + ev["dur"]) for ev in kernels)
+    busy, end = 0.0, float("-inf")
+    for start, stop in spans:  # union of kernel intervals
+        busy += max(0.0, stop - max(start, end))
+        end = max(end, stop)
+    result = {
+        "requests": len(texts),
+        "span_ms": round((spans[-1][1] - spans[0][0]) / 1e3, 2) if spans else 0.0,
+        "gpu_busy_ms": round(busy / 1e3, 2),
+        "kernels": len(kernels),
+        "top_kernels_ms": top_by_name(kernels),
+    }
+    if host:
+        calls = [ev for ev in events if ev.get("cat") in ("cuda_runtime", "cuda_driver")]
+        result["launch_calls_ms"] = top_by_name(calls, count=True)
+        result["top_host_ops_ms"] = top_by_name([ev for ev in events if ev.get("cat") == "cpu_op"])
+    return result
+
+
+def top_by_name(events: list[dict[str, Any]], count: bool = False) -> list[list[Any]]:
+    """The 25 names with the most total duration: [name, ms] (count: [name, ms, calls])."""
+    total: dict[str, float] = {}
+    calls: dict[str, int] = {}
+    for ev in events:
+        name = ev["name"][:90]
+        total[name] = total.get(name, 0.0) + ev["dur"]
+        calls[name] = calls.get(name, 0) + 1
+    top = sorted(total, key=lambda n: -total[n])[:25]
+    return [[n, round(total[n] / 1e3, 3), *([calls[n]] if count else [])] for n in top]
+
+
+PROFILE_DIR = Path(tempfile.gettempdir()) / "specdash-sglang-profiles"
+"""Where SGLang writes the traces (summarised into the results, not kept)."""
+
+
+def speed_cell(name: str) -> tuple[bool, tuple[str, ...]]:
+    """A speed cell's (speculative, patches off): `stock_spec`, `patched_spec`, `stock_plain`,
+    `patched_plain`, or `spec_without_<flag>` (every patch but one)."""
+    if name.startswith("spec_without_"):
+        return True, (name.removeprefix("spec_without_"),)
+    patches, kind = name.split("_")
+    return kind == "spec", ALL_OFF if patches == "stock" else ()
 
 
 def phase_speed(args, res, texts) -> None:
-    cells = [
-        ("stock_spec", args.speed_algorithm, ALL_OFF),
-        ("patched_spec", args.speed_algorithm, ()),
-        ("stock_plain", None, ALL_OFF),
-        ("patched_plain", None, ()),
-    ]
     speed = {}
-    for name, algorithm, off in cells:
+    for name in args.speed_cells:
+        speculative, off = speed_cell(name)
+        algorithm = args.speed_algorithm if speculative else None
         if res.left() < 60:
             break
         with engine(args, algorithm=algorithm, k=3, graphs=args.speed_graphs, off=off) as e:
             speed[name] = tokens_per_s(e, texts, args.max_new)
-        res.put(f"speed/{name}", speed[name])
+            res.put(f"speed/{name}", speed[name])
+            if args.profile_prompts and res.left() > 60:
+                profile = kernel_profile(
+                    e,
+                    texts[: args.profile_prompts],
+                    args.max_new,
+                    PROFILE_DIR,
+                    host=args.profile_host,
+                )
+                res.put(f"speed/{name}/profile", profile)
     if "patched_spec" in speed and "stock_spec" in speed:
         ratio = speed["patched_spec"]["tokens_per_s"] / speed["stock_spec"]["tokens_per_s"]
+        decode = (
+            speed["patched_spec"]["decode_tokens_per_s"]
+            / speed["stock_spec"]["decode_tokens_per_s"]
+        )
         res.put(
-            "speed/ratio", {"patched_over_stock_spec": ratio, "algorithm": args.speed_algorithm}
+            "speed/ratio",
+            {
+                "patched_over_stock_spec": ratio,
+                "patched_over_stock_spec_decode": decode,
+                "algorithm": args.speed_algorithm,
+            },
         )
 
 
@@ -318,6 +416,15 @@ def main() -> int:
     p.add_argument("--prompts", type=int, default=24)
     p.add_argument("--speed-algorithm", default="STANDALONE")
     p.add_argument("--speed-graphs", default="on", choices=["on", "off"])
+    p.add_argument(
+        "--speed-cells",
+        default="stock_spec,patched_spec,stock_plain,patched_plain",
+        help="speed cells, in order (also spec_without_<flag>: one patch off)",
+    )
+    p.add_argument("--profile-host", action="store_true", help="profile CPU activity too")
+    p.add_argument(
+        "--profile-prompts", type=int, default=0, help="speed: profile this many prompts per cell"
+    )
     p.add_argument("--budget-s", type=float, default=540)
     p.add_argument("--sglang-arg", action="append", default=[], metavar="KEY=VALUE")
     p.add_argument("--algorithms", default="NGRAM,STANDALONE")
@@ -331,6 +438,7 @@ def main() -> int:
     args.algorithms = args.algorithms.split(",")
     args.speed_graphs = args.speed_graphs == "on"
     args.skip_cells = args.skip_cells.split(",")
+    args.speed_cells = args.speed_cells.split(",")
     args.no_graph_algorithms = args.no_graph_algorithms.split(",")
     texts = [pr.text for pr in load_prompts(None)][: args.prompts]
     res = Results(args.json, args.budget_s)
