@@ -16,7 +16,7 @@ from specdash.errors import UsageError
 from specdash.events import EVENT_ADAPTER, Divergence
 from specdash.metrics import fp32_ulps
 from specdash.runs.sglang import args, process
-from specdash.runs.sglang.backend import WARM_UP_PHASE, WARM_UP_TEXT
+from specdash.runs.sglang.backend import WARM_UP_PHASE, WARM_UP_TEXT, warm_up_texts
 from specdash.settings import SessionSettings
 from specdash.trace.jsonl import read_trace
 from specdash.ui.dashboard_model import DashboardModel
@@ -158,6 +158,12 @@ def test_batch_sends_the_prompts_at_once_and_checks_each_alone(
     )
     spec, shadow = r["engines"]
     assert spec["batches"] == [2] and shadow["batches"] == [1, 1]
+    # each engine warmed up as the session runs it: two requests at once, texts apart from
+    # their first token; the shadow one
+    assert spec["warm_ups"] == [[warm_up_texts(2), 4]] and shadow["warm_ups"] == [
+        [[WARM_UP_TEXT], 4]
+    ]
+    assert warm_up_texts(2)[0][0] != warm_up_texts(2)[1][0]
     assert spec["kw"]["cuda_graph_bs_decode"] == [1, 2]
     assert shadow["kw"]["cuda_graph_bs_decode"] == [1]
     events = r["events"]

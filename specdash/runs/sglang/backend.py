@@ -93,15 +93,26 @@ WARM_UP_TEXT = "specdash warms the engine up: this request's kernels compile bef
 WARM_UP_PHASE = "warm-up request (a cold Triton cache compiles its kernels here)"
 
 
-def warm_up(engine: SGLangEngine, k: int) -> None:
-    """One short request through `engine` before the session's clock starts: on a machine's
+def warm_up(engine: SGLangEngine, k: int, requests: int = 1) -> None:
+    """Short requests through `engine` before the session's clock starts: on a machine's
     first session SGLang's Triton kernels (prefill, verify, draft) compile inside the first
     request, which would make the first rate a user sees 3-6x low (60 against 380 tok/s on an
-    H100).
-    Its k + 2 tokens reach a verify step. The prefix cache is flushed after it, so no prompt
-    of the session starts from the warm-up's cached tokens in one engine and not the other."""
-    generate(engine, [WARM_UP_TEXT], [f"specdash-warm-up-{uuid.uuid4().hex[:8]}"], k + 2)
+    H100). As many requests at once as the session sends (`requests`): a prefill of several
+    sequences is slow the first time too (a `--batch 8` session's first 7-sequence prefill ran
+    at 7.9k tok/s on a machine where every later one ran at 66-74k, H100).
+    Their k + 2 tokens reach a verify step. Their texts differ from the first token on, so
+    SGLang prefills them together rather than one after another on a shared prefix. The
+    prefix cache is flushed after them, so no prompt of the session starts from the warm-up's
+    cached tokens in one engine and not the other."""
+    texts = warm_up_texts(requests)
+    rids = [f"specdash-warm-up-{uuid.uuid4().hex[:8]}" for _ in texts]
+    generate(engine, texts, rids, k + 2)
     engine.flush_cache()
+
+
+def warm_up_texts(requests: int) -> list[str]:
+    """The warm-up's prompts: WARM_UP_TEXT alone, or numbered in front for several."""
+    return [WARM_UP_TEXT] if requests == 1 else [f"{i}. {WARM_UP_TEXT}" for i in range(requests)]
 
 
 @dataclass
@@ -162,7 +173,9 @@ class SGLangBackend:
         # split: the shadow starts in its host process while the spec engine starts here
         shadow_ready = self._engines.enter_context(self._hosted()) if self.split else None
         name = "spec" if self.settings.speculation else "plain"
-        self._spec = self._engines.enter_context(self._engine(self.spec_kwargs, name))
+        self._spec = self._engines.enter_context(
+            self._engine(self.spec_kwargs, name, requests=self.settings.batch)
+        )
         self._shadow = shadow_ready() if shadow_ready is not None else None
         # the shadow's too: both engines take the same checkpoint and dtype arguments
         self.dtype = process.engine_dtype(self._spec)
@@ -189,8 +202,11 @@ class SGLangBackend:
         return Header(config, versions, device, self.gemm_backend, self.compare)
 
     @contextlib.contextmanager
-    def _engine(self, kwargs: dict[str, Any], name: str) -> Iterator[SGLangEngine]:
-        """An engine of this process, its start phases read from the session's log. SGLang's
+    def _engine(
+        self, kwargs: dict[str, Any], name: str, requests: int = 1
+    ) -> Iterator[SGLangEngine]:
+        """An engine of this process, its start phases read from the session's log, warmed up
+        with `requests` requests at once (`warm_up`). SGLang's
         logging in this process goes to that log too: its `basicConfig` handler binds the
         `sys.stderr` of the moment, here the log file, which stays open for the process's
         life (the handler writes to it after the engine has shut down)."""
@@ -203,7 +219,7 @@ class SGLangBackend:
             engine = process.start_engine(kwargs)
             try:
                 watch.mark(WARM_UP_PHASE)
-                warm_up(engine, self.settings.k)
+                warm_up(engine, self.settings.k, requests)
             except BaseException:
                 engine.shutdown()
                 raise
