@@ -34,6 +34,8 @@ for step in ${STEPS:-cli bench}; do
   echo "== $step $(date -u +%T) (${l}s left)"
   case $step in
     cli)  # one run per ';'-separated entry of CLI_RUNS (args added to the NGRAM k=3 defaults)
+      # SGLang logs of earlier steps or calls on this machine belong to no run here
+      rm -f /tmp/specdash-sglang-[0-9]*.log
       n=0; IFS=';' read -ra RUNS <<< "${CLI_RUNS:- }"
       for run_args in "${RUNS[@]}"; do
         n=$((n + 1)); l=$(left); [ "$l" -lt 60 ] && { echo "== SKIP cli-$n (${l}s left)"; continue; }
