@@ -206,10 +206,10 @@ class SGLangBackend:
         self, kwargs: dict[str, Any], name: str, requests: int = 1
     ) -> Iterator[SGLangEngine]:
         """An engine of this process, its start phases read from the session's log, warmed up
-        with `requests` requests at once (`warm_up`). SGLang's
-        logging in this process goes to that log too: its `basicConfig` handler binds the
-        `sys.stderr` of the moment, here the log file, which stays open for the process's
-        life (the handler writes to it after the engine has shut down)."""
+        with `requests` requests at once (`warm_up`). SGLang's logging in this process goes
+        to that log too: its `basicConfig` handler binds the `sys.stderr` of the moment, here
+        the log file, which stays open for the process's life (the handler writes to it after
+        the engine has shut down)."""
         if self._parent_log is None:
             self._parent_log = self.log_file.open("a", encoding="utf-8", buffering=1)
         with (
