@@ -6,6 +6,7 @@ from collections import Counter
 from pathlib import Path
 
 import pytest
+from fake_events import folded
 from tiny_models import write_pair
 
 from specdash.controls import Controls
@@ -143,15 +144,11 @@ def test_plain_steps_with_speculation_off_are_not_verify_steps(pair) -> None:
 
 
 def test_no_spec_session_has_no_verify_steps_and_a_verdict(pair) -> None:
-    from specdash.ui.dashboard_model import DashboardModel
-
     events: list[Event] = []
     summary = native_session(_settings(pair, speculation=False), events.append).run()
     assert summary.verify_steps == 0 and summary.mean_accepted_length == 0.0
     assert summary.exact_prompts == summary.prompts == 8
-    model = DashboardModel()
-    for e in events:
-        model.consume(e)
+    model = folded(events)
     assert model.verify_steps == 0 and not model.histogram
     assert model.exactness == "EXACT so far"
 
