@@ -17,7 +17,6 @@ export PYTHONUNBUFFERED=1
 OUT=${OUT:-/tmp/out}
 STEPS=${STEPS:-tests bench}
 mkdir -p "$OUT"
-for p in kernels engine_patches; do [ -e specdash/$p ] || ln -s ../$p specdash/$p; done
 python3 -m pip install -q --no-index --no-deps --target /tmp/pyd .carry/sglang/pydantic*.whl \
   .carry/sglang/annotated_types*.whl .carry/sglang/typing_inspection*.whl \
   .carry/sglang/typing_extensions*.whl > /tmp/pyd.log 2>&1
@@ -66,7 +65,8 @@ fi
 if [[ " $STEPS " == *" ref "* ]]; then
   REF=${REF:-.carry/ref}
   read -r -a SPEC <<< "${SPEC_ARGS:---long-prefill 0 --contexts 2048 --prompts 4 --spec-tokens 20}"
-  for p in kernels engine_patches; do [ -e $REF/specdash/$p ] || ln -s ../$p $REF/specdash/$p; done
+  # a tree from before the root kernels/ and engine_patches/ moved under specdash/ imports them there
+  for p in kernels engine_patches; do [ -e $REF/$p ] && [ ! -e $REF/specdash/$p ] && ln -s ../$p $REF/specdash/$p; done
   n=0
   for run in ${SIDE_RUNS:-ref this ref}; do
     n=$((n + 1)); echo "== side by side: $run $(date -u +%T)"

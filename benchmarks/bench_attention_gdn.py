@@ -21,8 +21,8 @@ from cuda_timing import graph_us
 from triton.testing import do_bench
 
 from specdash.engine.ops import gdn_chunked_prefill, gdn_prefill
-from specdash.kernels.decode_attention import decode_attention, verify_as_decode_rows
-from specdash.kernels.gdn import (
+from specdash.kernels.triton.decode_attention import decode_attention, verify_as_decode_rows
+from specdash.kernels.triton.gdn import (
     gdn_recurrent_step,
     gdn_verify_steps,
 )
@@ -84,7 +84,7 @@ def attention_sweep(results: dict, splits: list[int]) -> None:
     """Decode and verify graph times of each split-kernel config, to pick the pinned one."""
     import itertools
 
-    from specdash.kernels import decode_attention as da
+    from specdash.kernels.triton import decode_attention as da
 
     rows = []
     configs = itertools.product(splits, (16, 32), (32, 64), (4, 8), (2, 3))

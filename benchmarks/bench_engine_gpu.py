@@ -20,10 +20,10 @@ import time
 
 import torch
 
-from specdash.engine import gemm_backends
 from specdash.engine.config import preset
 from specdash.engine.model import Model
 from specdash.engine.state import SeqState
+from specdash.kernels import gemm_backends
 
 
 def timed(fn, repeats: int) -> list[float]:

@@ -29,8 +29,8 @@ import triton
 from cuda_timing import graph_us
 from triton.testing import do_bench
 
-from specdash.kernels import pdl
-from specdash.kernels.gemm import GemmConfig, gemm_config, matmul_batch_invariant
+from specdash.kernels.triton import pdl
+from specdash.kernels.triton.gemm import GemmConfig, gemm_config, matmul_batch_invariant
 
 HIDDEN = 5120
 # (name, N, K) for Qwen3.5-27B (docs/exactness.md §4); fused variants an engine may use.

@@ -1,5 +1,5 @@
 """Prefill attention of the 27B shape (24 q heads, 4 kv heads, head_dim 256, bf16) per SDPA
-backend and per config of the Triton kernel (kernels/prefill_attention.py): one 16k-token chunk
+backend and per config of the Triton kernel (specdash/kernels/triton/prefill_attention.py): one 16k-token chunk
 from position 0 (causal) and the last chunk of a 128k prompt (16k queries over 128k keys,
 lower-right causal), on the same tensors in the engine's layout (q [T, Hq, D], caches
 [Hkv, L, D]). Per row: ms per layer (median of repeats after a warm-up), TFLOP/s, the speedup
@@ -25,7 +25,7 @@ import triton
 from torch.nn.attention import SDPBackend, sdpa_kernel
 from torch.nn.attention.bias import causal_lower_right
 
-from specdash.kernels.prefill_attention import CANDIDATES, causal_prefill_attention
+from specdash.kernels.triton.prefill_attention import CANDIDATES, causal_prefill_attention
 
 HQ, HKV, D, CHUNK, TOTAL = 24, 4, 256, 16384, 131072
 SCALE = D**-0.5

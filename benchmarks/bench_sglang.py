@@ -35,7 +35,6 @@ from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
-from specdash.engine_patches import dflash_logprobs, patch_set
 from specdash.prompts import load_prompts
 from specdash.runs.sglang.args import (
     SGLangOptions,
@@ -43,6 +42,7 @@ from specdash.runs.sglang.args import (
     engine_kwargs,
     parse_engine_arg,
 )
+from specdash.runs.sglang.patches import dflash_logprobs, patch_set
 from specdash.runs.sglang.process import session_environment, start_engine
 from specdash.settings import SessionSettings
 

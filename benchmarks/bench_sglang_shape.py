@@ -56,11 +56,11 @@ from bench_sglang import (  # noqa: E402
 )
 from sglang_checkpoint import build  # noqa: E402
 
-from specdash.engine_patches import patch_set  # noqa: E402
 from specdash.events import PromptDone  # noqa: E402
 from specdash.prompts import load_prompts  # noqa: E402
 from specdash.runs.sglang.args import SGLangOptions, parse_engine_arg  # noqa: E402
 from specdash.runs.sglang.backend import switch_gemm  # noqa: E402
+from specdash.runs.sglang.patches import patch_set  # noqa: E402
 from specdash.settings import SessionSettings  # noqa: E402
 from specdash.trace.jsonl import read_trace  # noqa: E402
 

@@ -40,7 +40,6 @@ from dataclasses import replace
 import torch
 from torch.profiler import ProfilerActivity, profile
 
-from specdash.engine import gemm_backends
 from specdash.engine.config import preset
 from specdash.engine.drafters import RandomDrafter, ReplayDrafter
 from specdash.engine.engine import Engine
@@ -49,7 +48,8 @@ from specdash.engine.model import PREFILL_CHUNK, Model
 from specdash.engine.rows import Rows, Run, prefill_rows, triton_prefill_rows
 from specdash.engine.rows.gdn import TritonGdn
 from specdash.engine.state import SeqState
-from specdash.kernels import pdl
+from specdash.kernels import gemm_backends
+from specdash.kernels.triton import pdl
 
 
 class GpmSampler(threading.Thread):

@@ -8,8 +8,6 @@ set -u
 export PYTHONUNBUFFERED=1
 OUT=${OUT:-/tmp/out}
 mkdir -p "$OUT"
-# specdash.kernels is kernels/ (a package-dir mapping when installed); link it for an uninstalled tree
-[ -e specdash/kernels ] || ln -s ../kernels specdash/kernels
 export PYTHONPATH="$PWD"
 { date -u; nvidia-smi --query-gpu=name,driver_version,clocks.max.sm,clocks.max.mem --format=csv;
   python3 -c "import torch, triton; print(torch.__version__, triton.__version__)"; } | tee "$OUT/env.txt"

@@ -18,8 +18,9 @@ pip download -q --no-deps --python-version 3.12 --only-binary=:all: -d .carry/ui
   pytest-asyncio
 if [ -n "${REF:-}" ]; then
   rm -rf .carry/ref && mkdir -p .carry/ref
-  git archive "$REF" specdash kernels engine_patches benchmarks/bench_spec_gpu.py \
-    benchmarks/cuda_timing.py pyproject.toml | tar -x -C .carry/ref
+  # shellcheck disable=SC2046  # a commit from before the move keeps kernels/, engine_patches/ at the root
+  git archive "$REF" specdash $(git ls-tree --name-only "$REF" kernels engine_patches) \
+    benchmarks/bench_spec_gpu.py benchmarks/cuda_timing.py pyproject.toml | tar -x -C .carry/ref
   rm -rf .carry/ref/specdash/data/draft .carry/ref/specdash/data/target  # not used on a GPU
 fi
 du -sh .carry/*

@@ -16,7 +16,5 @@ python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upg
   --target /tmp/site .carry/sglang/*.whl ${WHEELS:-} > /tmp/install.log 2>&1 \
   || { tail -5 /tmp/install.log; exit 1; }
 export PYTHONPATH=/tmp/site:$PWD
-[ -e specdash/kernels ] || ln -s ../kernels specdash/kernels
-[ -e specdash/engine_patches ] || ln -s ../engine_patches specdash/engine_patches
 python3 -c 'import torch,sys; sys.exit(0 if hasattr(torch.Tensor,"__dlpack_c_exchange_api__") else 1)' \
   || export TVM_FFI_DISABLE_TORCH_C_DLPACK=1

@@ -68,7 +68,7 @@ def offline_run(self: JITFunction, *args, grid, warmup, **kwargs):
 
 def main() -> int:
     JITFunction.run = offline_run
-    from specdash.kernels import pdl
+    from specdash.kernels.triton import pdl
 
     for mode in (pdl.OFF, pdl.LATE, pdl.EARLY):  # plain launches, then each PDL mode
         pdl.use_pdl = lambda device, mode=mode: mode
@@ -80,22 +80,26 @@ def main() -> int:
 
 
 def launch_all() -> None:
-    from specdash.kernels import gemm
-    from specdash.kernels.decode_attention import verify_as_decode_rows
-    from specdash.kernels.elementwise import (
+    from specdash.kernels.triton import gemm
+    from specdash.kernels.triton.decode_attention import verify_as_decode_rows
+    from specdash.kernels.triton.elementwise import (
         causal_conv_silu_in_place,
         causal_conv_silu_rows,
         sigmoid_gate_rows,
         swiglu_rows,
     )
-    from specdash.kernels.gdn import (
+    from specdash.kernels.triton.gdn import (
         conv_gdn_steps_in_place,
         gdn_steps_in_place,
         gdn_verify_steps,
     )
-    from specdash.kernels.gemm import GemmConfig
-    from specdash.kernels.rmsnorm import add_rms_norm_rows, gated_rms_norm_rows, rms_norm_rows
-    from specdash.kernels.rope import qk_norm_rope_rows
+    from specdash.kernels.triton.gemm import GemmConfig
+    from specdash.kernels.triton.rmsnorm import (
+        add_rms_norm_rows,
+        gated_rms_norm_rows,
+        rms_norm_rows,
+    )
+    from specdash.kernels.triton.rope import qk_norm_rope_rows
 
     bf = torch.bfloat16
     x = torch.randn(3, 256, dtype=bf)
@@ -147,7 +151,7 @@ def launch_all() -> None:
     for cfg in (GemmConfig(64, 64, 1, num_stages=3), GemmConfig(64, 128, 2)):  # SwiGLU epilogue
         gemm.launch(torch.randn(3, 512, dtype=bf), wt, cfg, None, swiglu_out=True)
     # causal prefill attention at the 27B head shape, every config the GPU benchmark sweeps
-    from specdash.kernels.prefill_attention import CANDIDATES, causal_prefill_attention
+    from specdash.kernels.triton.prefill_attention import CANDIDATES, causal_prefill_attention
 
     kv = torch.randn(4, 8, 256, dtype=bf)
     for cfg in CANDIDATES:

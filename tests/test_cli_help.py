@@ -9,8 +9,8 @@ import pytest
 import torch
 
 from specdash.cli import GEMM_BACKENDS, build_parser, main
-from specdash.engine import gemm_backends
 from specdash.errors import EXIT_USAGE
+from specdash.kernels import gemm_backends
 
 
 def parsers() -> dict[str, argparse.ArgumentParser]:

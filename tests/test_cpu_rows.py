@@ -13,7 +13,8 @@ import pytest
 import torch
 import torch.nn.functional as F
 
-from specdash.engine import gemm_backends, ops
+from specdash.engine import ops
+from specdash.kernels import gemm_backends
 
 
 def _pairwise_by_slicing(x: torch.Tensor) -> torch.Tensor:

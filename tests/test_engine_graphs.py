@@ -15,13 +15,14 @@ import pytest
 import torch
 from tiny_models import tiny_config
 
-from specdash.engine import gemm_backends, graphs
+from specdash.engine import graphs
 from specdash.engine.drafters import ModelDrafter
 from specdash.engine.engine import Engine
 from specdash.engine.model import Model, random_tensors
 from specdash.engine.rows import Mode, Run
 from specdash.engine.state import SeqState, SlotPool, commit_batch
 from specdash.errors import UsageError
+from specdash.kernels import gemm_backends
 
 Tensor = torch.Tensor
 MAX_NEW, K = 20, 3

@@ -11,7 +11,6 @@ import pytest
 import torch
 from tiny_models import plain_greedy
 
-from specdash.engine import gemm_backends
 from specdash.engine import model as model_module
 from specdash.engine.config import preset
 from specdash.engine.drafters import ModelDrafter, RandomDrafter, ReplayDrafter
@@ -19,7 +18,8 @@ from specdash.engine.engine import Engine
 from specdash.engine.model import Model, random_tensors
 from specdash.engine.rows.attention import TorchAttention, TritonAttention, attend_masked
 from specdash.engine.state import SeqState
-from specdash.kernels import pdl
+from specdash.kernels import gemm_backends
+from specdash.kernels.triton import pdl
 
 pytestmark = [
     pytest.mark.gpu,

@@ -23,7 +23,7 @@ from markdown_it import MarkdownIt
 REPO = Path(__file__).resolve().parents[1]
 RESULTS = REPO / "benchmarks" / "results"
 DOCS = [REPO / "README.md", *sorted((REPO / "docs").glob("*.md"))]
-CODE_DIRS = ["specdash", "kernels", "engine_patches", "benchmarks", "tests", "training"]
+CODE_DIRS = ["specdash", "benchmarks", "tests", "training"]
 
 HISTORY = re.compile(
     r"\bissues?\s+#?\d+|\bsessions?[\s-]*\d+|\b20\d\d-\d\d-\d\d\b"

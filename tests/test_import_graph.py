@@ -10,29 +10,21 @@ two, and which imports first decides what works (`python -c "import specdash.<mo
 from __future__ import annotations
 
 import ast
-import tomllib
 from pathlib import Path
 
 REPO = Path(__file__).resolve().parents[1]
 
 
-def package_roots() -> dict[str, Path]:
-    """Package name -> its directory: specdash, and the package-dir mappings of pyproject.toml
-    (kernels/ installs as specdash.kernels, engine_patches/ as specdash.engine_patches)."""
-    tool = tomllib.loads((REPO / "pyproject.toml").read_text())["tool"]["setuptools"]
-    return {"specdash": REPO / "specdash", **{k: REPO / v for k, v in tool["package-dir"].items()}}
-
-
 def package_modules() -> dict[str, tuple[Path, bool]]:
-    """Module name -> (its file, whether it is a package's __init__.py)."""
+    """Module name -> (its file, whether it is a package's __init__.py): the folder tree under
+    specdash/ is the import tree."""
     modules = {}
-    for prefix, root in package_roots().items():
-        for path in root.rglob("*.py"):
-            parts = list(path.relative_to(root).with_suffix("").parts)
-            is_package = parts[-1] == "__init__"
-            if is_package:
-                parts.pop()
-            modules[".".join([prefix, *parts])] = (path, is_package)
+    for path in (REPO / "specdash").rglob("*.py"):
+        parts = list(path.relative_to(REPO).with_suffix("").parts)
+        is_package = parts[-1] == "__init__"
+        if is_package:
+            parts.pop()
+        modules[".".join(parts)] = (path, is_package)
     return modules
 
 
@@ -126,19 +118,19 @@ def describe(graph: dict[str, dict[str, int]], component: list[str]) -> str:
 
 def test_the_graph_sees_every_kind_of_import():
     """The builder itself: lazy, TYPE_CHECKING-guarded, relative and `from pkg import submodule`
-    imports are all edges, and kernels/ and engine_patches/ appear under their installed names."""
+    imports are all edges."""
     graph = import_graph()
-    assert "specdash.kernels.gemm" in graph and "specdash.engine_patches.registry" in graph
+    assert {"specdash.kernels.triton.gemm", "specdash.runs.sglang.patches.registry"} <= set(graph)
     # function-level: the runner is picked lazily (torch, SGLang)
     assert "specdash.runs.native" in graph["specdash.runs.runner"]
     # TYPE_CHECKING-guarded
     assert "specdash.settings" in graph["specdash.controls"]
-    # `from specdash.engine import gemm_backends, ops`: the submodules
-    assert {"specdash.engine.gemm_backends", "specdash.engine.ops"} <= set(
-        graph["specdash.engine.model"]
+    # `from specdash.kernels import gemm_backends, cpu_gemm`: the submodules
+    assert {"specdash.kernels.gemm_backends", "specdash.kernels.cpu_gemm"} <= set(
+        graph["specdash.engine.cpu_draft"]
     )
-    # `from specdash.engine_patches import telemetry` (a package-dir mapped package)
-    assert "specdash.engine_patches.telemetry" in graph["specdash.runs.sglang.process"]
+    # `from specdash.runs.sglang.patches import telemetry`
+    assert "specdash.runs.sglang.patches.telemetry" in graph["specdash.runs.sglang.process"]
     # `from specdash.errors import UsageError`: the module, not a submodule
     assert "specdash.errors" in graph["specdash.engine.model"]
 
@@ -171,28 +163,36 @@ def test_package_import_graph_has_no_cycles():
     assert not found, "import cycles:\n" + "\n".join(describe(graph, c) for c in found)
 
 
+PATCHES = "specdash.runs.sglang.patches"
 LAYERS_BELOW = {
     # a layer -> the layers it must not import
-    "specdash.trace": ("engine", "runs", "ui", "cli", "kernels", "engine_patches"),
+    "specdash.trace": ("engine", "runs", "ui", "cli", "kernels"),
+    "specdash.kernels": ("engine", "runs", "ui", "cli"),
     "specdash.engine": ("runs", "ui", "cli"),
-    "specdash.kernels": ("runs", "ui", "cli"),
-    "specdash.engine_patches": ("runs", "ui", "cli"),
+    # the patches run inside SGLang's processes: they read the kernels' tables, never a session
+    PATCHES: ("engine", "runs", "ui", "cli"),
     "specdash.runs": ("ui", "cli"),
     "specdash.ui": ("cli",),
 }
 
 
+def layer_of(module: str) -> str | None:
+    """The innermost layer holding a module (the patches, not runs, for a patch)."""
+    held = [layer for layer in LAYERS_BELOW if _under(module, (layer,))]
+    return max(held, key=len, default=None)
+
+
 def test_layers_import_one_way():
-    """engine (kernels, engine_patches) <- runs <- ui <- cli; trace is used by all and imports
-    none of them."""
+    """kernels <- engine <- runs (the SGLang patches a floor of their own) <- ui <- cli; trace
+    is used by all and imports none of them."""
     graph = import_graph()
     wrong = [
         f"{a} -> {b} (line {line})"
         for a, edges in graph.items()
-        for layer, forbidden in LAYERS_BELOW.items()
-        if a == layer or a.startswith(layer + ".")
+        if (layer := layer_of(a))
         for b, line in edges.items()
-        if any(b == f"specdash.{f}" or b.startswith(f"specdash.{f}.") for f in forbidden)
+        if not _under(b, (layer,))
+        and _under(b, tuple(f"specdash.{f}" for f in LAYERS_BELOW[layer]))
     ]
     assert not wrong, "imports against the layering:\n" + "\n".join(wrong)
 
@@ -235,7 +235,6 @@ def _under(name: str, prefixes: tuple[str, ...]) -> bool:
 
 BACKENDS = (
     "specdash.engine",
-    "specdash.engine_patches",
     "specdash.kernels",
     "specdash.runs.native",
     "specdash.runs.sglang",
@@ -256,7 +255,7 @@ def test_the_ui_imports_no_backend():
 
 def test_kernels_import_nothing_from_the_engine():
     """The kernels are the engine's tools; the engine picks them, never the other way round."""
-    engine = ("specdash.engine", "specdash.runs", "specdash.engine_patches")
+    engine = ("specdash.engine", "specdash.runs")
     wrong = [
         f"{a} -> {b} (line {n})" for a, b, n in _imports_of("specdash.kernels") if _under(b, engine)
     ]
@@ -266,7 +265,7 @@ def test_kernels_import_nothing_from_the_engine():
 def test_the_engine_imports_no_sglang():
     """The native engine runs without SGLang installed; SGLang's side reads the engine's tables,
     not the other way round."""
-    sglang = ("sglang", "specdash.engine_patches", "specdash.runs")
+    sglang = ("sglang", "specdash.runs")
     wrong = [
         f"{a} -> {b} (line {n})" for a, b, n in _imports_of("specdash.engine") if _under(b, sglang)
     ]

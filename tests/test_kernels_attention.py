@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 import torch
 
-from specdash.kernels.decode_attention import decode_attention, verify_as_decode_rows
+from specdash.kernels.triton.decode_attention import decode_attention, verify_as_decode_rows
 
 
 def _reference(q, k, v, n, scale):

@@ -8,14 +8,14 @@ import pytest
 import torch
 import torch.nn.functional as F
 
-from specdash.kernels.elementwise import (
+from specdash.kernels.triton.elementwise import (
     causal_conv_silu_in_place,
     causal_conv_silu_rows,
     sigmoid_gate_rows,
     swiglu_rows,
 )
-from specdash.kernels.rmsnorm import add_rms_norm_rows, gated_rms_norm_rows
-from specdash.kernels.rope import qk_norm_rope_rows
+from specdash.kernels.triton.rmsnorm import add_rms_norm_rows, gated_rms_norm_rows
+from specdash.kernels.triton.rope import qk_norm_rope_rows
 
 DEVICE = "cuda" if torch.cuda.is_available() else "cpu"
 DTYPES = [torch.bfloat16, torch.float32]

@@ -9,8 +9,8 @@ import torch
 import torch.nn.functional as F
 
 from specdash.engine import ops
-from specdash.kernels.elementwise import causal_conv_silu_in_place
-from specdash.kernels.gdn import (
+from specdash.kernels.triton.elementwise import causal_conv_silu_in_place
+from specdash.kernels.triton.gdn import (
     conv_gdn_steps_in_place,
     gdn_recurrent_step,
     gdn_steps_in_place,

@@ -12,11 +12,11 @@ import pytest
 import torch
 import torch.nn.functional as F
 
-from specdash.engine import gemm_backends
 from specdash.errors import EnvironmentProblem
-from specdash.kernels import gemm, tickets
-from specdash.kernels.elementwise import swiglu_rows
-from specdash.kernels.gemm import GemmConfig, gemm_config, matmul_batch_invariant
+from specdash.kernels import gemm_backends
+from specdash.kernels.triton import gemm, tickets
+from specdash.kernels.triton.elementwise import swiglu_rows
+from specdash.kernels.triton.gemm import GemmConfig, gemm_config, matmul_batch_invariant
 
 DEVICE = "cuda" if torch.cuda.is_available() else "cpu"
 CPU_CONFIGS = [

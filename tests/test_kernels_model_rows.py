@@ -10,12 +10,12 @@ from dataclasses import replace
 import pytest
 import torch
 
-from specdash.engine import gemm_backends
 from specdash.engine.config import preset
 from specdash.engine.model import Model, random_tensors
 from specdash.engine.rows import Run, row_implementations
 from specdash.engine.rows.attention import TorchAttention, TritonAttention, attend_masked
 from specdash.engine.state import PooledSteps, SeqState, SlotPool, commit_batch
+from specdash.kernels import gemm_backends
 
 # Padding tile rows in the attention kernel compute -inf - -inf = NaN that is never read.
 pytestmark = [
@@ -303,7 +303,7 @@ def test_fused_gemms_keep_verify_rows_equal_decode_rows(tile_model: Model, monke
     (and prefill and fast verify do not); verify rows still equal decode rows bit for bit, and
     the fused forward equals the unfused one here, where the interpreter reduces a head the
     same way in both (on the GPU: test_gpu_engine, with the GEMM tests' closeness)."""
-    from specdash.kernels import gemm
+    from specdash.kernels.triton import gemm
 
     seen: list[str] = []
     launch = gemm.launch

@@ -1,4 +1,4 @@
-"""Causal prefill attention (kernels/prefill_attention.py) against SDPA in fp32.
+"""Causal prefill attention (specdash/kernels/triton/prefill_attention.py) against SDPA in fp32.
 
 On CPU the kernel runs in Triton's interpreter at tiny shapes; the GPU test runs every candidate
 config at the Qwen3.5-27B head shape. Not an exactness path: closeness only.
@@ -12,7 +12,7 @@ import pytest
 import torch
 import torch.nn.functional as F
 
-from specdash.kernels.prefill_attention import (
+from specdash.kernels.triton.prefill_attention import (
     CANDIDATES,
     DEFAULT,
     PrefillAttentionConfig,

@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 import torch
 
-from specdash.kernels.rmsnorm import rms_norm_rows
+from specdash.kernels.triton.rmsnorm import rms_norm_rows
 
 DEVICE = "cuda" if torch.cuda.is_available() else "cpu"
 

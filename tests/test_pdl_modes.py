@@ -8,7 +8,7 @@ import importlib
 import pytest
 import torch
 
-from specdash.kernels import pdl
+from specdash.kernels.triton import pdl
 
 
 @pytest.mark.parametrize(

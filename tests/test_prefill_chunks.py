@@ -8,12 +8,12 @@ import pytest
 import torch
 from tiny_models import tiny_config
 
-from specdash.engine import gemm_backends
 from specdash.engine import model as model_module
 from specdash.engine.drafters import ModelDrafter
 from specdash.engine.engine import Engine
 from specdash.engine.model import Model, random_tensors
 from specdash.engine.state import SeqState
+from specdash.kernels import gemm_backends
 
 
 def _model(seed: int) -> Model:

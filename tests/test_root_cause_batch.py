@@ -28,12 +28,12 @@ from tiny_models import CORPUS, PROMPTS, write_pair
 
 from specdash.engine.drafters import NgramDrafter
 from specdash.engine.engine import Engine, Sequence
-from specdash.engine.gemm_backends import GemmBackend
 from specdash.engine.loader import load_models
 from specdash.engine.model import Model
 from specdash.engine.root_cause import RootCauseFinder
 from specdash.engine.state import SeqState
 from specdash.events import Divergence, Event, RootCause
+from specdash.kernels.gemm_backends import GemmBackend
 from specdash.prompts import load_prompts
 from specdash.runs.native import NativeBackend, native_session
 from specdash.runs.session import Session

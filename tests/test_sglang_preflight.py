@@ -70,8 +70,8 @@ def test_headless_refuses_before_any_engine_starts(monkeypatch, capsys, tmp_path
     import torch
 
     from specdash.cli import main
-    from specdash.engine_patches import check
     from specdash.runs.sglang import process
+    from specdash.runs.sglang.patches import check
 
     monkeypatch.delenv("CUDA_VISIBLE_DEVICES", raising=False)
     monkeypatch.setattr(check, "require_sglang", lambda: "0.5.17")

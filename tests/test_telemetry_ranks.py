@@ -11,7 +11,7 @@ import socket
 def _rank(rank: int, port: int, out: mp.Queue) -> None:
     import torch.distributed as dist
 
-    from specdash.engine_patches import telemetry
+    from specdash.runs.sglang.patches import telemetry
 
     dist.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{port}", rank=rank, world_size=2)
     try:
@@ -39,6 +39,6 @@ def test_only_rank_zero_reports() -> None:
 
 
 def test_a_single_process_reports() -> None:
-    from specdash.engine_patches import telemetry
+    from specdash.runs.sglang.patches import telemetry
 
     assert telemetry.reports_here()

@@ -10,8 +10,8 @@ import sys
 from collections.abc import Callable
 from typing import NoReturn
 
-from specdash.engine_patches import patch_set
 from specdash.errors import EXIT_INTERRUPTED, EXIT_USAGE, FlagError, SpecdashError
+from specdash.runs.sglang.patches import patch_set
 from specdash.settings import MAX_K
 
 DESCRIPTION = """\
@@ -24,7 +24,7 @@ checked bit for bit (the session flags below apply to it).
   specdash COMMAND --help        the flags of one command
 """
 
-# the names specdash.engine.gemm_backends knows, without importing torch for --help
+# the names specdash.kernels.gemm_backends knows, without importing torch for --help
 GEMM_BACKENDS = ("auto", "torch", "cublas", "triton", "triton-fused", "deepgemm")
 
 
@@ -294,7 +294,7 @@ COMMANDS: dict[str | None, tuple[str, str]] = {
     "replay": ("specdash.cli.traces", "run_replay"),
     "report": ("specdash.cli.traces", "run_report"),
     "diff": ("specdash.cli.traces", "run_diff"),
-    "patches": ("specdash.engine_patches.check", "run_check"),
+    "patches": ("specdash.runs.sglang.patches.check", "run_check"),
 }
 """Subcommand -> (module, function taking the parsed args); imported only when run."""
 

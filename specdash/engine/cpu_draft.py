@@ -23,11 +23,11 @@ import subprocess
 
 import torch
 
-from specdash.engine import cpu_gemm
-from specdash.engine.gemm_backends import _kn
 from specdash.engine.model import Model
 from specdash.engine.state import SeqState
 from specdash.engine.weights import AttentionWeights
+from specdash.kernels import cpu_gemm
+from specdash.kernels.gemm_backends import _kn
 
 Tensor = torch.Tensor
 

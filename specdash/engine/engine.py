@@ -42,10 +42,10 @@ import torch
 
 from specdash.engine import graphs, ops
 from specdash.engine.drafters import Drafter
-from specdash.engine.gemm_backends import GemmBackend
 from specdash.engine.model import Model, Observer
 from specdash.engine.rows import Mode
 from specdash.engine.state import SeqState, SlotPool, commit_batch, take_fitting
+from specdash.kernels.gemm_backends import GemmBackend
 from specdash.metrics import same_fp32_bits
 
 Tensor = torch.Tensor

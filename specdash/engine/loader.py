@@ -10,12 +10,13 @@ from pathlib import Path
 
 import torch
 
-from specdash.engine import gemm_backends, memory
+from specdash.engine import memory
 from specdash.engine.checkpoint import load_checkpoint
 from specdash.engine.config import preset
 from specdash.engine.model import Model
 from specdash.engine.tokenizer import ByteTokenizer, TextTokenizer
 from specdash.errors import CheckpointError, EnvironmentProblem, UsageError
+from specdash.kernels import gemm_backends
 from specdash.settings import SessionSettings
 
 SMALL_MODEL_PARAMS = 50_000_000

@@ -27,7 +27,7 @@ from operator import itemgetter
 
 import torch
 
-from specdash.engine import gemm_backends, ops
+from specdash.engine import ops
 from specdash.engine.config import ModelConfig
 from specdash.engine.rows import (
     Mode,
@@ -41,6 +41,7 @@ from specdash.engine.rows import (
 from specdash.engine.state import SeqState
 from specdash.engine.weights import AttentionWeights, GdnWeights, LayerWeights
 from specdash.errors import UsageError
+from specdash.kernels import gemm_backends
 
 Tensor = torch.Tensor
 PREFILL_CHUNK = 16384

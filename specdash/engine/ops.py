@@ -244,7 +244,7 @@ def gdn_recurrent_steps(
     token); a token's arithmetic there does not depend on T either.
     """
     if _c_gdn(q, state):
-        from specdash.engine import cpu_gemm
+        from specdash.kernels import cpu_gemm
 
         return cpu_gemm.gdn_steps(q, k, v, decay, beta, state)
     steps = []
@@ -272,7 +272,7 @@ def _c_gdn(q: Tensor, state: Tensor) -> bool:
         return False
     if q.requires_grad or state.requires_grad:
         return False
-    from specdash.engine import cpu_gemm
+    from specdash.kernels import cpu_gemm
 
     return cpu_gemm.load() is not None
 

@@ -17,7 +17,6 @@ from importlib import metadata
 import torch
 
 from specdash.controls import Controls, ControlState
-from specdash.engine import gemm_backends
 from specdash.engine.drafters import Drafter, ModelDrafter, NgramDrafter
 from specdash.engine.engine import Engine, Sequence, StepResult
 from specdash.engine.loader import Loaded, load_draft, load_models
@@ -34,6 +33,7 @@ from specdash.events import (
     TokenSource,
     VerifyStep,
 )
+from specdash.kernels import gemm_backends
 from specdash.prompts import Prompt
 from specdash.runs.session import (
     Flight,

@@ -12,7 +12,7 @@ from pathlib import Path
 
 import torch
 
-from specdash.engine_patches import memory_pools_in_turn, telemetry
+from specdash.runs.sglang.patches import memory_pools_in_turn, telemetry
 
 IDS = [[5, 6, 7, 8, 9], [1, 2, 3]]
 STEPS = [[(2, [6, 7, 8]), (0, [9])], [(1, [2, 3])]]  # (accepted drafts, emitted) per step

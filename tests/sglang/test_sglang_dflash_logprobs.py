@@ -21,14 +21,14 @@ import struct
 
 import pytest
 
-from specdash.engine_patches import dflash_logprobs
+from specdash.runs.sglang.patches import dflash_logprobs
 
 PATCH_SCRIPT = """
 import inspect, json
 from types import SimpleNamespace
 import sglang.srt.managers.scheduler as scheduler
 from sglang.srt.speculative import dflash_utils, dflash_worker_v2
-from specdash.engine_patches import dflash_logprobs
+from specdash.runs.sglang.patches import dflash_logprobs
 
 Worker = dflash_worker_v2.DFlashWorkerV2
 req = SimpleNamespace(return_logprob=True, return_hidden_states=False)
@@ -148,7 +148,7 @@ batch = SimpleNamespace(
 )
 spec = LogitsProcessorOutput(next_token_logits=logits.clone())
 if sglang.__version__ == "0.5.17":
-    from specdash.engine_patches.dflash_logprobs import chain_logprobs
+    from specdash.runs.sglang.patches.dflash_logprobs import chain_logprobs
 
     chain_logprobs(batch, spec, out_tokens, block)
 else:

@@ -1,4 +1,4 @@
-"""engine_patches/diffs/<release>/*.diff against the real sglang 0.5.17 and 0.5.23 files: each
+"""specdash/runs/sglang/patches/diffs/<release>/*.diff against the real sglang 0.5.17 and 0.5.23 files: each
 applies cleanly with `patch -p1`, and the patched-on-disk modules behave like that release's
 runtime patches (same launch configs, same packed-decode flag, same conv update kernel source,
 same verify routing, same GEMM routing; on 0.5.17 the same DFLASH worker source and request
@@ -13,7 +13,7 @@ from pathlib import Path
 
 import pytest
 
-from specdash.engine_patches import patch_set, registry
+from specdash.runs.sglang.patches import patch_set, registry
 
 DIFFS = Path(registry.__file__).parent / "diffs"
 EXACTNESS_PATCHES = ("gdn_verify_as_decode", "verify_attention_as_decode_rows", "gemm_routing")
@@ -33,7 +33,7 @@ def diff_files(diff: Path) -> list[str]:
 def patched_tree(run_each_sglang, tmp_path_factory) -> Path:
     """Copies of the files this release's diffs touch, patched with `patch -p1`."""
     if shutil.which("patch") is None:
-        pytest.fail("GNU patch is needed to test engine_patches/diffs (apt-get install patch)")
+        pytest.fail("GNU patch is needed to test specdash/runs/sglang/patches/diffs (apt-get install patch)")
     wheel = run_each_sglang.wheel
     tree = tmp_path_factory.mktemp("patched")
     for name in DIFFED[run_each_sglang.version]:
@@ -69,9 +69,9 @@ from types import SimpleNamespace
 import sglang
 import torch
 
-from specdash.engine_patches import patch_set, verify_attention_as_decode_rows as rows_mod
-from specdash.engine_patches import gemm_routing
-from specdash.engine import gemm_backends as kernels
+from specdash.runs.sglang.patches import patch_set, verify_attention_as_decode_rows as rows_mod
+from specdash.runs.sglang.patches import gemm_routing
+from specdash.kernels import gemm_backends as kernels
 
 tree = os.environ["PATCHED_TREE"]
 

@@ -15,7 +15,7 @@ from pathlib import Path
 import sglang
 from sglang.srt.entrypoints.engine import Engine
 from sglang.srt.server_args import ServerArgs
-from specdash.engine_patches import patch_set, registry
+from specdash.runs.sglang.patches import patch_set, registry
 from specdash.settings import SessionSettings
 from specdash.runs.sglang import args, process as se
 

@@ -15,8 +15,8 @@ import json
 import torch
 import torch.nn.functional as F
 import sglang.srt.batch_invariant_ops.batch_invariant_ops as bio
-from specdash.engine_patches import gemm_routing
-from specdash.engine_patches.patch_set import by_flag
+from specdash.runs.sglang.patches import gemm_routing
+from specdash.runs.sglang.patches.patch_set import by_flag
 
 bio.get_dispatch_device_backend = lambda: "CPU"  # SGLang registers for the GPU's key
 bio.enable_batch_invariant_mode()
@@ -57,8 +57,8 @@ import inspect, json
 from types import SimpleNamespace
 import torch
 from sglang.srt.model_executor.forward_batch_info import ForwardMode
-from specdash.engine import gemm_backends
-from specdash.engine_patches import gemm_routing
+from specdash.kernels import gemm_backends
+from specdash.runs.sglang.patches import gemm_routing
 
 cpu_tile = lambda x, w: x.float() @ w.float().t() + 1.0
 gemm_backends.register_backend("cpu-tile", cpu_tile)

@@ -39,7 +39,7 @@ import sglang
 from sglang.kernels.ops.attention.fla import fused_recurrent
 from sglang.srt.layers.attention.linear.gdn_backend import GDNKernelDispatcher
 from sglang.srt.layers.attention.linear.utils import LinearAttnKernelBackend
-from specdash.engine_patches import gdn_verify_as_decode as gdn
+from specdash.runs.sglang.patches import gdn_verify_as_decode as gdn
 
 NEW = sglang.__version__ == "0.5.23"
 if NEW:  # 0.5.17 launches GDN decode and verify alike: no launch config to pin
@@ -131,7 +131,7 @@ import torch
 
 from sglang.kernels.ops.attention.decode_attention import decode_attention_fwd
 from sglang.srt.layers.attention.triton_backend import TritonAttnBackend
-from specdash.engine_patches.verify_attention_as_decode_rows import ROW_KERNELS
+from specdash.runs.sglang.patches.verify_attention_as_decode_rows import ROW_KERNELS
 
 rows_kernel = ROW_KERNELS[sglang.__version__]["TritonAttnBackend"][0]
 
@@ -524,7 +524,7 @@ def offline_run(self, *args, grid, warmup, **kwargs):
 
 JITFunction.run = offline_run
 from sglang.kernels.ops.mamba import causal_conv1d_triton as conv
-from specdash.engine_patches import gdn_verify_as_decode as gdn
+from specdash.runs.sglang.patches import gdn_verify_as_decode as gdn
 
 T, DIM, W = 4, 64, 4
 

@@ -9,11 +9,11 @@ from __future__ import annotations
 
 import pytest
 
-from specdash.engine_patches import lazy_dsa_import
+from specdash.runs.sglang.patches import lazy_dsa_import
 
 APPLY_SCRIPT = """
 import sys
-from specdash.engine_patches import lazy_dsa_import as l, registry
+from specdash.runs.sglang.patches import lazy_dsa_import as l, registry
 DSA = l.DSA_MODULE
 assert DSA not in sys.modules
 assert not l.deep_gemm_installed()

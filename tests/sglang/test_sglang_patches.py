@@ -13,8 +13,8 @@ from pathlib import Path
 import pytest
 
 from specdash.cli import main
-from specdash.engine_patches import check, installed_source, patch_set, registry
 from specdash.errors import EnvironmentProblem
+from specdash.runs.sglang.patches import check, installed_source, patch_set, registry
 
 
 def row_targets(row: str) -> set[str]:
@@ -25,7 +25,7 @@ ALL_TARGETS = row_targets("0.5.23")
 
 IDENTITY_SCRIPT = """
 from specdash.cli import main
-from specdash.engine_patches import patch_set, registry
+from specdash.runs.sglang.patches import patch_set, registry
 
 print("EXIT", main(["patches", "check"]))
 for path in {t.path for p in patch_set.all_patches() for t in p.targets}:
@@ -204,7 +204,7 @@ def test_fa3_verify_rows_refuse_a_tree_draft() -> None:
     which needs CUDA) and name the backend that follows trees."""
     from types import SimpleNamespace
 
-    from specdash.engine_patches.verify_attention_as_decode_rows import fa3_rows
+    from specdash.runs.sglang.patches.verify_attention_as_decode_rows import fa3_rows
 
     with pytest.raises(RuntimeError, match="chains only.*topk 10.*attention_backend=triton"):
         fa3_rows(SimpleNamespace(topk=10), None, None, None)

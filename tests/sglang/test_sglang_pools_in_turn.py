@@ -11,13 +11,13 @@ import sys
 import time
 from pathlib import Path
 
-from specdash.engine_patches import memory_pools_in_turn as turn
+from specdash.runs.sglang.patches import memory_pools_in_turn as turn
 
 REPO = Path(__file__).resolve().parents[2]
 
 ENGINE = """
 import json, os, sys, time
-from specdash.engine_patches import memory_pools_in_turn as turn
+from specdash.runs.sglang.patches import memory_pools_in_turn as turn
 
 hold_s, die = float(sys.argv[1]), sys.argv[2] == "die"
 times = {}

@@ -269,7 +269,7 @@ def test_sglang_args_parse_as_python_literals() -> None:
 
 
 def test_engine_kwargs_per_algorithm(tmp_path, monkeypatch) -> None:
-    from specdash.engine_patches import registry
+    from specdash.runs.sglang.patches import registry
 
     monkeypatch.setattr(registry, "sglang_version", lambda: "0.5.23")
 

@@ -18,7 +18,7 @@ from sglang.srt.managers.scheduler_components.batch_result_processor import (
     SchedulerBatchResultProcessor,
 )
 from sglang.srt.managers.utils import GenerationBatchResult
-from specdash.engine_patches import telemetry
+from specdash.runs.sglang.patches import telemetry
 from specdash.runs.sglang.telemetry import TelemetryReceiver, verify_step_event
 
 receiver = TelemetryReceiver()

@@ -72,7 +72,7 @@ def attend_causal_kernel(
     (H100, docs/PERF.md); fp32 takes SDPA."""
     if q.dtype == torch.float32:
         return attend_batched(q, cache, state, pos, scale)
-    from specdash.kernels.prefill_attention import causal_prefill_attention
+    from specdash.kernels.triton.prefill_attention import causal_prefill_attention
 
     return causal_prefill_attention(q, cache.k, cache.v, state.length, scale)
 
@@ -123,8 +123,8 @@ class TritonAttention(Attention):
     steps_slots_together = True
 
     def sequence(self, qkv: Tensor, w: AttentionWeights, cache: KVCache, state: SeqState) -> Tensor:
-        from specdash.kernels.decode_attention import verify_as_decode_rows
-        from specdash.kernels.rope import qk_norm_rope_rows
+        from specdash.kernels.triton.decode_attention import verify_as_decode_rows
+        from specdash.kernels.triton.rope import qk_norm_rope_rows
 
         cfg, t_len = self.cfg, qkv.shape[0]
         hq, d = cfg.num_attention_heads, cfg.head_dim
@@ -142,17 +142,18 @@ class TritonAttention(Attention):
     def run(self, qkv: Tensor, w: AttentionWeights, i: int, run: Run) -> Tensor:
         if run.pooled is None:
             return super().run(qkv, w, i, run)
-        from specdash.kernels.decode_attention import verify_as_decode_rows
-        from specdash.kernels.rope import qk_norm_rope_rows
+        from specdash.kernels.triton.decode_attention import verify_as_decode_rows
+        from specdash.kernels.triton.rope import qk_norm_rope_rows
 
-        cfg, n, slots = self.cfg, len(run.states), run.pooled.slots
+        cfg, n, slots, starts = self.cfg, len(run.states), run.pooled.slots, run.starts
+        assert starts is not None  # a pooled run carries its lengths (Rows.run)
         hq, d = cfg.num_attention_heads, cfg.head_dim
         cache = run.pooled.pool.kv[i]
         q = qk_norm_rope_rows(
             qkv, hq, cfg.num_key_value_heads, cfg.gated_attention, w.q_norm, w.k_norm,
-            cfg.rms_norm_eps, cfg.zero_centred_norm, self.rope.cos, self.rope.sin, run.starts,
+            cfg.rms_norm_eps, cfg.zero_centred_norm, self.rope.cos, self.rope.sin, starts,
             cache.k, cache.v, slots=slots,
         )  # fmt: skip
         q = q.view(n, run.rows, hq, d)
-        o = verify_as_decode_rows(q, cache.k, cache.v, run.starts, d**-0.5, slots=slots)
+        o = verify_as_decode_rows(q, cache.k, cache.v, starts, d**-0.5, slots=slots)
         return o.reshape(n * run.rows, hq * d)

@@ -147,7 +147,7 @@ class TritonGdn(Gdn):
     ) -> Tensor:
         """Decode rows in place: the conv window and GDN state move on in one kernel, bit for
         bit what `conv_run` then `run` leave (kernels.gdn.conv_gdn_steps_in_place)."""
-        from specdash.kernels.gdn import conv_gdn_steps_in_place
+        from specdash.kernels.triton.gdn import conv_gdn_steps_in_place
 
         weights = (w.conv, w.a_log, w.dt_bias)
         if run.pooled is not None:
@@ -158,15 +158,20 @@ class TritonGdn(Gdn):
         rows = zip(qkv.split(1), a.split(1), b.split(1), run.states, strict=True)
         return cat_rows(
             [
-                conv_gdn_steps_in_place(*r, *weights, st.gdn[i].conv[None], st.gdn[i].ssm[None])
-                for *r, st in rows
+                conv_gdn_steps_in_place(
+                    qkv_j, a_j, b_j, *weights, st.gdn[i].conv[None], st.gdn[i].ssm[None]
+                )
+                for qkv_j, a_j, b_j, st in rows
             ]
         )
 
     def conv_run(
         self, qkv: Tensor, w: Tensor, i: int, run: Run
     ) -> tuple[Tensor, Tensor | list[Tensor]]:
-        from specdash.kernels.elementwise import causal_conv_silu_in_place, causal_conv_silu_rows
+        from specdash.kernels.triton.elementwise import (
+            causal_conv_silu_in_place,
+            causal_conv_silu_rows,
+        )
 
         pooled = run.pooled
         if self._decodes_in_place(run):
@@ -183,7 +188,7 @@ class TritonGdn(Gdn):
     def run(
         self, i: int, qkvab: QKVAB, w: GdnWeights, run: Run, conv_seqs: Tensor | list[Tensor]
     ) -> Tensor:
-        from specdash.kernels.gdn import gdn_steps_in_place, gdn_verify_steps
+        from specdash.kernels.triton.gdn import gdn_steps_in_place, gdn_verify_steps
 
         n, t = len(run.states), run.rows
         if self._decodes_in_place(run):
@@ -192,11 +197,19 @@ class TritonGdn(Gdn):
                 ssm, slots = run.pooled.pool.gdn[i].ssm, run.pooled.slots
                 o = gdn_steps_in_place(q, k, v, a, b, w.a_log, w.dt_bias, ssm, slots=slots)
             else:  # slots of no pool: one launch per sequence
-                rows = [tuple(x[j : j + 1] for x in (q, k, v, a, b)) for j in range(n)]
                 o = cat_rows(
                     [
-                        gdn_steps_in_place(*r, w.a_log, w.dt_bias, st.gdn[i].ssm[None])
-                        for r, st in zip(rows, run.states, strict=True)
+                        gdn_steps_in_place(
+                            q[j : j + 1],
+                            k[j : j + 1],
+                            v[j : j + 1],
+                            a[j : j + 1],
+                            b[j : j + 1],
+                            w.a_log,
+                            w.dt_bias,
+                            st.gdn[i].ssm[None],
+                        )
+                        for j, st in enumerate(run.states)
                     ]
                 )
             return o.reshape(n, *o.shape[2:])
@@ -213,7 +226,7 @@ class TritonGdn(Gdn):
     def sequence(
         self, i: int, qkvab: QKVAB, w: GdnWeights, state: SeqState, conv_seq: Tensor
     ) -> Tensor:
-        from specdash.kernels.gdn import gdn_verify_steps
+        from specdash.kernels.triton.gdn import gdn_verify_steps
 
         q, k, v, a, b = qkvab
         ssm = state.gdn[i].ssm

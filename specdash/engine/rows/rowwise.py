@@ -88,34 +88,34 @@ class TritonRowwise:
     cfg: ModelConfig
 
     def norm(self, x: Tensor, w: Tensor) -> Tensor:
-        from specdash.kernels.rmsnorm import rms_norm_rows
+        from specdash.kernels.triton.rmsnorm import rms_norm_rows
 
         return rms_norm_rows(x, w, self.cfg.rms_norm_eps, self.cfg.zero_centred_norm)
 
     def residual_norm(self, x: Tensor, a: Tensor, w: Tensor) -> tuple[Tensor, Tensor]:
-        from specdash.kernels.rmsnorm import add_rms_norm_rows
+        from specdash.kernels.triton.rmsnorm import add_rms_norm_rows
 
         return add_rms_norm_rows(a, x, w, self.cfg.rms_norm_eps, self.cfg.zero_centred_norm)
 
     def swiglu(self, gate_up: Tensor) -> Tensor:
-        from specdash.kernels.elementwise import swiglu_rows
+        from specdash.kernels.triton.elementwise import swiglu_rows
 
         return swiglu_rows(gate_up)
 
     def output_gate(self, o: Tensor, qkv: Tensor) -> Tensor:
         if not self.cfg.gated_attention:
             return o
-        from specdash.kernels.elementwise import sigmoid_gate_rows
+        from specdash.kernels.triton.elementwise import sigmoid_gate_rows
 
         gate = attention_gate(qkv, self.cfg)
         return sigmoid_gate_rows(o.view(gate.shape), gate).view(o.shape)
 
     def conv(self, window: Tensor, qkv: Tensor, w: Tensor) -> tuple[Tensor, Tensor]:
-        from specdash.kernels.elementwise import causal_conv_silu_rows
+        from specdash.kernels.triton.elementwise import causal_conv_silu_rows
 
         return causal_conv_silu_rows(window, qkv, w)
 
     def gated_norm(self, o: Tensor, z: Tensor, w: Tensor) -> Tensor:
-        from specdash.kernels.rmsnorm import gated_rms_norm_rows
+        from specdash.kernels.triton.rmsnorm import gated_rms_norm_rows
 
         return gated_rms_norm_rows(o, z, w, self.cfg.rms_norm_eps)

@@ -21,9 +21,9 @@ from typing import Any
 
 from safetensors import safe_open
 
-from specdash.engine_patches import dflash_logprobs
-from specdash.engine_patches.installed_source import sglang_root
-from specdash.engine_patches.registry import sglang_version
+from specdash.runs.sglang.patches import dflash_logprobs
+from specdash.runs.sglang.patches.installed_source import sglang_root
+from specdash.runs.sglang.patches.registry import sglang_version
 
 CAPTURE_METHOD = {
     "EAGLE3": "set_eagle3_layers_to_capture",

@@ -15,8 +15,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Literal
 
-from specdash.engine_patches.registry import patch_row
 from specdash.errors import UsageError
+from specdash.runs.sglang.patches.registry import patch_row
 from specdash.settings import SessionSettings
 
 ALGORITHMS = ("NEXTN", "EAGLE3", "DFLASH", "STANDALONE", "NGRAM")
@@ -184,7 +184,7 @@ def _patch_row() -> str | None:
 
 def applied_patches(options: SGLangOptions) -> list[str]:
     """Names of the patches the scheduler processes apply: all but `--sglang-unpatch`."""
-    from specdash.engine_patches import patch_set
+    from specdash.runs.sglang.patches import patch_set
 
     try:
         off = {patch_set.by_flag(flag).name for flag in options.unpatch}

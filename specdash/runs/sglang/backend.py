@@ -20,7 +20,6 @@ from functools import partial
 from typing import Any, TextIO
 
 from specdash.controls import ControlState
-from specdash.engine_patches.registry import sglang_version
 from specdash.errors import EnvironmentProblem
 from specdash.events import Divergence, EngineError, Margin, Sink, Token
 from specdash.prompts import Prompt
@@ -28,6 +27,7 @@ from specdash.runs.session import Flight, Header, context_ids, divergence_event,
 from specdash.runs.sglang import preflight, process
 from specdash.runs.sglang.args import SGLangOptions, applied_patches, engine_kwargs
 from specdash.runs.sglang.host import EngineHost
+from specdash.runs.sglang.patches.registry import sglang_version
 from specdash.runs.sglang.process import SGLangEngine
 from specdash.runs.sglang.start import StartWatch
 from specdash.runs.sglang.telemetry import TelemetryReceiver, token_sources, verify_step_event

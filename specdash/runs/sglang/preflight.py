@@ -76,7 +76,7 @@ def check_startable(options: SGLangOptions, engines: list[dict[str, Any]]) -> No
     SGLang can run it: `algorithms`), CUDA, patch targets and whether each engine's arguments
     (`engines`, the speculative engine's first) can start on this machine, before anything is
     started."""
-    from specdash.engine_patches.check import ensure_patchable, require_sglang
+    from specdash.runs.sglang.patches.check import ensure_patchable, require_sglang
 
     require_sglang()
     if options.speculative_algorithm not in ALGORITHMS:

@@ -4,7 +4,7 @@ into SGLang's processes as environment variables (`session_environment`, `host_e
 
 Why a subclass: SGLang spawns its scheduler with `mp.set_start_method("spawn")`, so patches
 made in this process are not inherited. `PatchedEngine.run_scheduler_process_func` is the
-module-level `scheduler_entry`, which applies `specdash.engine_patches` in the scheduler
+module-level `scheduler_entry`, which applies `specdash.runs.sglang.patches` in the scheduler
 process before the Scheduler (and its CUDA graphs) exist, then runs SGLang's own entry.
 Spawned processes inherit the environment, so that is how the patch list, the telemetry
 address, the log and error files and the memory-pool turn reach them.
@@ -22,8 +22,8 @@ from pathlib import Path
 from types import FrameType
 from typing import Any, Protocol
 
-from specdash.engine_patches import memory_pools_in_turn, telemetry
 from specdash.errors import EnvironmentProblem, UsageError
+from specdash.runs.sglang.patches import memory_pools_in_turn, telemetry
 from specdash.runs.sglang.preflight import explain_failure, last_line
 from specdash.runs.spawn import redirect_output, start_resource_tracker
 from specdash.settings import SessionSettings
@@ -214,7 +214,7 @@ def scheduler_entry(*args: Any, **kwargs: Any) -> Any:
     """SGLang's scheduler process entry with the specdash patches applied first."""
     error_file = _child_process("sglang.srt.managers.scheduler")
     try:
-        from specdash.engine_patches import patch_set
+        from specdash.runs.sglang.patches import patch_set
 
         names = os.environ.get(PATCHES_ENV)
         patch_set.apply_all(None if names is None else [n for n in names.split(",") if n])

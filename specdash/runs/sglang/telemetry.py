@@ -1,4 +1,4 @@
-"""The parent's end of the scheduler's telemetry (`specdash.engine_patches.telemetry`): per
+"""The parent's end of the scheduler's telemetry (`specdash.runs.sglang.patches.telemetry`): per
 verify step, per request, over ZMQ; turned into the `VerifyStep` events the native engine emits,
 and into each output token's source (drafted, bonus, decoded)."""
 

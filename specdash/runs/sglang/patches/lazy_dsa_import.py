@@ -23,7 +23,7 @@ import sys
 from dataclasses import dataclass, field
 from types import ModuleType
 
-from specdash.engine_patches.registry import Patch, Target, Variant, edited_source
+from specdash.runs.sglang.patches.registry import Patch, Target, Variant, edited_source
 
 DSA_MODULE = "sglang.srt.layers.attention.dsa_backend"
 _CAPTURE = "sglang.srt.speculative.eagle_worker_v2.EagleDraftWorker._capture_cuda_graphs"

@@ -7,7 +7,7 @@ per-release variants); this module is the one that knows them all.
 
 from __future__ import annotations
 
-from specdash.engine_patches import (
+from specdash.runs.sglang.patches import (
     dflash_logprobs,
     gdn_verify_as_decode,
     gemm_routing,
@@ -16,7 +16,7 @@ from specdash.engine_patches import (
     telemetry,
     verify_attention_as_decode_rows,
 )
-from specdash.engine_patches.registry import Patch
+from specdash.runs.sglang.patches.registry import Patch
 
 
 def all_patches() -> list[Patch]:

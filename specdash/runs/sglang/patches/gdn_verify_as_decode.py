@@ -39,7 +39,7 @@ from __future__ import annotations
 from collections.abc import Callable
 from typing import Any
 
-from specdash.engine_patches.registry import (
+from specdash.runs.sglang.patches.registry import (
     Patch,
     Rebinding,
     Target,

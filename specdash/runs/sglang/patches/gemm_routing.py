@@ -10,7 +10,7 @@ Backends: `auto` (the default: prefill batches on SGLang's own choice, every oth
 (decode, verify, draft) on specdash's Triton tile, below), `deepgemm` (SGLang's
 `_matmul_persistent_deepgemm`),
 `sglang-triton` (SGLang's `matmul_kernel_persistent`), and `specdash-<name>` for each backend
-in `specdash.engine.gemm_backends` (imported lazily; without it only the SGLang ones exist).
+in `specdash.kernels.gemm_backends` (imported lazily; without it only the SGLang ones exist).
 The switch reaches every scheduler rank through `Engine.collective_rpc("specdash_set_gemm_backend",
 name=...)`, a method this patch adds to `Scheduler`; it recaptures the target's decode CUDA
 graphs (which froze the old kernel) or refuses when it cannot.
@@ -42,7 +42,7 @@ import logging
 from collections.abc import Callable
 from typing import Any
 
-from specdash.engine_patches.registry import Patch, Rebinding, Target, Variant
+from specdash.runs.sglang.patches.registry import Patch, Rebinding, Target, Variant
 
 logger = logging.getLogger(__name__)
 
@@ -65,9 +65,9 @@ SGLang's kernel); set by `mark_prefill_forwards`."""
 def specdash_backends() -> dict[str, str | None]:
     """specdash.kernels GEMM backends as `specdash-<name>` -> None or why unavailable."""
     try:
-        from specdash.engine import gemm_backends
+        from specdash.kernels import gemm_backends
     except ImportError as e:
-        return {f"{SPECDASH_PREFIX}*": f"specdash.engine.gemm_backends does not import: {e}"}
+        return {f"{SPECDASH_PREFIX}*": f"specdash.kernels.gemm_backends does not import: {e}"}
     return {f"{SPECDASH_PREFIX}{n}": r for n, r in gemm_backends.available_backends().items()}
 
 
@@ -93,7 +93,7 @@ def set_backend(name: str) -> None:
             "(deep_gemm not installed or not supported on this GPU)"
         )
     if name not in SGLANG_BACKENDS:
-        from specdash.engine import gemm_backends
+        from specdash.kernels import gemm_backends
 
         if not name.startswith(SPECDASH_PREFIX):
             name = SPECDASH_PREFIX + name
@@ -104,7 +104,7 @@ def set_backend(name: str) -> None:
 
 def sglang_batch_invariant_ops() -> Any:
     """SGLang's batch_invariant_ops module (imported on first use: it needs CUDA kernels)."""
-    from specdash.engine_patches.registry import resolve
+    from specdash.runs.sglang.patches.registry import resolve
 
     return resolve(_OPS)
 
@@ -178,7 +178,7 @@ def _gemm(
         return lambda x, w: deepgemm(a=x, b=w.transpose(0, 1), **sglang)
     if name == "specdash-cublas":
         return cublas_unrouted
-    from specdash.engine import gemm_backends
+    from specdash.kernels import gemm_backends
 
     return gemm_backends.get_backend(name.removeprefix(SPECDASH_PREFIX))
 

@@ -14,8 +14,8 @@ import torch
 import triton
 import triton.language as tl
 
-from specdash.kernels import pdl
-from specdash.kernels.pdl import start_after_predecessor
+from specdash.kernels.triton import pdl
+from specdash.kernels.triton.pdl import start_after_predecessor
 
 
 @triton.jit(do_not_specialize=["rows_per_seq"])

@@ -27,7 +27,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from specdash.engine_patches.registry import (
+from specdash.runs.sglang.patches.registry import (
     Patch,
     Rebinding,
     Target,
@@ -69,7 +69,7 @@ LOGPROB_EDITS: tuple[tuple[str, str], ...] = (
         """\
         if batch.return_logprob:
             # specdash dflash_logprobs: the committed tokens' logprobs, where 0.5.23 takes them.
-            from specdash.engine_patches.dflash_logprobs import chain_logprobs
+            from specdash.runs.sglang.patches.dflash_logprobs import chain_logprobs
 
             chain_logprobs(batch, logits_output, out_tokens, block_size)
 

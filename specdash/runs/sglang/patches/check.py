@@ -14,8 +14,8 @@ import os
 import sys
 from dataclasses import dataclass
 
-from specdash.engine_patches import installed_source, patch_set, registry
 from specdash.errors import EXIT_ENVIRONMENT, EXIT_OK, EnvironmentProblem
+from specdash.runs.sglang.patches import installed_source, patch_set, registry
 
 INSTALL_HINT = "SGLang is not installed: pip install 'specdash[sglang]'"
 

@@ -28,7 +28,7 @@ import time
 from collections.abc import Callable
 from typing import Any
 
-from specdash.engine_patches.registry import Patch, Rebinding, Target, Variant
+from specdash.runs.sglang.patches.registry import Patch, Rebinding, Target, Variant
 
 logger = logging.getLogger(__name__)
 

@@ -23,11 +23,15 @@ import triton
 import triton.language as tl
 from triton.tools.tensor_descriptor import TensorDescriptor
 
-from specdash.kernels import pdl
-from specdash.kernels.elementwise import sigmoid_gate_rows, silu, swiglu_rows
-from specdash.kernels.pdl import let_successor_launch, prefetch_rows_to_l2, wait_for_predecessor
-from specdash.kernels.rmsnorm import gated_rms_norm_rows
-from specdash.kernels.tickets import counters
+from specdash.kernels.triton import pdl
+from specdash.kernels.triton.elementwise import sigmoid_gate_rows, silu, swiglu_rows
+from specdash.kernels.triton.pdl import (
+    let_successor_launch,
+    prefetch_rows_to_l2,
+    wait_for_predecessor,
+)
+from specdash.kernels.triton.rmsnorm import gated_rms_norm_rows
+from specdash.kernels.triton.tickets import counters
 
 BLOCK_M = 16
 _SUPPORTED_DTYPES = (torch.bfloat16, torch.float16, torch.float32)

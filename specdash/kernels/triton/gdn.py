@@ -17,10 +17,10 @@ import torch
 import triton
 import triton.language as tl
 
-from specdash.kernels import pdl
-from specdash.kernels.elementwise import conv_silu_row, shift_window
-from specdash.kernels.pdl import start_after_predecessor
-from specdash.kernels.tickets import counters
+from specdash.kernels.triton import pdl
+from specdash.kernels.triton.elementwise import conv_silu_row, shift_window
+from specdash.kernels.triton.pdl import start_after_predecessor
+from specdash.kernels.triton.tickets import counters
 
 BLOCK_V = 32  # pinned: the state tile per program, [Dk, BLOCK_V]
 _NUM_WARPS = 4  # pinned

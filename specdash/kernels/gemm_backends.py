@@ -17,8 +17,8 @@ import torch
 import torch.nn.functional as F
 from torch.utils.weak import WeakIdKeyDictionary
 
-from specdash.engine import cpu_gemm
 from specdash.errors import EnvironmentProblem
+from specdash.kernels import cpu_gemm
 
 Tensor = torch.Tensor
 Gemm = Callable[[Tensor, Tensor], Tensor]
@@ -161,7 +161,7 @@ def gpu_backends() -> dict[str, GemmBackend]:
         reason = "needs a CUDA GPU (torch.cuda.is_available() is False)"
         cublas = GemmBackend("cublas", None, False, unavailable=reason)
     try:
-        from specdash.kernels import gemm
+        from specdash.kernels.triton import gemm
     except Exception as exc:
         reason = f"triton kernels do not import: {exc}"
         triton = GemmBackend("triton", None, True, unavailable=reason)

@@ -27,7 +27,7 @@ from __future__ import annotations
 from collections.abc import Callable
 from typing import Any
 
-from specdash.engine_patches.registry import Patch, Rebinding, Target, Variant
+from specdash.runs.sglang.patches.registry import Patch, Rebinding, Target, Variant
 
 _HYBRID = "sglang.srt.layers.attention.hybrid_linear_attn_backend.HybridLinearAttnBackend"
 _FA3 = "sglang.srt.layers.attention.flashattention_backend.FlashAttentionBackend"
