@@ -235,9 +235,40 @@ def _add_trace_commands(sub: argparse._SubParsersAction) -> None:
     )
     _add_overwrite(report)
 
+    report.add_argument(
+        "--compare",
+        metavar="B",
+        help="add `compare TRACE B`: B (a quant, another engine) against TRACE as reference",
+    )
+    _add_compare_flags(report)
+
     diff = sub.add_parser("diff", help="first differing token per prompt of two traces")
     diff.add_argument("a", metavar="A", help="a JSONL trace")
     diff.add_argument("b", metavar="B", help="another JSONL trace of the same prompts")
+
+    compare = sub.add_parser(
+        "compare",
+        help="a quant (B) against its reference (A): flips, margins, teacher-forced agreement",
+    )
+    compare.add_argument("a", metavar="A", help="the reference's JSONL trace")
+    compare.add_argument("b", metavar="B", help="a trace of the same prompts, another setting")
+    compare.add_argument("--json", action="store_true", help="print one JSON object (see README)")
+    _add_compare_flags(compare)
+
+
+def _add_compare_flags(p: argparse.ArgumentParser) -> None:
+    p.add_argument(
+        "--top-k",
+        type=whole_number(2),
+        default=64,
+        metavar="N",
+        help="A's top-N tokens per position, the support of KL(A || B)",
+    )
+    p.add_argument(
+        "--trace-only",
+        action="store_true",
+        help="no teacher-forced re-scoring (it loads both settings' models): flips only",
+    )
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -294,6 +325,7 @@ COMMANDS: dict[str | None, tuple[str, str]] = {
     "replay": ("specdash.cli.traces", "run_replay"),
     "report": ("specdash.cli.traces", "run_report"),
     "diff": ("specdash.cli.traces", "run_diff"),
+    "compare": ("specdash.cli.traces", "run_compare"),
     "patches": ("specdash.runs.sglang.patches.check", "run_check"),
 }
 """Subcommand -> (module, function taking the parsed args); imported only when run."""

@@ -1,4 +1,4 @@
-"""The trace subcommands: `export`, `replay`, `report` and `diff` over recorded traces.
+"""The trace subcommands: `export`, `replay`, `report`, `diff` and `compare` over recorded traces.
 
 Each reads its trace(s) with `read_trace`, prints the reader's warnings on stderr, and hands
 the events to the module that does the work (`specdash.trace.*`, or the replay dashboard).
@@ -13,7 +13,7 @@ import os
 import sys
 from collections.abc import Callable
 from pathlib import Path
-from typing import IO
+from typing import IO, TYPE_CHECKING
 
 from specdash.errors import (
     EXIT_DIVERGED,
@@ -24,7 +24,11 @@ from specdash.errors import (
 )
 from specdash.events import Event, SessionStart
 from specdash.output_files import Output
+from specdash.trace.diff import label
 from specdash.trace.jsonl import read_trace
+
+if TYPE_CHECKING:
+    from specdash.trace.compare import Comparison
 
 
 def _read(path: str) -> tuple[SessionStart, list[Event], list[str]]:
@@ -42,10 +46,13 @@ def _output(args: argparse.Namespace, suffix: str) -> Output:
     """Where `export` / `report` write, checked before the trace is read: never the trace
     itself, an existing file only with --overwrite."""
     path = args.output or default_output(args.trace, suffix)
+    inputs = [(Path(args.trace), "the trace it reads")]
+    if getattr(args, "compare", None):
+        inputs.append((Path(args.compare), "the trace it compares"))
     return Output(
         path,
         what="output",
-        inputs=[(Path(args.trace), "the trace it reads")],
+        inputs=inputs,
         overwrite=args.overwrite,
         flag="--overwrite",
     )
@@ -91,7 +98,16 @@ def run_report(args: argparse.Namespace) -> int:
 
     output = _output(args, ".html")
     header, events, warnings = _read(args.trace)
-    page = render_report(header, events, warnings, title=Path(args.trace).name)
+    comparison = None
+    if args.compare:
+        header_b, events_b, more = _read(args.compare)
+        warnings = [*warnings, *more]
+        comparison = (
+            _compare(args, (header, events), (header_b, events_b)),
+            label(args.trace, header),
+            label(args.compare, header_b),
+        )
+    page = render_report(header, events, warnings, Path(args.trace).name, comparison)
     with output.replace() as f:
         f.write(page)
     print(f"wrote {output.path}", file=sys.stderr)
@@ -99,7 +115,7 @@ def run_report(args: argparse.Namespace) -> int:
 
 
 def run_diff(args: argparse.Namespace) -> int:
-    from specdash.trace.diff import diff_prompts, format_diff, label, verdict
+    from specdash.trace.diff import diff_prompts, format_diff, verdict
 
     header_a, events_a, warnings_a = read_trace(args.a)
     header_b, events_b, warnings_b = read_trace(args.b)
@@ -118,6 +134,41 @@ def run_diff(args: argparse.Namespace) -> int:
     if differing:
         return EXIT_DIVERGED
     return EXIT_INCOMPLETE if incomplete else EXIT_OK
+
+
+def _compare(
+    args: argparse.Namespace,
+    a: tuple[SessionStart, list[Event]],
+    b: tuple[SessionStart, list[Event]],
+) -> Comparison:
+    """A's and B's comparison, B re-scored along A's path unless --trace-only; prompts that
+    differ are refused before any model loads."""
+    from specdash.trace.compare import TeacherForced, compare
+    from specdash.trace.diff import diff_prompts
+
+    diff_prompts(a[1], b[1])
+    if args.trace_only:
+        scores = TeacherForced(missing="not run (--trace-only)")
+    else:
+        from specdash.runs.teacher_forced import teacher_forced
+
+        scores = teacher_forced((a[0], b[0]), a[1], args.top_k)
+    return compare(a[1], b[1], scores)
+
+
+def run_compare(args: argparse.Namespace) -> int:
+    from specdash.trace.compare import comparison_record, format_comparison
+
+    a, b = _read(args.a), _read(args.b)
+    cmp = _compare(args, a[:2], b[:2])
+    labels = label(args.a, a[0]), label(args.b, b[0])
+    if args.json:
+        print(json.dumps(comparison_record(cmp, *labels)))
+    else:
+        print("\n".join(format_comparison(cmp, *labels)))
+    if cmp.determinism.failed:
+        return EXIT_DIVERGED
+    return EXIT_OK if cmp.determinism.checked else EXIT_INCOMPLETE
 
 
 def run_replay(args: argparse.Namespace) -> int:

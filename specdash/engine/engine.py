@@ -33,7 +33,7 @@ slots once per session, so memory stays flat over mixed prompt lengths.
 from __future__ import annotations
 
 import time
-from collections.abc import Callable, Container
+from collections.abc import Callable, Container, Iterator
 from dataclasses import dataclass, field
 from functools import partial
 from itertools import accumulate
@@ -286,6 +286,25 @@ class Engine:
             )
             for seq, d, j, ds in zip(seqs, drafts, before, draft_s, strict=True)
         ]
+
+    def teacher_forced(self, prompt: list[int], path: list[int], rows: int) -> Iterator[Tensor]:
+        """The target's log-prob rows along a given path (another run's tokens): [1, V] from
+        the prompt's prefill, predicting path[0], then [n, V] per forward, row j predicting
+        path[j] from path[:j], `rows` rows a forward in exact mode, as a verify step of drafts
+        `path` lays them out. Those are decode's bits, so along a path this model decoded
+        itself the rows give back its own logprobs. A yielded tensor holds until the next is
+        asked for (a graph's replay overwrites its output)."""
+        state = self._new_state(len(prompt) + len(path) + rows)
+        try:
+            yield self.target.forward(self._tensor(prompt), state, "prefill")
+            for start in range(0, len(path) - 1, rows):
+                chunk = path[start : min(start + rows, len(path) - 1)]
+                logprobs, commit = self._forward([state], [chunk], "exact")
+                yield logprobs
+                commit([len(chunk)])
+        finally:
+            if self.pooled:
+                self._free_slots.append(state)
 
     def shadow_catch_up(self, seqs: list[Sequence]) -> float:
         """Decode the shadows up to their speculative runs' lengths, one batched decode row per

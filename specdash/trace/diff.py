@@ -180,6 +180,7 @@ def verdict(diffs: list[PromptDiff]) -> str:
 
 def label(path: str, header: SessionStart) -> str:
     c = header.config
-    keys = ("engine", "verify_mode", "verify", "gemm_backend")  # `verify`: before it had one name
+    # `verify`: before it had one name
+    keys = ("engine", "dtype", "verify_mode", "verify", "gemm_backend")
     parts = [str(c.get(key)) for key in keys if c.get(key)]
     return f"{Path(path).name} ({', '.join([*parts, header.gemm_backend])})"

@@ -2,7 +2,8 @@
 
 Plots are matplotlib PNGs embedded as data URIs, so the file opens anywhere with no network
 and no companion files: throughput over time, acceptance (histogram and by draft position),
-DRAM bandwidth, the per-step time breakdown, then the divergences and the session settings.
+DRAM bandwidth, the per-step time breakdown, then the divergences and the session settings;
+with `--compare B`, how B (a quant, another engine) compares with this session (`compare`).
 """
 
 from __future__ import annotations
@@ -18,6 +19,7 @@ from typing import TYPE_CHECKING
 
 from specdash import metrics
 from specdash.events import Divergence, Event, SessionStart, Summary, TelemetrySample
+from specdash.trace.compare import Agreement, Comparison, format_totals, totals
 from specdash.trace.export import StepRow, step_rows
 
 if TYPE_CHECKING:
@@ -191,6 +193,44 @@ def _divergences(divs: list[Divergence]) -> str:
     return f"<div class='wide'><table class='grid'><tr>{header}</tr>{''.join(lines)}</table></div>"
 
 
+def _comparison(cmp: Comparison, label_a: str, label_b: str) -> str:
+    """`compare`'s content: the determinism line first, a row per prompt, what is missing."""
+    head = ("prompt", "tokens A / B", "agree", "flip", "A's margin at the flip", "mean |Δ logprob|",
+            "max |Δ logprob|", "argmax = A", "mean KL", "max KL", "verdict")  # fmt: skip
+    rows = []
+    for c in cmp.prompts:
+        g: Agreement | None = c.agreement
+        scored = ("–",) * 5 if g is None else (
+            f"{g.mean_abs_delta:.3g}", f"{g.max_abs_delta:.3g} (token {g.max_at[1]})",
+            f"{g.argmax_agree}/{g.positions}", f"{g.mean_kl:.3g}", f"{g.max_kl:.3g}",
+        )  # fmt: skip
+        m = c.margin
+        margin = "" if m is None else (
+            f"{m.gap:.3g} nats ({m.ulps:,} fp32 ulps): {'near-tie' if m.near_tie else 'wide'}"
+        )  # fmt: skip
+        cells = (c.prompt_index, f"{c.tokens_a} / {c.tokens_b}", c.agree,
+                 "–" if c.flip is None else c.flip, margin, *scored, c.verdict())  # fmt: skip
+        rows.append("<tr>" + "".join(f"<td>{html.escape(str(x))}</td>" for x in cells) + "</tr>")
+    header = "".join(f"<th>{h}</th>" for h in head)
+    det = cmp.determinism
+    notes = [det.text(not cmp.teacher_forced.missing), *det.mismatches]
+    notes += [f"missing: {m}" for m in cmp.missing]
+    paragraphs = "".join(
+        f"<p class='{'warning' if det.failed or not det.checked else 'note'}'>{html.escape(n)}</p>"
+        for n in notes
+    )
+    who = _table([("A (reference)", label_a), ("B", label_b)])
+    kl = "" if not cmp.teacher_forced.top_k else (
+        f"<p>KL(A ‖ B) over A's top-{cmp.teacher_forced.top_k} tokens and one bucket for the "
+        "rest: a lower bound of the full KL (the full KL where the top-k is the vocabulary).</p>"
+    )  # fmt: skip
+    return (
+        f"{who}{paragraphs}{kl}<div class='wide'><table class='grid' id='compare-prompts'>"
+        f"<tr>{header}</tr>{''.join(rows)}</table></div>"
+        f"<p id='compare-totals'>{html.escape(format_totals(totals(cmp)))}</p>"
+    )
+
+
 def _summary(summary: Summary | None, rows: list[StepRow]) -> list[tuple[str, object]]:
     if summary is None:
         rows = verify_rows(rows)
@@ -243,8 +283,13 @@ td { overflow-wrap: anywhere; } .wide { overflow-x: auto; }
 
 
 def render_report(
-    header: SessionStart, events: list[Event], warnings: list[str], title: str
+    header: SessionStart,
+    events: list[Event],
+    warnings: list[str],
+    title: str,
+    comparison: tuple[Comparison, str, str] | None = None,
 ) -> str:
+    """The page; `comparison`: `compare`'s result with A's and B's labels (A: this trace)."""
     rows = step_rows(header, events)
     samples = [e for e in events if isinstance(e, TelemetrySample)]
     data = ReportData(rows, samples, header.t_ns)
@@ -263,6 +308,11 @@ def render_report(
         f"<h2>Summary</h2>{_table(_summary(summary, rows))}"
         f"<h2>Plots</h2>{figures}"
         f"<h2 id='divergences'>Divergences ({len(divs)})</h2>{_divergences(divs)}"
-        f"<h2 id='settings'>Session settings</h2>{_table(_settings(header))}"
+        + (
+            ""
+            if comparison is None
+            else f"<h2 id='comparison'>Compared with B</h2>{_comparison(*comparison)}"
+        )
+        + f"<h2 id='settings'>Session settings</h2>{_table(_settings(header))}"
         "</body></html>\n"
     )
