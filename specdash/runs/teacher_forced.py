@@ -33,7 +33,7 @@ def unscorable(header: SessionStart) -> str | None:
     """Why a trace's setting cannot be re-scored here, or None."""
     engine = header.config.get("engine", "native")
     if engine != "native":
-        return f"a {engine} session is not re-scored: teacher forcing runs the native engine"
+        return f"a {engine} session is not re-scored: teacher forcing runs the native engine only"
     return None
 
 

@@ -195,7 +195,7 @@ def _exact(events: list[Event]) -> tuple[str, bool, bool]:
     return f"{exact}/{prompts}", True, exact == prompts
 
 
-def _kl(a: tuple[float, ...], b: tuple[float, ...], exact: bool) -> float:
+def kl_over_support(a: tuple[float, ...], b: tuple[float, ...], exact: bool) -> float:
     """KL(A ‖ B) over the support (A's top-k) plus one bucket for the rest, in nats."""
     p = [math.exp(x) for x in a]
     kl = math.fsum(pi * (x - y) for pi, x, y in zip(p, a, b, strict=True))
@@ -210,7 +210,7 @@ def _agreement(prompt: int, a: PathScore, b: PathScore) -> Agreement:
     pairs = list(zip(a.positions, b.positions, strict=True))
     deltas = [abs(y.token_logprob - x.token_logprob) for x, y in pairs]
     exact = len(a.support[0]) >= a.vocab if a.support else False
-    kls = [_kl(x.support, y.support, exact) for x, y in pairs]
+    kls = [kl_over_support(x.support, y.support, exact) for x, y in pairs]
     path = [x.argmax for x in a.positions]
     worst = max(range(len(deltas)), key=deltas.__getitem__)
     return Agreement(
