@@ -2,7 +2,8 @@
 
 Exit codes (also in the README):
   0  success
-  1  a divergence was found (`run --fail-on-divergence`, `audit` exact-mode failure, `diff`)
+  1  a divergence was found (`run --fail-on-divergence`, `audit` exact-mode failure, `diff`;
+     `compare`: a run not deterministic: spec != shadow, or re-scoring off its recorded bits)
   2  bad usage or bad input (flags, prompt file, a lone surrogate in a prompt, k out of
      range, a prompt too long for the target's or the draft's positions, an output that is an
      input, an existing output without --overwrite, a trace another specdash is writing, an
@@ -12,7 +13,8 @@ Exit codes (also in the README):
   4  environment problem (no GPU/NVML/SGLang where required, unsupported SGLang version,
      an SGLang scheduler process died, the dashboard's engine process died,
      unwritable output path, an I/O error while recording a trace)
-  5  `diff`: a recording ends mid-prompt and the tokens both traces hold are identical
+  5  `diff`: a recording ends mid-prompt and the tokens both traces hold are identical;
+     `compare`: determinism not known (no shadow, no summary, a recording cut mid-prompt)
   130 interrupted (Ctrl-C); partial results and the trace are kept
 
 The core speaks of settings, not flags: an error about one names it in `setting` (a field of
