@@ -4,6 +4,7 @@ a second fp32 run, through the real CLI; the re-scoring checked against the reco
 from __future__ import annotations
 
 import json
+import math
 import random
 import struct
 from pathlib import Path
@@ -17,7 +18,7 @@ from specdash.errors import EXIT_DIVERGED, EXIT_INCOMPLETE, EXIT_OK, EXIT_USAGE
 from specdash.events import Event, SessionStart, Summary, Token
 from specdash.prompts import default_prompts_path
 from specdash.runs.teacher_forced import teacher_forced
-from specdash.trace.compare import kl_over_support
+from specdash.trace.compare import Scored, kl_over_support
 from specdash.trace.jsonl import TraceWriter, read_trace
 
 TOKENS = 32
@@ -212,6 +213,21 @@ def test_different_prompts_are_refused_before_any_model_loads(traces, tmp_path, 
     assert err.startswith("specdash: error: the traces ran different prompts") and err[-1] == "\n"
 
 
+def test_ids_another_tokenizer_reads_otherwise_are_refused(traces, tmp_path, capsys):
+    """A's ids must mean the same tokens to the setting scoring them."""
+    target = tokens(traces["f32"])[1][5]
+
+    def retext(e: Event) -> Event:
+        return e.model_copy(update={"text": "elsewhere"}) if e == target else e
+
+    a = rewrite(traces["f32"], tmp_path / "a.jsonl", retext)
+    assert main(["compare", a, traces["bf16"]]) == EXIT_USAGE
+    assert capsys.readouterr().err == (
+        f"specdash: error: A's tokenizer reads token {target.token_id} as {target.text!r}, "
+        "A's trace as 'elsewhere': compare needs one tokenizer\n"
+    )
+
+
 def test_top_k_below_two_is_a_flag_error(traces, capsys):
     with pytest.raises(SystemExit) as exit_:
         main(["compare", traces["f32"], traces["bf16"], "--top-k", "1"])
@@ -240,14 +256,15 @@ def test_kl_over_the_whole_vocabulary_is_the_kl_and_a_top_k_bounds_it_from_below
     b = torch.log_softmax(a + torch.tensor([rng.gauss(0, 0.3) for _ in range(50)]).double(), -1)
     full = float((a.exp() * (a - b)).sum())
     order = a.argsort(descending=True)
-    assert kl_over_support(
-        tuple(a[order].tolist()), tuple(b[order].tolist()), exact=True
-    ) == pytest.approx(full, rel=1e-12)
-    for k in (2, 8, 32):
-        top = order[:k]
-        assert (
-            0 < kl_over_support(tuple(a[top].tolist()), tuple(b[top].tolist()), exact=False) <= full
-        )
+
+    def scored(lp: torch.Tensor, k: int) -> Scored:
+        top, rest = order[:k], order[k:]
+        outside = float(lp[rest].logsumexp(-1)) if k < len(order) else -math.inf
+        return Scored(0.0, 0, 0.0, tuple(lp[top].tolist()), outside)
+
+    assert kl_over_support(scored(a, 50), scored(b, 50)) == pytest.approx(full, rel=1e-12)
+    bounds = [kl_over_support(scored(a, k), scored(b, k)) for k in (1, 2, 8, 32, 49)]
+    assert bounds[0] > 0 and bounds == sorted(bounds) and bounds[-1] <= full
 
 
 @pytest.mark.gpu

@@ -13,11 +13,13 @@ from __future__ import annotations
 import dataclasses
 
 import torch
+from pydantic import ValidationError
 
 from specdash.engine import ops
 from specdash.engine.drafters import NgramDrafter
 from specdash.engine.engine import Engine
 from specdash.engine.loader import load_models
+from specdash.engine.tokenizer import TextTokenizer
 from specdash.errors import UsageError
 from specdash.events import Event, PromptStart, SessionStart, Token
 from specdash.runs.session import MANTISSA_BITS, shadow_margin
@@ -45,27 +47,43 @@ def settings_of(header: SessionStart, name: str) -> SessionSettings:
                "trace": None, "prompts": None}  # fmt: skip
     try:
         return SessionSettings.model_validate(config)
-    except ValueError as e:
-        raise UsageError(f"{name}'s header names no setting specdash can run: {e}") from None
+    except ValidationError as e:
+        err = e.errors()[0]
+        where = ".".join(str(p) for p in err["loc"])
+        raise UsageError(f"{name}'s header: config.{where}: {err['msg']}") from None
 
 
-def _paths(events: list[Event]) -> dict[int, tuple[PromptStart, list[int]]]:
-    """Each prompt's start and the generated ids, by prompt index."""
+def _paths(events: list[Event]) -> dict[int, tuple[PromptStart, list[Token]]]:
+    """Each prompt's start and its generated tokens in order, by prompt index."""
     starts = {e.prompt_index: e for e in events if isinstance(e, PromptStart)}
-    ids: dict[int, list[Token]] = {p: [] for p in starts}
+    tokens: dict[int, list[Token]] = {p: [] for p in starts}
     for e in events:
-        if isinstance(e, Token) and e.prompt_index in ids:
-            ids[e.prompt_index].append(e)
-    return {
-        p: (starts[p], [t.token_id for t in sorted(toks, key=lambda t: t.position)])
-        for p, toks in ids.items()
-    }
+        if isinstance(e, Token) and e.prompt_index in tokens:
+            tokens[e.prompt_index].append(e)
+    return {p: (starts[p], sorted(t, key=lambda t: t.position)) for p, t in tokens.items()}
+
+
+def _check_tokenizer(name: str, tokenizer: TextTokenizer, p: int, start: PromptStart,
+                     prompt: list[int], path: list[Token]) -> None:  # fmt: skip
+    """A's ids mean the same to this setting: the prompt encodes to as many tokens, and every
+    token of A's path decodes to the text A's trace holds."""
+    if len(prompt) != start.prompt_tokens:
+        raise UsageError(
+            f"prompt {p} is {len(prompt)} tokens to {name}'s tokenizer, {start.prompt_tokens} "
+            "in A's trace: compare needs one tokenizer"
+        )
+    for t in path:
+        if (text := tokenizer.decode([t.token_id])) != t.text:
+            raise UsageError(
+                f"{name}'s tokenizer reads token {t.token_id} as {text!r}, A's trace as "
+                f"{t.text!r}: compare needs one tokenizer"
+            )
 
 
 def _score(
     settings: SessionSettings,
     name: str,
-    paths: dict[int, tuple[PromptStart, list[int]]],
+    paths: dict[int, tuple[PromptStart, list[Token]]],
     top_k: int,
     support: dict[int, PathScore] | None,
 ) -> tuple[dict[int, PathScore], str]:
@@ -80,12 +98,9 @@ def _score(
     device = loaded.target.device
     out: dict[int, PathScore] = {}
     with torch.inference_mode():
-        for p, (start, path) in paths.items():
-            if len(prompts[p]) != start.prompt_tokens:
-                raise UsageError(
-                    f"prompt {p} is {len(prompts[p])} tokens to {name}'s tokenizer, "
-                    f"{start.prompt_tokens} in the trace: compare needs one tokenizer"
-                )
+        for p, (start, recorded) in paths.items():
+            _check_tokenizer(name, loaded.tokenizer, p, start, prompts[p], recorded)
+            path = [t.token_id for t in recorded]
             positions: list[Scored] = []
             ids: list[tuple[int, ...]] = []
             vocab = 0
@@ -99,10 +114,13 @@ def _score(
                         index = torch.tensor(support[p].support[j : j + n], device=device)
                         values = rows.gather(-1, index)
                     argmax, argmax_lp = ops.greedy(rows)
-                    host = (rows.gather(-1, targets)[:, 0], argmax, argmax_lp, values, index)
-                    for lp, top, top_lp, vals, idx in zip(*(t.tolist() for t in host), strict=True):
-                        positions.append(Scored(lp, top, top_lp, tuple(vals)))
-                        ids.append(tuple(idx))
+                    outside = rows.scatter(-1, index, -torch.inf).logsumexp(-1)  # [n]
+                    host = (rows.gather(-1, targets)[:, 0], argmax, argmax_lp, values, outside)
+                    for lp, top, top_lp, vals, rest in zip(
+                        *(t.tolist() for t in host), strict=True
+                    ):
+                        positions.append(Scored(lp, top, top_lp, tuple(vals), rest))
+                    ids += [tuple(i) for i in index.tolist()]
             out[p] = PathScore(positions, ids if support is None else support[p].support, vocab)
     return out, str(loaded.target.dtype).removeprefix("torch.")
 

@@ -33,6 +33,9 @@ class Scored:
     argmax_logprob: float
     support: tuple[float, ...]
     """Its logprobs of A's top-k tokens there (`PathScore.support`), in that order."""
+    rest: float
+    """The log of its probability mass outside them (-inf where they are the vocabulary),
+    summed on the device (logsumexp), not 1 minus a sum that rounds to nothing."""
     margin: Margin | None = None
     """A's own top-1 / top-2 there (A's score only), judged by the coarser dtype of the two."""
 
@@ -195,22 +198,20 @@ def _exact(events: list[Event]) -> tuple[str, bool, bool]:
     return f"{exact}/{prompts}", True, exact == prompts
 
 
-def kl_over_support(a: tuple[float, ...], b: tuple[float, ...], exact: bool) -> float:
-    """KL(A ‖ B) over the support (A's top-k) plus one bucket for the rest, in nats."""
-    p = [math.exp(x) for x in a]
-    kl = math.fsum(pi * (x - y) for pi, x, y in zip(p, a, b, strict=True))
-    rest_a = 1.0 - math.fsum(p)
-    rest_b = 1.0 - math.fsum(math.exp(y) for y in b)
-    if not exact and rest_a > 0:
-        kl += rest_a * math.log(rest_a / rest_b) if rest_b > 0 else math.inf
-    return max(kl, 0.0)
+def kl_over_support(a: Scored, b: Scored) -> float:
+    """KL(A ‖ B) in nats over A's top-k and one bucket for the rest of the vocabulary: the
+    full KL coarse-grained, so never above it (equal where the rest is empty)."""
+    terms = [(x, y) for x, y in zip(a.support, b.support, strict=True)]
+    if a.rest != -math.inf:
+        terms.append((a.rest, b.rest))
+    return max(math.fsum(math.exp(x) * (x - y) for x, y in terms), 0.0)
 
 
 def _agreement(prompt: int, a: PathScore, b: PathScore) -> Agreement:
     pairs = list(zip(a.positions, b.positions, strict=True))
     deltas = [abs(y.token_logprob - x.token_logprob) for x, y in pairs]
     exact = len(a.support[0]) >= a.vocab if a.support else False
-    kls = [kl_over_support(x.support, y.support, exact) for x, y in pairs]
+    kls = [kl_over_support(x, y) for x, y in pairs]
     path = [x.argmax for x in a.positions]
     worst = max(range(len(deltas)), key=deltas.__getitem__)
     return Agreement(
