@@ -80,6 +80,32 @@ def _check_tokenizer(name: str, tokenizer: TextTokenizer, p: int, start: PromptS
             )
 
 
+def _score_path(
+    engine: Engine, prompt: list[int], path: list[int], top_k: int, support: PathScore | None
+) -> PathScore:
+    """One prompt's rows along `path`, each reduced on the device to what `Scored` holds: the
+    support is the model's own top-k where `support` is None, else `support`'s ids."""
+    device = engine.target.device
+    positions: list[Scored] = []
+    ids: list[tuple[int, ...]] = []
+    vocab = 0
+    for rows in engine.teacher_forced(prompt, path, ROWS) if path else ():
+        j, n, vocab = len(positions), rows.shape[0], rows.shape[-1]  # rows: [n, V]
+        targets = torch.tensor(path[j : j + n], device=device)[:, None]  # [n, 1]
+        if support is None:
+            values, index = rows.topk(min(top_k, vocab), dim=-1)  # [n, k] each
+        else:
+            index = torch.tensor(support.support[j : j + n], device=device)
+            values = rows.gather(-1, index)
+        argmax, argmax_lp = ops.greedy(rows)
+        outside = rows.scatter(-1, index, -torch.inf).logsumexp(-1)  # [n]
+        host = (rows.gather(-1, targets)[:, 0], argmax, argmax_lp, values, outside)
+        for lp, top, top_lp, vals, rest in zip(*(t.tolist() for t in host), strict=True):
+            positions.append(Scored(lp, top, top_lp, tuple(vals), rest))
+        ids += [tuple(i) for i in index.tolist()]
+    return PathScore(positions, ids if support is None else support.support, vocab)
+
+
 def _score(
     settings: SessionSettings,
     name: str,
@@ -87,41 +113,19 @@ def _score(
     top_k: int,
     support: dict[int, PathScore] | None,
 ) -> tuple[dict[int, PathScore], str]:
-    """One setting along every prompt's path: logprobs of the path's tokens, argmax, and of the
-    support (its own top-k where `support` is None, else those of `support`'s ids); and the
-    dtype the model computes in."""
+    """One setting along every prompt's path (`_score_path`), and the dtype it computes in."""
     loaded = load_models(settings)
     engine = Engine(loaded.target, NgramDrafter, loaded.eos_ids)
     longest = max((len(path) for _, path in paths.values()), default=0)
     prompts = {p: loaded.tokenizer.encode(start.text) for p, (start, _) in paths.items()}
     engine.reserve(max(map(len, prompts.values()), default=1), longest, MAX_K, 1, False)
-    device = loaded.target.device
     out: dict[int, PathScore] = {}
     with torch.inference_mode():
         for p, (start, recorded) in paths.items():
             _check_tokenizer(name, loaded.tokenizer, p, start, prompts[p], recorded)
             path = [t.token_id for t in recorded]
-            positions: list[Scored] = []
-            ids: list[tuple[int, ...]] = []
-            vocab = 0
-            if path:
-                for rows in engine.teacher_forced(prompts[p], path, ROWS):
-                    j, n, vocab = len(positions), rows.shape[0], rows.shape[-1]  # rows: [n, V]
-                    targets = torch.tensor(path[j : j + n], device=device)[:, None]
-                    if support is None:
-                        values, index = rows.topk(min(top_k, vocab), dim=-1)
-                    else:
-                        index = torch.tensor(support[p].support[j : j + n], device=device)
-                        values = rows.gather(-1, index)
-                    argmax, argmax_lp = ops.greedy(rows)
-                    outside = rows.scatter(-1, index, -torch.inf).logsumexp(-1)  # [n]
-                    host = (rows.gather(-1, targets)[:, 0], argmax, argmax_lp, values, outside)
-                    for lp, top, top_lp, vals, rest in zip(
-                        *(t.tolist() for t in host), strict=True
-                    ):
-                        positions.append(Scored(lp, top, top_lp, tuple(vals), rest))
-                    ids += [tuple(i) for i in index.tolist()]
-            out[p] = PathScore(positions, ids if support is None else support[p].support, vocab)
+            theirs = None if support is None else support[p]
+            out[p] = _score_path(engine, prompts[p], path, top_k, theirs)
     return out, str(loaded.target.dtype).removeprefix("torch.")
 
 

@@ -207,12 +207,12 @@ def kl_over_support(a: Scored, b: Scored) -> float:
     return max(math.fsum(math.exp(x) * (x - y) for x, y in terms), 0.0)
 
 
-def _agreement(prompt: int, a: PathScore, b: PathScore) -> Agreement:
+def _agreement(prompt: int, a: PathScore, b: PathScore, path: list[int]) -> Agreement:
+    """`path`: A's recorded ids, the tokens both were scored on."""
     pairs = list(zip(a.positions, b.positions, strict=True))
     deltas = [abs(y.token_logprob - x.token_logprob) for x, y in pairs]
     exact = len(a.support[0]) >= a.vocab if a.support else False
     kls = [kl_over_support(x, y) for x, y in pairs]
-    path = [x.argmax for x in a.positions]
     worst = max(range(len(deltas)), key=deltas.__getitem__)
     return Agreement(
         positions=len(deltas),
@@ -275,7 +275,7 @@ def compare(
         if sa is not None and sb is not None and sa.positions:
             if flip is not None:
                 margin = sa.positions[flip].margin
-            agreement = _agreement(p, sa, sb)
+            agreement = _agreement(p, sa, sb, [t.token_id for t in ta])
             reproduced[0] += _reproduced("A", sa, ta, len(ta), mismatches, p)
             reproduced[1] += _reproduced("B", sb, tb, agree + 1, mismatches, p)
         result.append(
