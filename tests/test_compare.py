@@ -12,13 +12,14 @@ from pathlib import Path
 import numpy as np
 import pytest
 import torch
+from synthetic_trace import Plan, session
 
 from specdash.cli import main
 from specdash.errors import EXIT_DIVERGED, EXIT_INCOMPLETE, EXIT_OK, EXIT_USAGE
-from specdash.events import Event, SessionStart, Summary, Token
+from specdash.events import Event, Margin, SessionStart, Summary, Token
 from specdash.prompts import default_prompts_path
 from specdash.runs.teacher_forced import teacher_forced
-from specdash.trace.compare import Scored, kl_over_support
+from specdash.trace.compare import PathScore, Scored, TeacherForced, compare, kl_over_support
 from specdash.trace.jsonl import TraceWriter, read_trace
 
 TOKENS = 32
@@ -54,12 +55,16 @@ def compare_json(capsys, *argv: str) -> tuple[int, dict]:
     return code, json.loads(capsys.readouterr().out)
 
 
-def tokens(path: str) -> dict[int, list[Token]]:
+def tokens_of(events: list[Event]) -> dict[int, list[Token]]:
     by: dict[int, list[Token]] = {}
-    for e in read_trace(path)[1]:
+    for e in events:
         if isinstance(e, Token):
             by.setdefault(e.prompt_index, []).append(e)
     return by
+
+
+def tokens(path: str) -> dict[int, list[Token]]:
+    return tokens_of(read_trace(path)[1])
 
 
 def bits(x: float) -> bytes:
@@ -248,6 +253,38 @@ def test_the_html_report_carries_the_comparison(traces, tmp_path, capsys):
     assert main(["report", traces["f32"], "--compare", traces["bf16"], "-o", traces["bf16"],
                  "--overwrite"]) == EXIT_USAGE  # fmt: skip
     assert "would overwrite the trace it compares" in capsys.readouterr().err
+
+
+def scored_along(path: list[Token], own: list[Token], gap: float) -> PathScore:
+    """A score that gives back `own`'s tokens and bits where they are (and `path`'s after),
+    with a top-2 `gap` below each."""
+    positions = []
+    for j, t in enumerate(path):
+        mine = own[j] if j < len(own) else t
+        margin = Margin(top1_token=mine.token_id, top2_token=mine.token_id + 1, gap=gap,
+                        ulps=int(gap * 2**23), near_tie=gap < 1e-3)  # fmt: skip
+        support = (mine.logprob, mine.logprob - gap)
+        positions.append(Scored(t.logprob, mine.token_id, mine.logprob, support, -1.0, margin))
+    return PathScore(positions, [(t.token_id, t.token_id + 1) for t in path], vocab=1000)
+
+
+@pytest.mark.parametrize(("gap", "why"), [(2.0, "across a wide gap"), (1e-4, "across a near-tie")])
+def test_a_flip_is_judged_by_a_margin_at_it(gap, why):
+    """The verdict at a flip follows A's margin there: wide (B computed other values) or a
+    near-tie (rounding decided it); B's re-scored tokens up to the flip are checked."""
+    base, changed = session(Plan()), session(Plan(change=(1, 13, "token")))
+    ta, tb = tokens_of(base), tokens_of(changed)
+    scores = TeacherForced(
+        a={p: scored_along(ta[p], ta[p], gap) for p in ta},
+        b={p: scored_along(ta[p], tb[p][: 14 if p == 1 else None], gap) for p in ta},
+        top_k=2,
+    )
+    cmp = compare(base[1:], changed[1:], scores)
+    assert not cmp.determinism.failed and cmp.determinism.reproduced == (72, 24 + 14 + 24)
+    flipped = cmp.prompts[1]
+    assert (flipped.agree, flipped.flip, flipped.margin.gap) == (13, 13, gap)
+    assert flipped.verdict().startswith(f"13 tokens agree, then a flip at token 13, {why}")
+    assert [c.identical for c in cmp.prompts] == [True, False, True]
 
 
 def test_kl_over_the_whole_vocabulary_is_the_kl_and_a_top_k_bounds_it_from_below():
