@@ -317,3 +317,26 @@ def test_bf16_against_bf16_on_cuda_is_identical(tmp_path, capsys):
     code, r = compare_json(capsys, *runs)
     assert code == EXIT_OK and r["totals"]["identical"] == r["totals"]["prompts"]
     assert r["determinism"]["reproduced_tokens"]["a"] == r["totals"]["tokens_a"]
+
+
+def test_teacher_forced_rows_do_not_depend_on_how_many_a_forward_takes(traces):
+    """Exact rows are decode's bits whatever the chunking: 1, 5 or 17 rows a forward give the
+    same log-prob rows, bit for bit."""
+    from specdash.engine.drafters import NgramDrafter
+    from specdash.engine.engine import Engine
+    from specdash.engine.loader import load_models
+    from specdash.settings import SessionSettings
+
+    events = read_trace(traces["bf16"])[1]
+    start = next(e for e in events if e.kind == "prompt_start")
+    path = [t.token_id for t in tokens(traces["bf16"])[start.prompt_index]]
+    loaded = load_models(SessionSettings(dtype="bfloat16", speculation=False, shadow=False))
+    engine = Engine(loaded.target, NgramDrafter, loaded.eos_ids)
+    prompt = loaded.tokenizer.encode(start.text)
+    with torch.inference_mode():
+        by_rows = {
+            n: torch.cat([r.clone() for r in engine.teacher_forced(prompt, path, n)])
+            for n in (1, 5, 17)
+        }
+    assert by_rows[1].shape == (TOKENS, loaded.target.cfg.vocab_size)
+    assert torch.equal(by_rows[1], by_rows[5]) and torch.equal(by_rows[1], by_rows[17])
