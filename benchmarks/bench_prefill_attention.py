@@ -1,7 +1,7 @@
-"""Prefill attention of the 27B shape (24 q heads, 4 kv heads, head_dim 256, bf16) per SDPA
-backend and per config of the Triton kernel (specdash/kernels/triton/prefill_attention.py): one 16k-token chunk
-from position 0 (causal) and the last chunk of a 128k prompt (16k queries over 128k keys,
-lower-right causal), on the same tensors in the engine's layout (q [T, Hq, D], caches
+"""Prefill attention of the 27B shape (24 q heads, 4 kv heads, head_dim 256, bf16) per SDPA backend
+and per config of the Triton kernel (specdash/kernels/triton/prefill_attention.py): one
+16k-token chunk from position 0 (causal) and the last chunk of a 128k prompt (16k queries over
+128k keys, lower-right causal), on the same tensors in the engine's layout (q [T, Hq, D], caches
 [Hkv, L, D]). Per row: ms per layer (median of repeats after a warm-up), TFLOP/s, the speedup
 over torch's FlashAttention-2 and the max abs difference from FA2's output.
 
@@ -9,8 +9,7 @@ Why: at 128k tokens attention is the prefill's largest FLOP term after the GEMMs
 what each backend and each kernel config would cost. A config that fails to compile or launch
 gets its error in its row, and the sweep goes on.
 
-    python benchmarks/bench_prefill_attention.py [--json out.json] [--reps 5]
-"""
+python benchmarks/bench_prefill_attention.py [--json out.json] [--reps 5]"""
 
 from __future__ import annotations
 

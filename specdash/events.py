@@ -12,14 +12,17 @@ import time
 from collections.abc import Callable
 from typing import Annotated, Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, TypeAdapter
+from pydantic import BaseModel, ConfigDict, Field, TypeAdapter, model_validator
 
 from specdash import metrics
+from specdash.registry import drafters
 from specdash.settings import VerifyMode
 
-SCHEMA = "specdash/v2"
-"""v2: `position` is the generated-token index, 0-based, for every engine (v1 native traces
-counted the prompt too; `read_trace` converts them)."""
+SCHEMA = "specdash/v3"
+"""v3: the header says in typed fields what every reader reads (engine, GEMM backends,
+algorithm, quantization, shadow; v1/v2 headers kept them in `config`, and `SessionStart` maps
+them on read). v2: `position` is the generated-token index, 0-based, for every engine (v1
+native traces counted the prompt too; `read_trace` converts them)."""
 
 
 TokenSource = Literal["draft", "bonus", "decode"]
@@ -35,17 +38,79 @@ class _Event(BaseModel):
     t_ns: int = Field(default_factory=now_ns)
 
 
+class GemmChoice(BaseModel):
+    """A GEMM backend an engine can switch to live."""
+
+    model_config = ConfigDict(frozen=True, extra="forbid")
+    name: str
+    unavailable: str | None = None
+    """Why it cannot run here (one line); None when it can."""
+
+
 class SessionStart(_Event):
-    """First event of a session: everything needed to reproduce it."""
+    """First event of a session: what ran, and everything needed to reproduce it. Every view
+    reads the typed fields; `config` is the record (the settings as asked, and what the engine
+    adds: the checkpoints loaded, SGLang's arguments and patches)."""
 
     kind: Literal["session_start"] = "session_start"
     schema_version: str = SCHEMA
+    engine: str
+    """The engine that ran (`specdash.registry.engines`)."""
+    gemm_backend: str
+    """The GEMM backend at the start (`auto` resolved where the engine resolves it)."""
+    gemm_backends: list[GemmChoice]
+    """Every GEMM backend the engine can switch to live, usable or not (`g` cycles the usable
+    ones): the native engine's of its device, SGLang's routes (`gemm_routing`)."""
+    speculative_algorithm: str | None
+    """The algorithm speculation runs (`specdash.registry.algorithms`; native: its drafter's),
+    also when it starts switched off and can be switched on; None: the engine runs none (SGLang
+    started without speculation)."""
+    quantization: str | None = None
+    """The weights' quantization; None: none (the weights are in the dtype they compute in)."""
+    shadow: bool = True
+    """A shadow compares the output (the settings ask for one and the engine runs it)."""
+    rate_includes_prefill: bool = False
+    """The engine times whole requests, prefill inside (SGLang), not decode steps."""
     config: dict[str, Any]
     versions: dict[str, str]
     device: str
-    gemm_backend: str
     wall_time: float = Field(default_factory=time.time)
     git_revision: str | None = None
+
+    @model_validator(mode="before")
+    @classmethod
+    def _typed_from_config(cls, data: Any) -> Any:
+        """A v1/v2 header kept the typed fields in `config` (the GEMM backends as name -> why
+        not, or a list of names; no algorithm for the native engine, whose drafter is it)."""
+        if (
+            not isinstance(data, dict)
+            or "engine" in data
+            or not isinstance(data.get("config"), dict)
+        ):
+            return data
+        c = data["config"]
+        engine = str(c.get("engine", "native"))
+        table = c.get("gemm_backends") or [data.get("gemm_backend", "?")]
+        if isinstance(table, dict):
+            choices = [{"name": n, "unavailable": why} for n, why in table.items()]
+        else:
+            choices = [{"name": str(n)} for n in table]
+        if engine == "sglang":
+            algorithm = c.get("speculative_algorithm") if c.get("speculation", True) else None
+        else:
+            algorithm = drafters.algorithm(str(c.get("drafter", "model")))
+        return data | {
+            "engine": engine,
+            "gemm_backends": choices,
+            "speculative_algorithm": algorithm,
+            "shadow": bool(c.get("shadow", True)),
+            "rate_includes_prefill": bool(c.get("rate_includes_prefill", False)),
+        }
+
+    @property
+    def usable_gemm_backends(self) -> list[str]:
+        """The GEMM backends that can run here, in the engine's order (the active one at least)."""
+        return [c.name for c in self.gemm_backends if c.unavailable is None] or [self.gemm_backend]
 
 
 class StartPhase(_Event):
@@ -103,6 +168,12 @@ class VerifyStep(_Event):
     With speculation off (k == 0) the step is a plain decode step (`plain`): its tokens and
     timings count towards throughput, but it is not a verify step, so every acceptance number
     (rate, histogram, by position, mean accepted length, verify-step counts) skips it.
+
+    `step` is the session's step counter, on every engine, the one `ControlChange.applied_step`
+    counts (as `Draft`, `Token` and `Divergence` say it): a change applied at step n governs
+    every step from n on. The native engine's session step is one verify (or plain decode) step
+    of every prompt in flight; SGLang's is one batch of requests run to the end, so all of a
+    request's verify steps carry its batch's step, in the order they ran.
     """
 
     kind: Literal["verify_step"] = "verify_step"
@@ -170,6 +241,12 @@ class RootCause(BaseModel):
     it got. None: not checked (traces recorded before the check)."""
 
 
+MANTISSA_BITS = {"float32": 23, "bfloat16": 7, "float16": 10}
+NEAR_TIE_STEPS = 64
+"""A gap within this many rounding steps of the compute dtype (a logit is rounded at its own
+magnitude, up to ~2^6 times a logprob's) is a near-tie: the paths' last bits can decide it."""
+
+
 class Margin(BaseModel):
     """The shadow's own choice at a divergence: its top-1 and top-2 tokens and how far apart
     their logprobs were (`gap`, in nats: the same as their logit gap; `ulps`: fp32 values
@@ -183,6 +260,20 @@ class Margin(BaseModel):
     gap: float
     ulps: int
     near_tie: bool
+
+    @classmethod
+    def between(cls, top1: tuple[int, float], top2: tuple[int, float], dtype: str) -> Margin:
+        """The margin from the shadow's top two (token id, logprob) there, judged by the dtype
+        the model computes in ("float32", "bfloat16", "float16"). Every backend builds it
+        here: the native one from the shadow's logprob row, SGLang from the shadow request's
+        top logprobs."""
+        (id1, lp1), (id2, lp2) = top1, top2
+        ulps = metrics.fp32_ulps(lp1, lp2)
+        step = 2 ** (23 - MANTISSA_BITS[dtype])  # one rounding step of `dtype`, in fp32 ulps
+        return cls(
+            top1_token=id1, top2_token=id2, gap=lp1 - lp2, ulps=ulps,
+            near_tie=ulps <= NEAR_TIE_STEPS * step,
+        )  # fmt: skip
 
     def text(self, flipped: bool) -> str:
         """What every view prints; `flipped`: the token ids differ there (else only bits)."""

@@ -4,6 +4,9 @@ audit, the report and the CSV export all compute them here (docs: the dashboard 
 from __future__ import annotations
 
 import struct
+from collections.abc import Sequence
+from dataclasses import dataclass
+from typing import Literal
 
 
 def acceptance_rate(accepted: int, proposed: int) -> float | None:
@@ -40,3 +43,53 @@ def same_fp32_bits(a: float | None, b: float | None) -> bool:
     if a is None or b is None:
         return a is b
     return struct.pack("<f", a) == struct.pack("<f", b)
+
+
+def token_difference(
+    id_a: int, logprob_a: float | None, id_b: int, logprob_b: float | None
+) -> Literal["token", "logprob"] | None:
+    """How two runs' tokens at one position differ: "token" (the ids), "logprob" (the same
+    id, other fp32 logprob bits), or None (the same bits). Every comparison of two runs, live
+    or recorded, is this one."""
+    if id_a != id_b:
+        return "token"
+    return None if same_fp32_bits(logprob_a, logprob_b) else "logprob"
+
+
+@dataclass(slots=True)
+class Comparison:
+    """Two runs of one prompt compared position by position as their tokens arrive: where the
+    first bit divergence is, and the first change of text (token id)."""
+
+    compared: int = 0
+    """Positions compared so far."""
+    bits_at: int | None = None
+    """The first position whose id or fp32 logprob bits differ."""
+    text_at: int | None = None
+    """The first position whose token id differs."""
+
+    def advance(
+        self,
+        ids: Sequence[int],
+        logprobs: Sequence[float | None],
+        other_ids: Sequence[int],
+        other_logprobs: Sequence[float | None],
+    ) -> list[int]:
+        """Compare the positions both runs have produced since the last call; the positions
+        found: the first bit divergence, and the first id divergence when it comes later (the
+        text changed too). Nothing is left to find once the text has diverged."""
+        found = []
+        end = min(len(ids), len(other_ids))
+        for pos in range(self.compared, end):
+            if self.text_at is not None:
+                break
+            what = token_difference(ids[pos], logprobs[pos], other_ids[pos], other_logprobs[pos])
+            if what is not None and self.bits_at is None:
+                self.bits_at = pos
+                found.append(pos)
+            if what == "token":
+                self.text_at = pos
+                if pos != self.bits_at:
+                    found.append(pos)
+        self.compared = max(self.compared, end)
+        return found

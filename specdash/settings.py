@@ -4,27 +4,41 @@
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from pathlib import Path
-from typing import Literal
+from typing import Annotated, Literal
 
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import AfterValidator, BaseModel, ConfigDict, Field
+
+from specdash.registry import drafters, engines
 
 MAX_K = 16
 VerifyMode = Literal["exact", "fast"]
 """How a verify step computes its rows: as decode does (`exact`), or in one batched pass."""
 
 
+def _one_of(names: Sequence[str]) -> AfterValidator:
+    """A name of a registry (`specdash.registry`), or a validation error naming them."""
+
+    def check(value: str) -> str:
+        if value not in names:
+            raise ValueError(f"{value!r} is not one of {', '.join(names)}")
+        return value
+
+    return AfterValidator(check)
+
+
 class SessionSettings(BaseModel):
     model_config = ConfigDict(extra="forbid")
 
-    engine: Literal["native", "sglang"] = "native"
+    engine: Annotated[str, _one_of(engines.NAMES)] = "native"
     model: Path | None = None
     """Target checkpoint directory (HF format). None: the embedded default, or `preset`."""
     draft: Path | None = None
     """Draft checkpoint directory for `drafter="model"`. None: the embedded default draft."""
     preset: str | None = None
     """Random weights of a named shape (e.g. `qwen3.5-27b-shape`) instead of a checkpoint."""
-    drafter: Literal["model", "ngram"] = "model"
+    drafter: Annotated[str, _one_of(drafters.NAMES)] = "model"
     k: int = Field(default=4, ge=1, le=MAX_K)
     speculation: bool = True
     verify_mode: VerifyMode = "exact"

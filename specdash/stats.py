@@ -75,8 +75,8 @@ class SessionStats:
                 self.proposed += event.proposed
                 self.emitted += len(event.emitted_tokens)
         elif isinstance(event, SessionStart):
-            self.checked = bool(event.config.get("shadow", True))
-            self.rate_includes_prefill = bool(event.config.get("rate_includes_prefill", False))
+            self.checked = event.shadow
+            self.rate_includes_prefill = event.rate_includes_prefill
         elif isinstance(event, Divergence):
             self.divergences += 1
             cause = event.root_cause

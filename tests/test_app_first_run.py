@@ -95,7 +95,7 @@ async def test_verdict_after_the_first_compared_token_and_without_a_shadow() -> 
         await pilot.pause()
         app.refresh_numbers()
         assert "EXACT so far" in status(app)
-    header = events[0].model_copy(update={"config": events[0].config | {"shadow": False}})
+    header = events[0].model_copy(update={"shadow": False})
     app = SpecdashApp(ScriptedSource.live_like([header, *events[1:]]))
     async with app.run_test(size=SIZE) as pilot:
         await pilot.pause()
@@ -105,7 +105,7 @@ async def test_verdict_after_the_first_compared_token_and_without_a_shadow() -> 
 
 async def test_without_a_shadow_no_shadow_rate_and_no_speedup_are_shown() -> None:
     events = fake_session(prompts=1, divergence_at=None)
-    header = events[0].model_copy(update={"config": events[0].config | {"shadow": False}})
+    header = events[0].model_copy(update={"shadow": False})
     app = SpecdashApp(ScriptedSource.live_like([header, *events[1:]]))
     async with app.run_test(size=SIZE) as pilot:
         await pilot.pause()

@@ -7,10 +7,13 @@ import argparse
 
 import pytest
 import torch
+from pydantic import ValidationError
 
-from specdash.cli import GEMM_BACKENDS, build_parser, main
+from specdash.cli import build_parser, main
 from specdash.errors import EXIT_USAGE
 from specdash.kernels import gemm_backends
+from specdash.registry import algorithms, drafters, engines, gemm
+from specdash.settings import SessionSettings
 
 
 def parsers() -> dict[str, argparse.ArgumentParser]:
@@ -42,7 +45,7 @@ def test_help_shows_defaults_and_choices(capsys) -> None:
     text = " ".join(capsys.readouterr().out.split())  # unwrapped
     for expected in (
         "--gemm-backend {auto,torch,cublas,triton,triton-fused,deepgemm}",
-        "auto: torch on the CPU, triton on CUDA (default: auto)",
+        "GEMM implementation; auto: torch on the CPU, triton on CUDA; torch: ",
         "--verify {exact,fast}",
         "(default: exact)",
         "--max-new-tokens N tokens generated per prompt (default: 64)",
@@ -93,7 +96,28 @@ def test_usage_error_is_one_line_and_a_hint(capsys, argv, message, hint) -> None
 
 def test_gemm_backend_choices_are_the_engines_names() -> None:
     names = set(gemm_backends.backends(torch.device("cpu"))) | set(gemm_backends.gpu_backends())
-    assert set(GEMM_BACKENDS) == names | {"auto"}
+    assert set(gemm.NAMES) == names | {"auto"}
+
+
+def test_every_choice_and_its_help_comes_from_its_registry() -> None:
+    """One list per concept: the flags' choices are the registries' names, each with its line
+    of help, and the settings take exactly those names."""
+    run = parsers()["specdash run"]
+    actions = {a.option_strings[0]: a for a in run._actions if a.option_strings}
+    tables = {"--engine": engines.ENGINES, "--drafter": drafters.DRAFTERS,
+              "--speculative-algorithm": algorithms.ALGORITHMS,
+              "--gemm-backend": gemm.GEMM_BACKENDS}  # fmt: skip
+    for flag, entries in tables.items():
+        action = actions[flag]
+        assert tuple(action.choices or ()) == tuple(e.name for e in entries), flag
+        assert all(f"{e.name}: {e.help}" in (action.help or "") for e in entries), flag
+    for name in drafters.NAMES:
+        assert SessionSettings(drafter=name).drafter == name
+        assert drafters.algorithm(name) in algorithms.NAMES  # the header names it
+    for entry in (*drafters.DRAFTERS, *engines.ENGINES, *gemm.GEMM_BACKENDS):
+        assert entry.implementation is None or callable(entry.load())
+    with pytest.raises(ValidationError, match="'vllm' is not one of native, sglang"):
+        SessionSettings(engine="vllm")
 
 
 def test_batch_help_says_what_batch_does() -> None:

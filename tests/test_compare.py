@@ -179,7 +179,7 @@ def test_trace_only_says_what_is_missing(traces, capsys):
 def test_an_sglang_side_is_not_rescored_and_says_so(traces, tmp_path, capsys):
     def to_sglang(e: Event) -> Event:
         if isinstance(e, SessionStart):
-            return e.model_copy(update={"config": e.config | {"engine": "sglang"}})
+            return e.model_copy(update={"engine": "sglang"})
         return e
 
     b = rewrite(traces["bf16"], tmp_path / "b.jsonl", to_sglang)

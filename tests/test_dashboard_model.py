@@ -8,7 +8,15 @@ import sys
 
 from fake_events import STEP_NS, fake_session, folded
 
-from specdash.events import ControlChange, EngineError, Summary, TelemetrySample, VerifyStep
+from specdash.events import (
+    ControlChange,
+    EngineError,
+    GemmChoice,
+    SessionStart,
+    Summary,
+    TelemetrySample,
+    VerifyStep,
+)
 
 
 def test_acceptance_numbers_match_the_steps():
@@ -106,3 +114,19 @@ def test_dashboard_core_never_imports_textual():
     )
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
     assert out.stdout.strip() == "False"
+
+
+def test_g_cycles_the_gemm_backends_the_header_offers():
+    """On SGLang the header lists SGLang's GEMM routes: `g` offers the usable ones, in order."""
+    routes = [
+        GemmChoice(name="auto"),
+        GemmChoice(name="deepgemm", unavailable="SGLang's ENABLE_JIT_DEEPGEMM is off here"),
+        GemmChoice(name="sglang-triton"),
+        GemmChoice(name="specdash-triton"),
+    ]
+    header = SessionStart(engine="sglang", gemm_backend="auto", gemm_backends=routes,
+                          speculative_algorithm="NEXTN", config={}, versions={},
+                          device="cuda")  # fmt: skip
+    m = folded([header])
+    assert m.engine == "sglang" and m.gemm_backend == "auto"
+    assert m.gemm_backends == ["auto", "sglang-triton", "specdash-triton"]

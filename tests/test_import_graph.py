@@ -10,6 +10,7 @@ two, and which imports first decides what works (`python -c "import specdash.<mo
 from __future__ import annotations
 
 import ast
+import sys
 from pathlib import Path
 
 REPO = Path(__file__).resolve().parents[1]
@@ -121,8 +122,8 @@ def test_the_graph_sees_every_kind_of_import():
     imports are all edges."""
     graph = import_graph()
     assert {"specdash.kernels.triton.gemm", "specdash.runs.sglang.patches.registry"} <= set(graph)
-    # function-level: the runner is picked lazily (torch, SGLang)
-    assert "specdash.runs.native" in graph["specdash.runs.runner"]
+    # function-level: SGLang's log is named lazily (the runner imports no SGLang code)
+    assert "specdash.runs.sglang.process" in graph["specdash.runs.runner"]
     # TYPE_CHECKING-guarded
     assert "specdash.settings" in graph["specdash.controls"]
     # `from specdash.kernels import gemm_backends, cpu_gemm`: the submodules
@@ -166,6 +167,8 @@ def test_package_import_graph_has_no_cycles():
 PATCHES = "specdash.runs.sglang.patches"
 LAYERS_BELOW = {
     # a layer -> the layers it must not import
+    # the lists of names: what the command line reads for --help, without torch or SGLang
+    "specdash.registry": ("trace", "kernels", "engine", "runs", "ui", "cli", "settings", "events"),
     "specdash.trace": ("engine", "runs", "ui", "cli", "kernels"),
     "specdash.kernels": ("engine", "runs", "ui", "cli"),
     "specdash.engine": ("runs", "ui", "cli"),
@@ -270,3 +273,24 @@ def test_the_engine_imports_no_sglang():
         f"{a} -> {b} (line {n})" for a, b, n in _imports_of("specdash.engine") if _under(b, sglang)
     ]
     assert not wrong, "the engine imports SGLang:\n" + "\n".join(sorted(set(wrong)))
+
+
+def test_the_registries_import_only_the_standard_library():
+    """`specdash.registry` names what lives elsewhere (as strings, imported on use): reading a
+    list of names never imports torch, SGLang or the rest of specdash."""
+    wrong = []
+    for name, (path, _) in package_modules().items():
+        if not _under(name, ("specdash.registry",)):
+            continue
+        for node in ast.walk(ast.parse(path.read_text(), str(path))):
+            if isinstance(node, ast.ImportFrom) and not node.level:
+                top = node.module or ""
+            elif isinstance(node, ast.Import):
+                top = node.names[0].name
+            else:
+                continue
+            if top.split(".")[0] not in sys.stdlib_module_names and not _under(
+                top, ("specdash.registry",)
+            ):
+                wrong.append(f"{name} -> {top} (line {node.lineno})")
+    assert not wrong, "a registry imports more than names: " + ", ".join(wrong)

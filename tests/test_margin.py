@@ -17,7 +17,7 @@ from specdash.engine.state import SeqState
 from specdash.events import Divergence, Event, Margin, PromptStart, Token
 from specdash.metrics import fp32_ulps
 from specdash.runs.native import native_session
-from specdash.runs.session import Session, shadow_margin
+from specdash.runs.session import Session
 from specdash.settings import SessionSettings
 
 
@@ -35,12 +35,12 @@ def test_fp32_ulps_counts_representable_values_between():
 
 def test_margin_judges_ties_by_the_compute_dtype():
     a, b = -0.6931471824645996, -0.6931472420692444  # 1 fp32 ulp apart
-    assert shadow_margin((5, a), (7, b), "float32").near_tie
-    wide = shadow_margin((5, -0.1), (7, -2.5), "float32")
+    assert Margin.between((5, a), (7, b), "float32").near_tie
+    wide = Margin.between((5, -0.1), (7, -2.5), "float32")
     assert not wide.near_tie and wide.gap == pytest.approx(2.4)
     # 0.01 nats is thousands of fp32 ulps, but within bf16's rounding of a logit
-    assert not shadow_margin((5, -0.50), (7, -0.51), "float32").near_tie
-    assert shadow_margin((5, -0.50), (7, -0.51), "bfloat16").near_tie
+    assert not Margin.between((5, -0.50), (7, -0.51), "float32").near_tie
+    assert Margin.between((5, -0.50), (7, -0.51), "bfloat16").near_tie
 
 
 @pytest.fixture(scope="module")

@@ -9,7 +9,7 @@ import struct
 import numpy as np
 
 from specdash.events import PromptDone, SessionStart, VerifyStep
-from specdash.metrics import same_fp32_bits
+from specdash.metrics import Comparison, same_fp32_bits, token_difference
 from specdash.stats import SessionStats
 from specdash.trace.export import step_rows
 from specdash.trace.report import _summary, windowed_tokens_per_s
@@ -95,3 +95,24 @@ def test_same_fp32_bits():
     nan = struct.unpack("<f", b"\x00\x00\xc0\x7f")[0]
     assert same_fp32_bits(nan, nan) and not same_fp32_bits(nan, -nan)
     assert same_fp32_bits(None, None) and not same_fp32_bits(None, x)
+
+
+def test_token_difference_is_ids_first_then_fp32_bits():
+    assert token_difference(3, -0.5, 4, -0.5) == "token"
+    assert token_difference(3, 0.0, 3, -0.0) == "logprob"
+    assert token_difference(3, -0.5, 3, None) == "logprob"  # a missing logprob equals nothing
+    assert token_difference(3, -0.5, 3, -0.5) is None
+
+
+def test_comparison_reports_the_first_bit_and_the_first_text_divergence_once():
+    c = Comparison()
+    ids, lps = [1, 2, 3, 4, 5], [-0.1, -0.2, -0.3, -0.4, -0.5]
+    other_ids, other_lps = [1, 2], [-0.1, -0.2000001]
+    assert c.advance(ids, lps, other_ids, other_lps) == [1] and c.bits_at == 1
+    other_ids += [3, 9, 8]
+    other_lps += [-0.3, -0.4, -0.5]
+    assert c.advance(ids, lps, other_ids, other_lps) == [3] and c.text_at == 3
+    assert c.compared == 5 and c.advance(ids, lps, other_ids, other_lps) == []
+    same = Comparison()  # ids first differing is both divergences at once
+    assert same.advance([1, 2], [-0.1, -0.2], [1, 7], [-0.1, -0.2]) == [1]
+    assert (same.bits_at, same.text_at) == (1, 1)

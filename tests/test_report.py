@@ -50,7 +50,8 @@ def test_report_lists_divergences_with_context_and_the_settings(tmp_path):
     assert "shadow top-1 − top-2 0.25 nats (2,097,152 fp32 ulps), wide" in divergences
     settings = page[page.index("id='settings'") :]
     for expected in ("config.k</th><td>4", "GEMM backend</th><td>triton", "0123456789ab",
-                     "version.torch</th><td>2.13.0+cpu", "specdash/v2"):  # fmt: skip
+                     "version.torch</th><td>2.13.0+cpu", "specdash/v3", "engine</th><td>native",
+                     "speculative algorithm</th><td>STANDALONE"):  # fmt: skip
         assert expected in settings
 
 

@@ -23,7 +23,7 @@ def test_a_prompt_is_diverged_from_its_first_divergence_and_exact_only_when_done
     m = folded(events[:last_done])  # prompt 2 still running
     assert m.requests == {0: "exact", 1: "diverged", 2: "running"}
     assert requests_text(m, 60).plain == "requests ✓✗•  1 in flight"
-    no_shadow = [e.model_copy(update={"config": {**e.config, "shadow": False}})
+    no_shadow = [e.model_copy(update={"shadow": False})
                  if e.kind == "session_start" else e for e in events]  # fmt: skip
     assert requests_text(folded(no_shadow), 60).plain == "requests ···"
 

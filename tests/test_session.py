@@ -296,3 +296,35 @@ def test_the_core_names_the_setting_and_the_command_line_its_flag(pair, capsys) 
     with pytest.raises(UsageError) as e:
         load_models(SessionSettings(model=pair[0], drafter="model"))
     assert e.value.setting == "draft" and "--" not in str(e.value)
+
+
+def test_every_step_field_is_the_session_step(pair) -> None:
+    """`VerifyStep.step` (and a token's, a draft's) is the session's step counter, the one a
+    control's `applied_step` counts: the prompts of a batch share it, the next batch goes on
+    counting, and each step's tokens carry it (the prefill's: the step it came before)."""
+    from specdash.events import Draft, Token, VerifyStep
+
+    events: list[Event] = []
+    native_session(_settings(pair, k=3, batch=2), events.append).run()
+    steps: dict[int, list[int]] = {}
+    for e in events:
+        if isinstance(e, VerifyStep):
+            steps.setdefault(e.prompt_index, []).append(e.step)
+    assert len(steps) == 8
+    groups = [(steps[p], steps[p + 1]) for p in range(0, 8, 2)]
+    next_step = 0
+    for a, b in groups:  # a batch's prompts start together, then go one step at a time
+        assert a[0] == b[0] == next_step
+        assert a == list(range(a[0], a[0] + len(a))) and b == list(range(b[0], b[0] + len(b)))
+        next_step = max(a[-1], b[-1]) + 1
+    emitted: dict[tuple[int, int], int] = {}  # (prompt, step) -> tokens that step emitted
+    drafts = {(e.prompt_index, e.step) for e in events if isinstance(e, Draft)}
+    for e in events:
+        if isinstance(e, VerifyStep):
+            emitted[e.prompt_index, e.step] = len(e.emitted_tokens)
+            assert (e.prompt_index, e.step) in drafts
+    for p in range(8):
+        tokens = [e for e in events if isinstance(e, Token) and e.prompt_index == p]
+        assert tokens[0].source == "decode" and tokens[0].step == steps[p][0]  # the prefill's
+        by_step = Counter(t.step for t in tokens[1:])
+        assert by_step == {s: emitted[p, s] for s in steps[p] if emitted[p, s]}

@@ -75,7 +75,7 @@ def test_headless_refuses_before_any_engine_starts(monkeypatch, capsys, tmp_path
 
     monkeypatch.delenv("CUDA_VISIBLE_DEVICES", raising=False)
     monkeypatch.setattr(check, "require_sglang", lambda: "0.5.17")
-    monkeypatch.setattr(check, "ensure_patchable", lambda force: [])
+    monkeypatch.setattr(check, "ensure_patchable", lambda force: "0.5.17")
     monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
     monkeypatch.setattr(torch.cuda, "device_count", lambda: 1)
     monkeypatch.setattr(process, "start_engine", lambda *a, **k: pytest.fail("an engine started"))

@@ -156,12 +156,12 @@ def test_directory_is_not_a_trace(tmp_path):
 
 
 def test_newer_schema_says_upgrade(tmp_path):
-    line = header(Plan()).model_dump() | {"schema_version": "specdash/v3", "new_field": 1}
+    line = header(Plan()).model_dump() | {"schema_version": "specdash/v4", "new_field": 1}
     path = tmp_path / "t.jsonl"
     path.write_text(json.dumps(line) + "\n")
-    with pytest.raises(UsageError, match=r"schema specdash/v3, newer than .*\(specdash/v2\)"):
+    with pytest.raises(UsageError, match=r"schema specdash/v4, newer than .*\(specdash/v3\)"):
         read_trace(path)
-    assert SCHEMA == "specdash/v2"
+    assert SCHEMA == "specdash/v3"
 
 
 def test_damaged_middle_line_is_an_error_with_its_line_number(tmp_path):
@@ -257,3 +257,29 @@ def test_trace_tools_never_import_textual():
     )
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
     assert out.stdout.strip() == "[]"
+
+
+def test_a_v2_header_reads_with_its_config_as_the_typed_fields(tmp_path):
+    """Before v3 the header kept engine, GEMM table, algorithm, shadow and the rate's prefill
+    in `config` (SGLang's GEMM table as a list of names, native's as name -> why not)."""
+    config = {"engine": "sglang", "speculation": True, "speculative_algorithm": "NEXTN",
+              "shadow": False, "rate_includes_prefill": True,
+              "gemm_backends": ["auto", "t"]}  # fmt: skip
+    line = {"t_ns": 1, "kind": "session_start", "schema_version": "specdash/v2",
+            "config": config, "versions": {}, "device": "cuda", "gemm_backend": "auto"}  # fmt: skip
+    path = tmp_path / "t.jsonl"
+    path.write_text(json.dumps(line) + "\n")
+    header, _, _ = read_trace(path)
+    assert (header.engine, header.speculative_algorithm) == ("sglang", "NEXTN")
+    assert header.shadow is False and header.rate_includes_prefill is True
+    assert header.usable_gemm_backends == ["auto", "t"] and header.config == config
+    native = {"engine": "native", "drafter": "ngram",
+              "gemm_backends": {"torch": None, "cublas": "needs a CUDA GPU"}}  # fmt: skip
+    path.write_text(json.dumps(line | {"config": native, "gemm_backend": "torch"}) + "\n")
+    header, _, _ = read_trace(path)
+    assert (header.engine, header.speculative_algorithm, header.shadow) == ("native", "NGRAM", True)
+    assert [(c.name, c.unavailable) for c in header.gemm_backends] == [
+        ("torch", None),
+        ("cublas", "needs a CUDA GPU"),
+    ]
+    assert header.usable_gemm_backends == ["torch"]

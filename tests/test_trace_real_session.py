@@ -51,8 +51,15 @@ def test_real_trace_reads_back_whole(recorded, which):
     path = GOLDEN if which == "golden" else recorded["spec"]
     header, events, warnings = read_trace(path)
     assert warnings == []
-    assert header.schema_version == ("specdash/v1" if which == "golden" else "specdash/v2")
+    assert header.schema_version == ("specdash/v1" if which == "golden" else "specdash/v3")
     assert header.versions["torch"] and header.config["k"] == 3
+    # typed (a v1 header's from its config): the engine, what `g` cycles, the drafter's algorithm
+    assert (header.engine, header.speculative_algorithm, header.shadow) == (
+        "native",
+        "STANDALONE",
+        True,
+    )
+    assert header.usable_gemm_backends == ["torch"] and header.quantization is None
     assert events[-1].kind == "summary" and events[-1].prompts == 2
     tokens = [e for e in events if isinstance(e, Token)]
     steps = [e for e in events if isinstance(e, VerifyStep)]

@@ -11,6 +11,7 @@ from collections.abc import Callable
 from typing import NoReturn
 
 from specdash.errors import EXIT_INTERRUPTED, EXIT_USAGE, FlagError, SpecdashError
+from specdash.registry import algorithms, drafters, engines, gemm, help_lines
 from specdash.runs.sglang.patches import patch_set
 from specdash.settings import MAX_K
 
@@ -23,9 +24,6 @@ checked bit for bit (the session flags below apply to it).
   specdash audit                 exactness matrix: k x drafter x batch x verify mode
   specdash COMMAND --help        the flags of one command
 """
-
-# the names specdash.kernels.gemm_backends knows, without importing torch for --help
-GEMM_BACKENDS = ("auto", "torch", "cublas", "triton", "triton-fused", "deepgemm")
 
 
 class _Formatter(argparse.RawDescriptionHelpFormatter):
@@ -91,9 +89,9 @@ class _Parser(argparse.ArgumentParser):
 def _add_session_flags(p: argparse.ArgumentParser) -> None:
     p.add_argument(
         "--engine",
-        choices=["native", "sglang"],
+        choices=engines.NAMES,
         default="native",
-        help="the in-process engine: specdash's own, or a patched sglang.Engine",
+        help=f"the in-process engine; {help_lines(engines.ENGINES)}",
     )
     p.add_argument(
         "--model", metavar="DIR", help="target checkpoint (HF format); default: the embedded one"
@@ -108,9 +106,9 @@ def _add_session_flags(p: argparse.ArgumentParser) -> None:
     )
     p.add_argument(
         "--drafter",
-        choices=["model", "ngram"],
+        choices=drafters.NAMES,
         default="model",
-        help="draft with a small model, or by prompt lookup (n-gram)",
+        help=help_lines(drafters.DRAFTERS),
     )
     p.add_argument(
         "-k",
@@ -127,9 +125,9 @@ def _add_session_flags(p: argparse.ArgumentParser) -> None:
     )
     p.add_argument(
         "--gemm-backend",
-        choices=GEMM_BACKENDS,
+        choices=gemm.NAMES,
         default="auto",
-        help="GEMM implementation; auto: torch on the CPU, triton on CUDA",
+        help=f"GEMM implementation; {help_lines(gemm.GEMM_BACKENDS)}",
     )
     p.add_argument(
         "--batch",
@@ -169,9 +167,9 @@ def _add_session_flags(p: argparse.ArgumentParser) -> None:
     sgl = p.add_argument_group("--engine sglang")
     sgl.add_argument(
         "--speculative-algorithm",
-        choices=["NEXTN", "EAGLE3", "DFLASH", "STANDALONE", "NGRAM"],
+        choices=algorithms.NAMES,
         default="NEXTN",
-        help="SGLang's speculative algorithm",
+        help=f"SGLang's speculative algorithm; {help_lines(algorithms.ALGORITHMS)}",
     )
     sgl.add_argument(
         "--sglang-arg",

@@ -19,12 +19,12 @@ from specdash.engine.loader import load_models
 from specdash.errors import EXIT_DIVERGED, EXIT_OK, FlagError
 from specdash.events import Divergence, Event
 from specdash.prompts import Prompt, load_prompts
+from specdash.registry import drafters
 from specdash.runs.native import native_session
 from specdash.settings import MAX_K, SessionSettings
 
 BATCHES = (1, 8)
 VERIFY_MODES = ("exact", "fast")
-DRAFTERS = ("model", "ngram")
 
 
 def spread_by_length(prompts: list[Prompt], n: int) -> list[Prompt]:
@@ -54,7 +54,7 @@ def audit_cells(
     cells = []
     with tempfile.TemporaryDirectory() as tmp:
         prompts = _write(chosen, Path(tmp))
-        for drafter in DRAFTERS:
+        for drafter in drafters.NAMES:
             if progress is not None:
                 progress.loading(drafter)
             loaded = load_models(base.model_copy(update={"drafter": drafter}))
@@ -120,7 +120,7 @@ def run_audit(args: argparse.Namespace) -> int:
     if bad:
         raise FlagError(f"argument --ks: {bad[0]} is out of range (1..{MAX_K})")
     chosen = spread_by_length(load_prompts(base.prompts), args.num_prompts)
-    n_cells = len(ks) * len(DRAFTERS) * len(BATCHES) * len(VERIFY_MODES)
+    n_cells = len(ks) * len(drafters.NAMES) * len(BATCHES) * len(VERIFY_MODES)
     with make_progress() as shown:
         progress = AuditProgress(shown, n_cells, len(chosen), base.max_new_tokens)
         cells = audit_cells(base, ks, chosen, progress)

@@ -12,6 +12,7 @@ from pydantic import ValidationError
 from specdash.errors import FlagError, SpecdashError
 from specdash.output_files import Input, refuse_inputs
 from specdash.prompts import default_prompts_path
+from specdash.registry import drafters
 from specdash.runs.sglang.args import SGLangOptions, parse_engine_arg
 from specdash.settings import SessionSettings
 from specdash.trace.jsonl import TraceWriter
@@ -56,7 +57,8 @@ def _path(value: str | None) -> Path | None:
 
 def settings_from_args(args: argparse.Namespace) -> SessionSettings:
     """Settings from the CLI's session flags; a bad value or combination is a `FlagError`."""
-    if args.engine == "native" and args.drafter == "ngram" and args.draft is not None:
+    drafts_alone = not drafters.uses_draft_model(args.drafter)
+    if args.engine == "native" and drafts_alone and args.draft is not None:
         raise FlagError(
             f"{args.draft} is not used with --drafter ngram (it drafts from the prompt); "
             "leave out --draft, or draft with it: --drafter model",

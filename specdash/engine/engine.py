@@ -46,7 +46,7 @@ from specdash.engine.model import Model, Observer
 from specdash.engine.rows import Mode
 from specdash.engine.state import SeqState, SlotPool, commit_batch, take_fitting
 from specdash.kernels.gemm_backends import GemmBackend
-from specdash.metrics import same_fp32_bits
+from specdash.metrics import Comparison
 
 Tensor = torch.Tensor
 Commit = Callable[[list[int]], None]
@@ -81,15 +81,21 @@ class Sequence:
     shadow_ids: list[int] = field(default_factory=list)
     shadow_logprobs: list[float] = field(default_factory=list)
     steps: list[StepRecord] = field(default_factory=list)
-    diverged_at: int | None = None  # first index whose id or logprob bits differ
-    text_diverged_at: int | None = None  # first index whose token id differs
+    comparison: Comparison = field(default_factory=Comparison)
+    """The shadow's tokens against these, as the shadow produces them."""
     shadow_rows: dict[int, Tensor] = field(default_factory=dict)
-    """The shadow's logprob row at diverged_at and text_diverged_at: how close its choice was."""
+    """The shadow's logprob row where the runs first diverge (bits, text): how close its
+    choice was."""
     done: bool = False
 
     @property
     def compared(self) -> int:
         return min(len(self.ids), len(self.shadow_ids))
+
+    @property
+    def diverged_at(self) -> int | None:
+        """The first index whose id or fp32 logprob bits differ from the shadow's."""
+        return self.comparison.bits_at
 
 
 @dataclass(slots=True, kw_only=True)
@@ -384,18 +390,9 @@ class Engine:
         """Append the shadow's token; True when the runs first diverge there (bits or text)."""
         seq.shadow_ids.append(tok)
         seq.shadow_logprobs.append(tok_lp)
-        j = len(seq.shadow_ids) - 1
-        same_id = seq.shadow_ids[j] == seq.ids[j]
-        first = False
-        if seq.text_diverged_at is None and not same_id:
-            seq.text_diverged_at = j
-            first = True
-        if seq.diverged_at is None and not (
-            same_id and same_fp32_bits(seq.shadow_logprobs[j], seq.logprobs[j])
-        ):
-            seq.diverged_at = j
-            first = True
-        return first
+        return bool(
+            seq.comparison.advance(seq.ids, seq.logprobs, seq.shadow_ids, seq.shadow_logprobs)
+        )
 
     def step_of(self, seq: Sequence, position: int) -> tuple[int, int]:
         """(verify step index, row within it) that emitted generated token `position`."""

@@ -17,6 +17,7 @@ from specdash.engine.model import Model
 from specdash.engine.tokenizer import ByteTokenizer, TextTokenizer
 from specdash.errors import CheckpointError, EnvironmentProblem, UsageError
 from specdash.kernels import gemm_backends
+from specdash.registry import drafters
 from specdash.settings import SessionSettings
 
 SMALL_MODEL_PARAMS = 50_000_000
@@ -99,7 +100,7 @@ def load_models(settings: SessionSettings) -> Loaded:
         torch.set_num_threads(1)
     desc = {"model": str(target_path or settings.preset), "drafter": settings.drafter}
     loaded = Loaded(target, None, tok, eos, desc)
-    if settings.drafter == "model" and settings.speculation:
+    if drafters.uses_draft_model(settings.drafter) and settings.speculation:
         load_draft(settings, loaded)
     return loaded
 

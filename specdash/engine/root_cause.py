@@ -29,7 +29,7 @@ from specdash.engine.engine import Engine, Sequence, StepRecord, batch_order
 from specdash.engine.model import Model, Observer
 from specdash.engine.state import SeqState, commit_batch
 from specdash.events import RootCause
-from specdash.metrics import same_fp32_bits
+from specdash.metrics import token_difference
 
 Tensor = torch.Tensor
 Records = list[tuple[int, str, Tensor]]
@@ -233,7 +233,7 @@ def _not_reproduced(seq: Sequence, position: int, spec: Tensor, shadow: Tensor) 
     ):
         ids, lps = ops.greedy(row)
         got_id, got_lp = int(ids[0]), float(lps[0])
-        if got_id != want_id or not same_fp32_bits(got_lp, want_lp):
+        if token_difference(got_id, got_lp, want_id, want_lp) is not None:
             missed.append(
                 f"{run} {got_id} ({got_lp!r}) where the run emitted {want_id} ({want_lp!r})"
             )

@@ -1,4 +1,5 @@
-"""GEMM backends by name: one table for the native engine and SGLang's GEMM routing.
+"""GEMM backends by name (`specdash.registry.gemm`): one table for the native engine and
+SGLang's GEMM routing.
 
 A backend is `x[M,K] @ w[N,K].T` that declares what exactness needs to know about it: whether
 it is batch-invariant (a row's bits do not depend on M; otherwise exact rows run one by one,
@@ -19,6 +20,7 @@ from torch.utils.weak import WeakIdKeyDictionary
 
 from specdash.errors import EnvironmentProblem
 from specdash.kernels import cpu_gemm
+from specdash.registry import gemm as registry
 
 Tensor = torch.Tensor
 Gemm = Callable[[Tensor, Tensor], Tensor]
@@ -123,12 +125,47 @@ def _cpu_exact(x: Tensor, w: Tensor) -> Tensor:
     return torch.cat([F.linear(_aligned(row), w) for row in x.split(1)])
 
 
-CPU_BACKENDS = {"torch": GemmBackend("torch", _cpu_exact, True, fast_fn=_cpu_linear)}
+def build_torch() -> GemmBackend:
+    return GemmBackend("torch", _cpu_exact, True, fast_fn=_cpu_linear)
 
-_gpu_backends: dict[str, GemmBackend] = {}
+
+def build_cublas() -> GemmBackend:
+    if torch.cuda.is_available():
+        return GemmBackend("cublas", F.linear, False)
+    reason = "needs a CUDA GPU (torch.cuda.is_available() is False)"
+    return GemmBackend("cublas", None, False, unavailable=reason)
 
 
-def _deepgemm() -> GemmBackend:
+def build_triton() -> GemmBackend:
+    """The one batch-invariant tile: BLOCK_M pinned, split-K fixed per (N, K)."""
+    try:
+        from specdash.kernels.triton import gemm
+    except Exception as exc:
+        return GemmBackend("triton", None, True, unavailable=f"triton kernels do not import: {exc}")
+    mm = gemm.matmul_batch_invariant
+    swiglu_out = lambda x, w: mm(x, w, swiglu_out=True)  # noqa: E731
+    return GemmBackend("triton", mm, True, gate_up_swiglu=swiglu_out)
+
+
+def build_triton_fused() -> GemmBackend:
+    """The same tile with the row op before down_proj, o_proj and out_proj in its loads: a
+    backend of its own (its bits are its own), not the default: 0.55x the plain tile's decode
+    on an H100 (its GEMMs 33.8 vs 17.9 ms/step, docs/PERF.md)."""
+    try:
+        from specdash.kernels.triton import gemm
+    except Exception as exc:
+        reason = f"triton kernels do not import: {exc}"
+        return GemmBackend("triton-fused", None, True, unavailable=reason)
+    mm = gemm.matmul_batch_invariant
+    fused = FusedGemms(
+        swiglu=lambda gu, w: mm(gu, w, prologue=gemm.SwiGLU()),
+        sigmoid_gate=lambda o, g, w: mm(o, w, prologue=gemm.SigmoidGate(g)),
+        gated_norm=lambda o, z, nw, eps, w: mm(o, w, prologue=gemm.GatedRmsNorm(z, nw, eps)),
+    )
+    return GemmBackend("triton-fused", mm, True, fused=fused)
+
+
+def build_deepgemm() -> GemmBackend:
     """DeepGEMM's bf16 NT GEMM if an installed build loads with this torch, else why not."""
     if not torch.cuda.is_available():
         return GemmBackend("deepgemm", None, False, unavailable="needs a CUDA GPU")
@@ -150,39 +187,16 @@ def _deepgemm() -> GemmBackend:
     return GemmBackend("deepgemm", deepgemm, False)
 
 
+CPU_BACKENDS = {e.name: e.load()() for e in registry.on("cpu")}
+
+_gpu_backends: dict[str, GemmBackend] = {}
+
+
 def gpu_backends() -> dict[str, GemmBackend]:
-    """cuBLAS, specdash's Triton tile and DeepGEMM, built once and lazily: probing DeepGEMM
+    """The CUDA backends of `specdash.registry.gemm`, built once and lazily: probing DeepGEMM
     imports CUDA code, and the Triton kernels import Triton."""
-    if _gpu_backends:
-        return _gpu_backends
-    if torch.cuda.is_available():
-        cublas = GemmBackend("cublas", F.linear, False)
-    else:
-        reason = "needs a CUDA GPU (torch.cuda.is_available() is False)"
-        cublas = GemmBackend("cublas", None, False, unavailable=reason)
-    try:
-        from specdash.kernels.triton import gemm
-    except Exception as exc:
-        reason = f"triton kernels do not import: {exc}"
-        triton = GemmBackend("triton", None, True, unavailable=reason)
-        triton_fused = GemmBackend("triton-fused", None, True, unavailable=reason)
-    else:
-        # the one batch-invariant tile: BLOCK_M pinned, split-K fixed per (N, K)
-        mm = gemm.matmul_batch_invariant
-        fused = FusedGemms(
-            swiglu=lambda gu, w: mm(gu, w, prologue=gemm.SwiGLU()),
-            sigmoid_gate=lambda o, g, w: mm(o, w, prologue=gemm.SigmoidGate(g)),
-            gated_norm=lambda o, z, nw, eps, w: mm(o, w, prologue=gemm.GatedRmsNorm(z, nw, eps)),
-        )
-        swiglu_out = lambda x, w: mm(x, w, swiglu_out=True)  # noqa: E731
-        triton = GemmBackend("triton", mm, True, gate_up_swiglu=swiglu_out)
-        # the same tile with the row op before down_proj, o_proj and out_proj in its loads: a
-        # backend of its own (its bits are its own), not the default: 0.55x the plain tile's
-        # decode on an H100 (its GEMMs 33.8 vs 17.9 ms/step, docs/PERF.md)
-        triton_fused = GemmBackend("triton-fused", mm, True, fused=fused)
-    _gpu_backends.update(
-        cublas=cublas, triton=triton, **{"triton-fused": triton_fused}, deepgemm=_deepgemm()
-    )
+    if not _gpu_backends:
+        _gpu_backends.update({e.name: e.load()() for e in registry.on("cuda")})
     return _gpu_backends
 
 

@@ -17,15 +17,15 @@ from importlib import metadata
 import torch
 
 from specdash.controls import Controls, ControlState
-from specdash.engine.drafters import Drafter, ModelDrafter, NgramDrafter
+from specdash.engine.drafters import Drafter, NgramDrafter
 from specdash.engine.engine import Engine, Sequence, StepResult
 from specdash.engine.loader import Loaded, load_draft, load_models
 from specdash.engine.root_cause import RootCauseFinder
 from specdash.errors import SpecdashError, UsageError
 from specdash.events import (
-    Divergence,
     Draft,
     EngineError,
+    GemmChoice,
     Margin,
     Prefill,
     Sink,
@@ -35,14 +35,8 @@ from specdash.events import (
 )
 from specdash.kernels import gemm_backends
 from specdash.prompts import Prompt
-from specdash.runs.session import (
-    Flight,
-    Header,
-    Session,
-    context_ids,
-    divergence_event,
-    shadow_margin,
-)
+from specdash.registry import drafters
+from specdash.runs.session import Evidence, Flight, Header, Session
 from specdash.settings import MAX_K, SessionSettings
 
 
@@ -81,9 +75,14 @@ class NativeBackend:
         """The longest prompt encoded so far: (tokens, name)."""
 
     def _make_drafter(self) -> Drafter:
-        if self.settings.drafter == "model" and self.loaded.draft is not None:
-            return ModelDrafter(self.loaded.draft)
-        # --drafter model with speculation off: a stand-in never asked for drafts;
+        entry = drafters.drafter(self.settings.drafter)
+        if not entry.draft_model:
+            drafter: Drafter = entry.load()()
+            return drafter
+        if self.loaded.draft is not None:
+            drafter = entry.load()(self.loaded.draft)
+            return drafter
+        # a draft model's drafter with speculation off: a stand-in never asked for drafts;
         # `_switch_drafts_on` loads the draft and replaces it before the first one
         return NgramDrafter()
 
@@ -97,13 +96,18 @@ class NativeBackend:
         self.engine.reserve(max(map(len, encoded)), s.max_new_tokens, MAX_K, s.batch, s.shadow)
         stack.enter_context(torch.inference_mode())
         target = self.loaded.target
-        config = {
-            "loaded": self.loaded.description,
-            "gemm_backends": {
-                name: b.unavailable for name, b in gemm_backends.backends(target.device).items()
-            },
-        }
-        header = Header(config, versions(), device_name(target.device), target.gemm.name, s.shadow)
+        header = Header(
+            gemm_backend=target.gemm.name,
+            gemm_backends=[
+                GemmChoice(name=name, unavailable=b.unavailable)
+                for name, b in gemm_backends.backends(target.device).items()
+            ],
+            speculative_algorithm=drafters.algorithm(s.drafter),
+            checked=s.shadow,
+            versions=versions(),
+            device=device_name(target.device),
+            config={"loaded": self.loaded.description},
+        )
         return header, encoded
 
     def encode(self, name: str, text: str) -> list[int]:
@@ -235,24 +239,25 @@ class NativeBackend:
     def late_shadows(self, flights: list[Flight]) -> Iterator[Flight]:
         return iter(())  # the shadow advances in every step
 
-    def divergence(self, flight: Flight, position: int, first: bool) -> Divergence:
-        """With the root cause of the first (the sub-op whose bits differ first) and the tokens
-        before it (`context_ids`)."""
+    def evidence(self, flight: Flight, position: int, first: bool) -> Evidence:
+        """With the root cause of the first (the sub-op whose bits differ first), from the
+        step that emitted the token as it ran."""
         seq, tok = self.seqs[flight.index], self.loaded.tokenizer
         cause = None
         if self.settings.root_cause and first:
             cause = self.root_causes.find(seq, position)
         record = seq.steps[self.engine.step_of(seq, position)[0]]
         assert record.mode != "prefill", "a verify step's mode is a verify mode"
-        return divergence_event(
-            flight,
-            position,
+        spec, shadow = seq.ids[position], seq.shadow_ids[position]
+        return Evidence(
+            spec=(spec, seq.logprobs[position]),
+            shadow=(shadow, seq.shadow_logprobs[position]),
+            texts=(tok.decode([spec]), tok.decode([shadow])),
+            context=tok.decode(flight.context(position)),
             step=self._step,
             k=self._k,
             verify_mode=record.mode,
             gemm_backend=record.gemm.name,
-            texts=(tok.decode([seq.ids[position]]), tok.decode([seq.shadow_ids[position]])),
-            context=tok.decode(context_ids(flight, position)),
             root_cause=cause,
             margin=self._shadow_margin(seq, position),
         )
@@ -266,7 +271,7 @@ class NativeBackend:
         values, ids = row.float().topk(2)
         (v1, v2), (i1, i2) = values.tolist(), ids.tolist()
         dtype = str(self.loaded.target.dtype).removeprefix("torch.")
-        return shadow_margin((i1, v1), (i2, v2), dtype)
+        return Margin.between((i1, v1), (i2, v2), dtype)
 
     def apply(self, name: str, value: object) -> bool:
         if name == "speculation" and value:
@@ -286,7 +291,7 @@ class NativeBackend:
         """Speculation switched on: with --drafter model and no draft loaded yet (the session
         started with speculation off), load it and give every live sequence a model drafter.
         A draft that cannot load keeps speculation off, with a non-fatal error saying why."""
-        if self.settings.drafter != "model" or self.loaded.draft is not None:
+        if not drafters.uses_draft_model(self.settings.drafter) or self.loaded.draft is not None:
             return True
         try:
             with torch.inference_mode(False):  # as at the start: the GEMM caches version weights
@@ -304,15 +309,20 @@ class NativeBackend:
                 )
             )
             return False
-        draft = self.loaded.draft
-        assert draft is not None
+        assert self.loaded.draft is not None
         for seq in self.seqs.values():
-            seq.drafter = ModelDrafter(draft)
+            seq.drafter = self._make_drafter()
             seq.drafter.start(seq.prompt, seq.capacity)
         return True
 
     def release(self, flight: Flight) -> None:
         self.engine.release(self.seqs.pop(flight.index))
+
+
+def backend(settings: SessionSettings, options: object = None) -> NativeBackend:
+    """The native engine's entry in `specdash.registry.engines`: it needs no options beyond
+    the settings."""
+    return NativeBackend(settings)
 
 
 def native_session(

@@ -16,6 +16,7 @@ from typing import TYPE_CHECKING
 
 from specdash.controls import Controls
 from specdash.events import Sink, Summary
+from specdash.registry import drafters, engines
 from specdash.settings import SessionSettings
 
 if TYPE_CHECKING:
@@ -30,15 +31,10 @@ if TYPE_CHECKING:
 
 
 def backend_for(settings: SessionSettings, options: EngineOptions | None = None) -> Backend:
-    """The backend of the engine `settings.engine` names (imported here: torch, SGLang)."""
-    if settings.engine == "sglang":
-        from specdash.runs.sglang.args import SGLangOptions
-        from specdash.runs.sglang.backend import SGLangBackend
-
-        return SGLangBackend(settings, options or SGLangOptions())
-    from specdash.runs.native import NativeBackend
-
-    return NativeBackend(settings)
+    """The backend of the engine `settings.engine` names (`specdash.registry.engines`;
+    imported here: torch, SGLang)."""
+    backend: Backend = engines.engine(settings.engine).load()(settings, options)
+    return backend
 
 
 def run_engine(
@@ -63,7 +59,7 @@ def loading_label(settings: SessionSettings) -> str:
         engines = "engine + shadow engine" if settings.speculation and settings.shadow else "engine"
         log = log_file_beside(settings)
         return f"starting the SGLang {engines} for {target} (SGLang's log: {log})"
-    if not settings.speculation or settings.drafter == "ngram":
+    if not settings.speculation or not drafters.uses_draft_model(settings.drafter):
         draft = ""
     else:
         draft = f" + {settings.draft.name if settings.draft else 'embedded draft'}"

@@ -4,11 +4,14 @@ The skeleton owns what a session means: the settings become the header, prompts 
 (typed ones from the dashboard first) and taken `batch` at a time, controls are applied between
 steps (each change an event, a pause recorded both ways), every token is compared with the
 shadow's as soon as both exist (ids and fp32 logprob bits, the first divergence and the first
-change of text reported), each prompt gets its verdict, and the summary comes last.
+change of text reported, each `Divergence` built here from the backend's `Evidence` by the one
+comparison, `metrics.token_difference`), each prompt gets its verdict, and the summary comes
+last.
 
 A backend only runs its engine: it opens (loads weights or starts engines, encodes the prompt
-set, says what the header adds), prefills a prompt, steps the prompts in flight, runs the
-shadow, and applies or refuses a control change. The native engine's step is one verify step
+set, says what the header holds), prefills a prompt, steps the prompts in flight, runs the
+shadow, says what it knows of a divergence, and applies or refuses a control change; it never
+calls back into the session. The native engine's step is one verify step
 of every prompt in flight, its shadow advancing in the same step; SGLang's step is a whole batch
 of requests run to the end, its shadow a second engine, either beside it or after it has shut
 down (`late_shadows`). Both give the same events (`specdash.events`) and the same `Summary`.
@@ -20,7 +23,7 @@ import contextlib
 import threading
 from collections import deque
 from collections.abc import Iterator, Sequence
-from dataclasses import dataclass, replace
+from dataclasses import dataclass, field, replace
 from typing import Any, Literal, Protocol
 
 from specdash.controls import CONTROLS, Control, Controls, ControlState
@@ -30,6 +33,7 @@ from specdash.events import (
     Divergence,
     EngineError,
     Event,
+    GemmChoice,
     Idle,
     Margin,
     PromptDone,
@@ -39,7 +43,7 @@ from specdash.events import (
     Sink,
     Summary,
 )
-from specdash.metrics import fp32_ulps, same_fp32_bits
+from specdash.metrics import Comparison, token_difference
 from specdash.prompts import Prompt, load_prompts
 from specdash.runs.heap import trim_heap
 from specdash.settings import SessionSettings, VerifyMode
@@ -69,49 +73,67 @@ class Flight:
     verify_steps: int = 0
     accepted_drafts: int = 0
     proposed_drafts: int = 0
-    compared: int = 0
-    """Positions compared with the shadow so far."""
-    bits_at: int | None = None
-    """The first position whose id or fp32 logprob bits differ from the shadow's."""
-    text_at: int | None = None
-    """The first position whose token id differs."""
+    comparison: Comparison = field(default_factory=Comparison)
+    """Its tokens against the shadow's, as far as both have them."""
     skipped: bool = False
     """`n` cut it short."""
 
     def compare(self) -> list[int]:
         """Compare the positions both runs have produced since the last call; the positions
-        to report: the first bit divergence, and the first id divergence when it comes later
-        (the text changed too). Nothing is left to find once the text has diverged."""
-        found = []
-        end = min(len(self.ids), len(self.shadow_ids))
-        for pos in range(self.compared, end):
-            if self.text_at is not None:
-                break
-            same_id = self.ids[pos] == self.shadow_ids[pos]
-            if self.bits_at is None and not (
-                same_id and same_fp32_bits(self.logprobs[pos], self.shadow_logprobs[pos])
-            ):
-                self.bits_at = pos
-                found.append(pos)
-            if not same_id:
-                self.text_at = pos
-                if pos != self.bits_at:
-                    found.append(pos)
-        self.compared = max(self.compared, end)
-        return found
+        to report (`Comparison.advance`)."""
+        return self.comparison.advance(
+            self.ids, self.logprobs, self.shadow_ids, self.shadow_logprobs
+        )
+
+    def context(self, position: int) -> list[int]:
+        """The prompt and generated ids just before generated token `position` (a
+        divergence's `context`, decoded by the backend's tokenizer)."""
+        end = len(self.prompt) + position
+        return [*self.prompt, *self.ids][max(0, end - CONTEXT_TOKENS) : end]
 
 
-@dataclass(slots=True)
-class Header:
-    """What an opened backend adds to the session's header."""
+CONTEXT_TOKENS = 24
+"""How many tokens before a divergence its `context` shows."""
 
-    config: dict[str, Any]
-    """Merged over the settings in `SessionStart.config`."""
-    versions: dict[str, str]
-    device: str
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class Evidence:
+    """What a backend knows of a generated token where its two runs differ: both runs' token
+    and logprob there (None: the engine returned none), their texts and the tokens before,
+    the step that emitted it and what that step ran under, and what explains it (the root
+    cause, the shadow's margin, the prefix-cache reads). The session judges it (`_compare`)."""
+
+    spec: tuple[int, float | None]
+    shadow: tuple[int, float | None]
+    texts: tuple[str, str]
+    context: str
+    step: int
+    k: int
+    verify_mode: VerifyMode
     gemm_backend: str
+    root_cause: RootCause | None = None
+    margin: Margin | None = None
+    """The shadow's top-1 / top-2 there; None where the engine does not report it."""
+    prefix_cached: tuple[int, int] | None = None
+    """The prompt tokens each engine read from its prefix cache, where it reports them."""
+
+
+@dataclass(slots=True, kw_only=True)
+class Header:
+    """What an opened backend says of itself in the session's header (`SessionStart`)."""
+
+    gemm_backend: str
+    gemm_backends: list[GemmChoice]
+    speculative_algorithm: str | None
+    quantization: str | None = None
     checked: bool
     """A shadow compares the output (the settings ask for one and the engine runs it)."""
+    rate_includes_prefill: bool = False
+    versions: dict[str, str]
+    device: str
+    config: dict[str, Any]
+    """What reproducing the session needs beyond the settings, merged over them in
+    `SessionStart.config`."""
 
 
 class Backend(Protocol):
@@ -144,9 +166,10 @@ class Backend(Protocol):
         once its shadow is complete."""
         ...
 
-    def divergence(self, flight: Flight, position: int, first: bool) -> Divergence:
+    def evidence(self, flight: Flight, position: int, first: bool) -> Evidence:
         """Generated token `position` of `flight` differs from the shadow's (`first`: its first
-        bit divergence; a later one is the first change of text)."""
+        bit divergence; a later one is the first change of text): what the backend knows of
+        it."""
         ...
 
     def apply(self, name: str, value: object) -> bool:
@@ -222,15 +245,18 @@ class Session:
         return summary
 
     def _session_start(self, header: Header) -> None:
-        # "shadow": whether a shadow compares this session's output (SGLang runs none with
-        # speculation off), which is what every reader of the header takes it for
-        config = self.settings.model_dump(mode="json") | header.config | {"shadow": header.checked}
         self.emit(
             SessionStart(
-                config=config,
+                engine=self.settings.engine,
+                gemm_backend=header.gemm_backend,
+                gemm_backends=header.gemm_backends,
+                speculative_algorithm=header.speculative_algorithm,
+                quantization=header.quantization,
+                shadow=header.checked,
+                rate_includes_prefill=header.rate_includes_prefill,
+                config=self.settings.model_dump(mode="json") | header.config,
                 versions=header.versions,
                 device=header.device,
-                gemm_backend=header.gemm_backend,
             )
         )
 
@@ -321,8 +347,35 @@ class Session:
         self.applied = new
 
     def _compare(self, flight: Flight) -> None:
+        """Every new divergence of `flight` as a `Divergence`, judged from the backend's
+        evidence by the one token comparison (`metrics.token_difference`); a missing logprob
+        is NaN in the event."""
         for pos in flight.compare():
-            self.emit(self.backend.divergence(flight, pos, first=pos == flight.bits_at))
+            ev = self.backend.evidence(flight, pos, first=pos == flight.comparison.bits_at)
+            what = token_difference(*ev.spec, *ev.shadow)
+            assert what is not None, f"the evidence at {pos} shows no difference"
+            (spec_token, spec_lp), (shadow_token, shadow_lp) = ev.spec, ev.shadow
+            self.emit(
+                Divergence(
+                    prompt_index=flight.index,
+                    position=pos,
+                    step=ev.step,
+                    k=ev.k,
+                    verify_mode=ev.verify_mode,
+                    gemm_backend=ev.gemm_backend,
+                    what=what,
+                    spec_token=spec_token,
+                    shadow_token=shadow_token,
+                    spec_logprob=spec_lp if spec_lp is not None else float("nan"),
+                    shadow_logprob=shadow_lp if shadow_lp is not None else float("nan"),
+                    spec_text=ev.texts[0],
+                    shadow_text=ev.texts[1],
+                    context=ev.context,
+                    root_cause=ev.root_cause,
+                    shadow_margin=ev.margin,
+                    prefix_cached=ev.prefix_cached,
+                )
+            )
 
     def _done(self, flight: Flight) -> None:
         """A prompt's totals and verdict: exact when a shadow was compared with every token
@@ -338,80 +391,8 @@ class Session:
                 verify_steps=flight.verify_steps,
                 accepted_drafts=flight.accepted_drafts,
                 proposed_drafts=flight.proposed_drafts,
-                exact=checked and flight.bits_at is None and compared_all,
-                same_text=(flight.text_at is None and compared_all) if checked else None,
+                exact=checked and flight.comparison.bits_at is None and compared_all,
+                same_text=(flight.comparison.text_at is None and compared_all) if checked else None,
                 skipped=flight.skipped,
             )
         )
-
-
-CONTEXT_TOKENS = 24
-"""How many tokens before a divergence its `context` shows."""
-
-
-def context_ids(flight: Flight, position: int) -> list[int]:
-    """The prompt and generated ids just before generated token `position` (a divergence's
-    `context`, decoded by the backend's tokenizer)."""
-    end = len(flight.prompt) + position
-    return [*flight.prompt, *flight.ids][max(0, end - CONTEXT_TOKENS) : end]
-
-
-def divergence_event(
-    flight: Flight,
-    position: int,
-    *,
-    step: int,
-    k: int,
-    verify_mode: VerifyMode,
-    gemm_backend: str,
-    texts: tuple[str, str],
-    context: str = "",
-    root_cause: RootCause | None = None,
-    margin: Margin | None = None,
-    prefix_cached: tuple[int, int] | None = None,
-) -> Divergence:
-    """The `Divergence` at generated token `position` of `flight`: `texts` are the spec and
-    shadow token's text there; a missing logprob is NaN; `margin`: the shadow's top-1 / top-2
-    there (`shadow_margin`), None where the engine does not report it; `prefix_cached`: the
-    prompt tokens each engine read from its prefix cache, where it reports them."""
-    a, b = flight.ids[position], flight.shadow_ids[position]
-    la, lb = flight.logprobs[position], flight.shadow_logprobs[position]
-    return Divergence(
-        prompt_index=flight.index,
-        position=position,
-        step=step,
-        k=k,
-        verify_mode=verify_mode,
-        gemm_backend=gemm_backend,
-        what="token" if a != b else "logprob",
-        spec_token=a,
-        shadow_token=b,
-        spec_logprob=la if la is not None else float("nan"),
-        shadow_logprob=lb if lb is not None else float("nan"),
-        spec_text=texts[0],
-        shadow_text=texts[1],
-        context=context,
-        root_cause=root_cause,
-        shadow_margin=margin,
-        prefix_cached=prefix_cached,
-    )
-
-
-MANTISSA_BITS = {"float32": 23, "bfloat16": 7, "float16": 10}
-NEAR_TIE_STEPS = 64
-"""A gap within this many rounding steps of the compute dtype (a logit is rounded at its own
-magnitude, up to ~2^6 times a logprob's) is a near-tie: the paths' last bits can decide it."""
-
-
-def shadow_margin(top1: tuple[int, float], top2: tuple[int, float], dtype: str) -> Margin:
-    """The shadow's margin at a divergence from its top two (token id, logprob) there, judged
-    by the dtype the model computes in ("float32", "bfloat16", "float16"). Every backend builds
-    it here: the native one from the shadow's logprob row, SGLang from the shadow request's top
-    logprobs."""
-    (id1, lp1), (id2, lp2) = top1, top2
-    ulps = fp32_ulps(lp1, lp2)
-    step = 2 ** (23 - MANTISSA_BITS[dtype])  # one rounding step of `dtype`, in fp32 ulps
-    return Margin(
-        top1_token=id1, top2_token=id2, gap=lp1 - lp2, ulps=ulps,
-        near_tie=ulps <= NEAR_TIE_STEPS * step,
-    )  # fmt: skip

@@ -21,8 +21,7 @@ from specdash.engine.engine import Engine
 from specdash.engine.loader import load_models
 from specdash.engine.tokenizer import TextTokenizer
 from specdash.errors import UsageError
-from specdash.events import Event, PromptStart, SessionStart, Token
-from specdash.runs.session import MANTISSA_BITS, shadow_margin
+from specdash.events import MANTISSA_BITS, Event, Margin, PromptStart, SessionStart, Token
 from specdash.settings import MAX_K, SessionSettings
 from specdash.trace.compare import PathScore, Scored, TeacherForced
 
@@ -33,8 +32,8 @@ every row decode's bits at any count)."""
 
 def unscorable(header: SessionStart) -> str | None:
     """Why a trace's setting cannot be re-scored here, or None."""
-    engine = header.config.get("engine", "native")
-    if engine != "native":
+    if header.engine != "native":
+        engine = header.engine
         return f"a {engine} session is not re-scored: teacher forcing runs the native engine only"
     return None
 
@@ -136,7 +135,7 @@ def _with_margins(scores: dict[int, PathScore], dtype: str) -> dict[int, PathSco
             s,
             positions=[
                 dataclasses.replace(
-                    x, margin=shadow_margin((i[0], x.support[0]), (i[1], x.support[1]), dtype)
+                    x, margin=Margin.between((i[0], x.support[0]), (i[1], x.support[1]), dtype)
                 )
                 for x, i in zip(s.positions, s.support, strict=True)
             ],

@@ -22,7 +22,7 @@ from specdash.events import (
     Summary,
     Token,
 )
-from specdash.metrics import same_fp32_bits
+from specdash.metrics import token_difference
 
 
 @dataclass(frozen=True, slots=True)
@@ -102,7 +102,7 @@ def diff_prompts(events_a: list[Event], events_b: list[Event]) -> list[PromptDif
             (
                 i
                 for i, (x, y) in enumerate(zip(ta, tb, strict=False))
-                if x.token_id != y.token_id or not same_fp32_bits(x.logprob, y.logprob)
+                if token_difference(x.token_id, x.logprob, y.token_id, y.logprob) is not None
             ),
             None,
         )
@@ -180,7 +180,6 @@ def verdict(diffs: list[PromptDiff]) -> str:
 
 def label(path: str, header: SessionStart) -> str:
     c = header.config
-    # `verify`: before it had one name
-    keys = ("engine", "dtype", "verify_mode", "verify", "gemm_backend")
-    parts = [str(c.get(key)) for key in keys if c.get(key)]
+    keys = ("dtype", "verify_mode", "verify")  # `verify`: before it had one name
+    parts = [header.engine, *(str(c.get(key)) for key in keys if c.get(key))]
     return f"{Path(path).name} ({', '.join([*parts, header.gemm_backend])})"

@@ -66,7 +66,7 @@ class StepRow:
 
 
 def step_rows(header: SessionStart, events: list[Event]) -> list[StepRow]:
-    shadow = bool(header.config.get("shadow", True))
+    shadow = header.shadow
     rows: list[StepRow] = []
     for e in events:
         if not isinstance(e, VerifyStep):

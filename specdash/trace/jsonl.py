@@ -240,7 +240,7 @@ def read_trace(path: Path | str) -> tuple[SessionStart, list[Event], list[str]]:
                 f"{path}:{len(lines) + 1}: skipped a torn last line ({len(torn)} bytes); "
                 "the recording was cut off mid-write"
             )
-    if _schema_major(header.schema_version) == 1 and header.config.get("engine") != "sglang":
+    if _schema_major(header.schema_version) == 1 and header.engine != "sglang":
         events = _v1_positions(events)
     return header, events, warnings
 

@@ -261,7 +261,12 @@ def _settings(header: SessionStart) -> list[tuple[str, object]]:
     rows: list[tuple[str, object]] = [
         ("started", started),
         ("device", header.device),
+        ("engine", header.engine),
+        ("speculative algorithm", header.speculative_algorithm or "none"),
+        ("quantization", header.quantization or "none"),
         ("GEMM backend", header.gemm_backend),
+        ("GEMM backends", ", ".join(header.usable_gemm_backends)),
+        ("shadow", "compared" if header.shadow else "none"),
         ("git revision", header.git_revision or "unknown"),
         ("trace schema", header.schema_version),
     ]

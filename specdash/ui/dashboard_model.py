@@ -239,19 +239,15 @@ class DashboardModel:
         c = e.config
         self.started = True
         self.t0_ns = e.t_ns  # "s since start": since the header, live and in a trace alike
-        self.shadow = bool(c.get("shadow", True))
-        self.engine = str(c.get("engine", self.engine))
+        self.shadow = e.shadow
+        self.engine = e.engine
         self.model = str(c.get("model") or c.get("preset") or "embedded default")
         self.drafter = str(c.get("drafter", self.drafter))
         self.k = int(c.get("k", self.k))
         self.verify_mode = str(c.get("verify_mode", c.get("verify", self.verify_mode)))
         self.speculation = bool(c.get("speculation", True))
         self.gemm_backend = e.gemm_backend
-        # name -> None if usable, else why not (or a list of names): `g` cycles the usable
-        table = c.get("gemm_backends") or [e.gemm_backend]
-        if isinstance(table, dict):
-            table = [name for name, why in table.items() if why is None]
-        self.gemm_backends = [str(name) for name in table]
+        self.gemm_backends = e.usable_gemm_backends  # what `g` cycles
         self.device = e.device
 
     def _on_idle(self, e: Idle) -> None:

@@ -1,8 +1,8 @@
-"""specdash/runs/sglang/patches/diffs/<release>/*.diff against the real sglang 0.5.17 and 0.5.23 files: each
-applies cleanly with `patch -p1`, and the patched-on-disk modules behave like that release's
-runtime patches (same launch configs, same packed-decode flag, same conv update kernel source,
-same verify routing, same GEMM routing; on 0.5.17 the same DFLASH worker source and request
-check)."""
+"""specdash/runs/sglang/patches/diffs/<release>/*.diff against the real sglang 0.5.17 and 0.5.23
+files: each applies cleanly with `patch -p1`, and the patched-on-disk modules behave like that
+release's runtime patches (same launch configs, same packed-decode flag, same conv update kernel
+source, same verify routing, same GEMM routing; on 0.5.17 the same DFLASH worker source and
+request check)."""
 
 from __future__ import annotations
 
@@ -33,7 +33,7 @@ def diff_files(diff: Path) -> list[str]:
 def patched_tree(run_each_sglang, tmp_path_factory) -> Path:
     """Copies of the files this release's diffs touch, patched with `patch -p1`."""
     if shutil.which("patch") is None:
-        pytest.fail("GNU patch is needed to test specdash/runs/sglang/patches/diffs (apt-get install patch)")
+        pytest.fail("GNU patch is needed to test the patches' diffs (apt-get install patch)")
     wheel = run_each_sglang.wheel
     tree = tmp_path_factory.mktemp("patched")
     for name in DIFFED[run_each_sglang.version]:

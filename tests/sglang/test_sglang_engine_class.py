@@ -16,6 +16,7 @@ import sglang
 from sglang.srt.entrypoints.engine import Engine
 from sglang.srt.server_args import ServerArgs
 from specdash.runs.sglang.patches import patch_set, registry
+from specdash.registry import algorithms
 from specdash.settings import SessionSettings
 from specdash.runs.sglang import args, process as se
 
@@ -34,7 +35,7 @@ out = {
 fields = set(inspect.signature(ServerArgs).parameters)
 settings = SessionSettings(engine="sglang", model=Path("/m"), draft=Path("/d"), k=3)
 unknown = {}
-for algo in args.ALGORITHMS:
+for algo in algorithms.NAMES:
     options = args.SGLangOptions(speculative_algorithm=algo, unpatch=("gdn",))
     for spec in (True, False):
         kw = args.engine_kwargs(settings, options, speculative=spec, split=True, requests=8)

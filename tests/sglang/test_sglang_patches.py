@@ -14,6 +14,7 @@ import pytest
 
 from specdash.cli import main
 from specdash.errors import EnvironmentProblem
+from specdash.runs.sglang import process
 from specdash.runs.sglang.patches import check, installed_source, patch_set, registry
 
 
@@ -166,7 +167,7 @@ def _all_ok(monkeypatch) -> None:
 
 def test_unchecked_sglang_version_is_refused_unless_forced(monkeypatch, capsys) -> None:
     monkeypatch.setattr(registry, "sglang_version", lambda: "0.6.0")
-    monkeypatch.setenv(registry.ROW_ENV, "")  # restored after: ensure_patchable sets it
+    monkeypatch.delenv(registry.ROW_ENV, raising=False)
     _all_ok(monkeypatch)
     with pytest.raises(EnvironmentProblem, match="against the 0.5.17 row.*--force-patches"):
         check.ensure_patchable(force=False)
@@ -174,8 +175,12 @@ def test_unchecked_sglang_version_is_refused_unless_forced(monkeypatch, capsys) 
         "sglang 0.6.0: NOT a supported release (0.5.17, 0.5.23); checked against the row it "
         "matches best, 0.5.17"
     )
-    assert len(check.ensure_patchable(force=True)) == len(row_targets("0.5.17"))
-    assert registry.patch_row() == "0.5.17"  # what the forced scheduler processes apply
+    assert check.ensure_patchable(force=True) == "0.5.17"  # the row the patches apply
+    assert registry.ROW_ENV not in os.environ  # this process's settings stay as they were
+    # the session's SGLang processes get it, for the session only
+    with process.session_environment([], None, None, pools_in_turn=False, row="0.5.17"):
+        assert registry.patch_row() == "0.5.17"  # what the forced scheduler processes apply
+    assert registry.ROW_ENV not in os.environ
 
 
 def test_sglang_session_without_cuda_is_a_clear_error(monkeypatch, capsys, tmp_path) -> None:

@@ -62,16 +62,24 @@ print("RESULT " + json.dumps({
 
 
 TOKENS = [
-    (0, 5, "decode", -1),
-    (0, 6, "draft", 0),
-    (0, 7, "draft", 0),
-    (0, 8, "bonus", 0),
-    (0, 9, "bonus", 1),
-    (1, 1, "decode", -1),
-    (1, 2, "draft", 0),
-    (1, 3, "bonus", 0),
+    (0, 5, "decode"),
+    (0, 6, "draft"),
+    (0, 7, "draft"),
+    (0, 8, "bonus"),
+    (0, 9, "bonus"),
+    (1, 1, "decode"),
+    (1, 2, "draft"),
+    (1, 3, "bonus"),
 ]
-"""(prompt, token id, source, verify step) of the stand-in's output tokens, at any batch size."""
+"""(prompt, token id, source) of the stand-in's output tokens, at any batch size."""
+
+
+def session_steps(events: list[dict], batch: int) -> None:
+    """Every event's `step` is the session step (`VerifyStep.step`): a batch of `batch`
+    requests run to the end is one, so prompt i's events all carry i // batch."""
+    for e in events:
+        if e["kind"] in ("verify_step", "token", "divergence"):
+            assert e["step"] == e["prompt_index"] // batch, e
 
 
 @pytest.mark.parametrize("shadow_mode", ["split", "sequential"])
@@ -114,23 +122,33 @@ def test_session_events_from_a_stand_in_engine(run_sglang, tmp_path, shadow_mode
     for engine in (spec, shadow):
         assert engine["warm_ups"] == [[[WARM_UP_TEXT], 4]] and engine["flushes"] == 1
 
+    # the typed header: SGLang's engine, its algorithm and its GEMM routes (the dashboard's `g`)
+    (start,) = [e for e in r["events"] if e["kind"] == "session_start"]
+    assert (start["engine"], start["speculative_algorithm"]) == ("sglang", "EAGLE3")
+    assert (start["gemm_backend"], start["quantization"], start["shadow"]) == (
+        "deepgemm",
+        None,
+        True,
+    )
+    routes = {c["name"]: c["unavailable"] for c in start["gemm_backends"]}
+    assert {"auto", "sglang-triton", "specdash-triton", "deepgemm"} <= set(routes)
+    assert routes["auto"] is None and routes["sglang-triton"] is None
+    assert routes["deepgemm"] is not None  # no SGLang here to run DeepGEMM: it says why
     steps = [e for e in r["events"] if e["kind"] == "verify_step"]
-    assert [(s["prompt_index"], s["step"], s["accepted"], s["emitted_tokens"]) for s in steps] == [
-        (0, 0, 2, [6, 7, 8]),
-        (0, 1, 0, [9]),
-        (1, 0, 1, [2, 3]),
+    assert [(s["prompt_index"], s["accepted"], s["emitted_tokens"]) for s in steps] == [
+        (0, 2, [6, 7, 8]),
+        (0, 0, [9]),
+        (1, 1, [2, 3]),
     ]
+    session_steps(r["events"], batch=1)
     assert all(s["gemm_backend"] == "deepgemm" and s["verify_s"] == 0.002 for s in steps)
     tokens = [
-        (e["prompt_index"], e["token_id"], e["source"], e["step"])
-        for e in r["events"]
-        if e["kind"] == "token"
+        (e["prompt_index"], e["token_id"], e["source"]) for e in r["events"] if e["kind"] == "token"
     ]
     assert tokens == TOKENS
     div = [e for e in r["events"] if e["kind"] == "divergence"]
     assert len(div) == 1 and (div[0]["prompt_index"], div[0]["position"]) == (1, 2)
     assert div[0]["what"] == "logprob" and div[0]["spec_token"] == div[0]["shadow_token"] == 3
-    assert div[0]["step"] == 0  # position 2 of prompt 1 was verify step 0's bonus token
     done = [(e["prompt_index"], e["exact"]) for e in r["events"] if e["kind"] == "prompt_done"]
     assert done == [(0, True), (1, False)]
     assert r["summary"]["exact_prompts"] == 1 and r["summary"]["verify_steps"] == 3
@@ -170,21 +188,20 @@ def test_batch_sends_the_prompts_at_once_and_checks_each_alone(
     kinds = [e["kind"] for e in events if e["kind"] != "start_phase"]
     assert kinds[:3] == ["session_start", "prompt_start", "prompt_start"]
     steps = [
-        (e["prompt_index"], e["step"], e["accepted"], e["emitted_tokens"])
+        (e["prompt_index"], e["accepted"], e["emitted_tokens"])
         for e in events
         if e["kind"] == "verify_step"
     ]
-    assert steps == [(0, 0, 2, [6, 7, 8]), (1, 0, 1, [2, 3]), (0, 1, 0, [9])]  # as they came
+    assert steps == [(0, 2, [6, 7, 8]), (1, 1, [2, 3]), (0, 0, [9])]  # as they came
+    session_steps(events, batch=2)
     tokens = [
-        (e["prompt_index"], e["token_id"], e["source"], e["step"])
-        for e in events
-        if e["kind"] == "token"
+        (e["prompt_index"], e["token_id"], e["source"]) for e in events if e["kind"] == "token"
     ]
     assert tokens == TOKENS
     div = [
         (e["prompt_index"], e["position"], e["step"]) for e in events if e["kind"] == "divergence"
     ]
-    assert div == [(1, 2, 0)]
+    assert div == [(1, 2, 0)]  # the batch's session step
     done = [(e["prompt_index"], e["exact"]) for e in events if e["kind"] == "prompt_done"]
     assert done == [(0, True), (1, False)]
     model = DashboardModel()  # the dashboard: both requests in flight, then each one's verdict
@@ -321,10 +338,11 @@ def test_no_speculation_is_not_checked(run_sglang, tmp_path) -> None:
     proc = run_sglang(SESSION_SCRIPT, env=env)
     r = json.loads(next(x for x in proc.stdout.splitlines() if x.startswith("RESULT "))[7:])
     start = next(e for e in r["events"] if e["kind"] == "session_start")
-    assert start["config"]["shadow"] is False and len(r["engines"]) == 1
+    assert start["shadow"] is False and len(r["engines"]) == 1
+    assert start["speculative_algorithm"] is None  # no speculative engine started
     assert r["summary"]["checked"] is False and r["summary"]["exact_prompts"] is None
     # SGLang's requests hold their prefill: the header says so, and the summary carries it
-    assert start["config"]["rate_includes_prefill"] is True
+    assert start["rate_includes_prefill"] is True
     assert r["summary"]["rate_includes_prefill"] is True
 
 

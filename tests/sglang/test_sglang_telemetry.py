@@ -118,13 +118,13 @@ def test_record_with_captured_drafts_and_gpu_times() -> None:
 def test_token_sources_follow_the_verify_steps() -> None:
     # prefill token, then steps accepting 2, 0 and 1 drafts, one trailing unreported token
     assert list(token_sources([2, 0, 1], 8)) == [
-        ("decode", -1),
-        ("draft", 0),
-        ("draft", 0),
-        ("bonus", 0),
-        ("bonus", 1),
-        ("draft", 2),
-        ("bonus", 2),
-        ("decode", -1),
+        "decode",
+        "draft",
+        "draft",
+        "bonus",
+        "bonus",
+        "draft",
+        "bonus",
+        "decode",
     ]
-    assert list(token_sources([3], 2)) == [("decode", -1), ("draft", 0)]
+    assert list(token_sources([3], 2)) == ["decode", "draft"]

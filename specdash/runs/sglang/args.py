@@ -16,20 +16,16 @@ from pathlib import Path
 from typing import Any, Literal
 
 from specdash.errors import UsageError
+from specdash.registry import algorithms
 from specdash.runs.sglang.patches.registry import patch_row
 from specdash.settings import SessionSettings
 
-ALGORITHMS = ("NEXTN", "EAGLE3", "DFLASH", "STANDALONE", "NGRAM")
 EXACT_DEFAULTS: dict[str, Any] = {
     "enable_deterministic_inference": True,
     "attention_backend": "triton",
     "linear_attn_backend": "triton",
     "mamba_ssm_dtype": "float32",
 }
-CHAIN_ALGORITHMS = ("NEXTN", "EAGLE3", "STANDALONE")
-"""Algorithms that draft a chain of k tokens one step at a time (steps=k, topk=1). Every
-algorithm verifies k + 1 tokens, so -k means the same on each: DFLASH's block is the anchor and
-k drafts (SGLang would otherwise take the draft config's block_size, 16 for released drafts)."""
 SPLIT_MEM_FRACTION = 0.4
 """mem_fraction_static of each engine when spec and shadow engines share the GPU."""
 START_DEFAULTS: dict[str, Any] = {
@@ -116,7 +112,10 @@ def engine_kwargs(
         kw["mem_fraction_static"] = SPLIT_MEM_FRACTION
     if speculative:
         kw["speculative_algorithm"] = options.speculative_algorithm
-        if options.speculative_algorithm in CHAIN_ALGORITHMS:
+        # every algorithm verifies k + 1 tokens, so -k means the same on each: DFLASH's block
+        # is the anchor and k drafts (SGLang would otherwise take the draft config's
+        # block_size, 16 for released drafts)
+        if options.speculative_algorithm in algorithms.CHAIN:
             kw["speculative_num_steps"] = settings.k
             kw["speculative_eagle_topk"] = 1
             kw["speculative_num_draft_tokens"] = settings.k + 1

@@ -21,12 +21,13 @@ from typing import Any, TextIO
 
 from specdash.controls import ControlState
 from specdash.errors import EnvironmentProblem
-from specdash.events import Divergence, EngineError, Margin, Sink, Token
+from specdash.events import EngineError, GemmChoice, Margin, Sink, Token
 from specdash.prompts import Prompt
-from specdash.runs.session import Flight, Header, context_ids, divergence_event, shadow_margin
+from specdash.runs.session import Evidence, Flight, Header
 from specdash.runs.sglang import preflight, process
 from specdash.runs.sglang.args import SGLangOptions, applied_patches, engine_kwargs
 from specdash.runs.sglang.host import EngineHost
+from specdash.runs.sglang.patches import gemm_routing
 from specdash.runs.sglang.patches.registry import sglang_version
 from specdash.runs.sglang.process import SGLangEngine
 from specdash.runs.sglang.start import StartWatch
@@ -128,6 +129,8 @@ class _Request:
     """Prompt tokens each engine read from its prefix cache (SGLang's `cached_tokens`)."""
     shadow_top: list[list[tuple[int, float]]] = field(default_factory=list)
     """The shadow's top (token id, logprob) pairs per token, best first."""
+    step: int = 0
+    """The session step whose batch of requests runs it (a step is a batch run to the end)."""
 
 
 class SGLangBackend:
@@ -161,12 +164,12 @@ class SGLangBackend:
     ) -> tuple[Header, list[list[int]]]:
         self._emit, self._stack = emit, stack
         engines = [self.spec_kwargs, self.shadow_kwargs] if self.compare else [self.spec_kwargs]
-        preflight.check_startable(self.options, engines)
+        row = preflight.check_startable(self.options, engines)
         self._receiver = receiver = TelemetryReceiver()
         stack.callback(receiver.close)
         stack.enter_context(
             process.session_environment(
-                applied_patches(self.options), receiver.address, self.log_file, self.split
+                applied_patches(self.options), receiver.address, self.log_file, self.split, row
             )
         )
         self._engines = stack.enter_context(contextlib.ExitStack())
@@ -188,18 +191,27 @@ class SGLangBackend:
         import torch
 
         config = {
-            "speculative_algorithm": self.options.speculative_algorithm,
             "sglang_args": {k: repr(v) for k, v in self.options.engine_args.items()},
             "shadow_mode": self.options.shadow_mode,
             "sglang_patches": applied_patches(self.options),
+        }
+        cuda = torch.cuda.is_available()
+        # without the routing patch SGLang's own GEMMs run, and nothing switches them
+        routes = {"auto": None} if "gemm" in self.options.unpatch else gemm_routing.routes()
+        return Header(
+            gemm_backend=self.gemm_backend,
+            gemm_backends=[GemmChoice(name=name, unavailable=why) for name, why in routes.items()],
+            speculative_algorithm=(
+                self.options.speculative_algorithm if self.settings.speculation else None
+            ),
+            checked=self.compare,
             # SGLang prefills inside each request and reports no first-token time, so a
             # request's seconds, which the rates divide by, hold its prefill
-            "rate_includes_prefill": True,
-        }
-        versions = {"sglang": sglang_version() or "?", "torch": torch.__version__}
-        cuda = torch.cuda.is_available()
-        device = f"cuda {torch.cuda.get_device_name()}" if cuda else "no CUDA"
-        return Header(config, versions, device, self.gemm_backend, self.compare)
+            rate_includes_prefill=True,
+            versions={"sglang": sglang_version() or "?", "torch": torch.__version__},
+            device=f"cuda {torch.cuda.get_device_name()}" if cuda else "no CUDA",
+            config=config,
+        )
 
     @contextlib.contextmanager
     def _engine(
@@ -269,7 +281,7 @@ class SGLangBackend:
         return [self._tokenizer.decode([i]) for i in out.ids]
 
     def prefill(self, flight: Flight, step: int) -> None:
-        self.requests[flight.index] = _Request()  # SGLang prefills inside the request
+        self.requests[flight.index] = _Request(step=step)  # SGLang prefills inside the request
 
     def step(self, flights: list[Flight], controls: ControlState, step: int) -> Iterator[Flight]:
         """The flights as one batch of requests on the speculative engine, run to the end; then
@@ -277,7 +289,7 @@ class SGLangBackend:
         assert self._spec is not None
         rids = {f"specdash-{f.index}-{uuid.uuid4().hex[:8]}": f.index for f in flights}
         done = threading.Event()
-        pump = threading.Thread(target=self._pump, args=(rids, done), daemon=True)
+        pump = threading.Thread(target=self._pump, args=(rids, step, done), daemon=True)
         pump.start()
         t0 = time.monotonic()
         try:
@@ -308,7 +320,7 @@ class SGLangBackend:
         flight.accepted_drafts = int(meta.get("spec_num_correct_drafts", sum(steps)) or 0)
         flight.proposed_drafts = int(meta.get("spec_num_proposed_drafts", k * len(steps)) or 0)
         sources = token_sources(steps, len(out.ids))
-        for pos, ((source, step), tok) in enumerate(zip(sources, out.ids, strict=True)):
+        for pos, (source, tok) in enumerate(zip(sources, out.ids, strict=True)):
             lp = out.logprobs[pos]
             self._emit(
                 Token(
@@ -318,13 +330,13 @@ class SGLangBackend:
                     logprob=lp if lp is not None else float("nan"),
                     text=request.texts[pos],
                     source=source,
-                    step=step,
+                    step=request.step,
                 )
             )
 
-    def _pump(self, rids: dict[str, int], done: threading.Event) -> None:
-        """Telemetry -> VerifyStep events while the batch decodes (each record to the prompt
-        its request id names), then a final drain."""
+    def _pump(self, rids: dict[str, int], step: int, done: threading.Event) -> None:
+        """Telemetry -> VerifyStep events of session step `step` while the batch decodes (each
+        record to the prompt its request id names), then a final drain."""
         assert self._receiver is not None
         while True:
             finished = done.is_set()
@@ -332,9 +344,7 @@ class SGLangBackend:
                 index = rids.get(record.get("rid", ""))
                 if index is None:
                     continue
-                accepted = self.requests[index].accepted
-                step = len(accepted)
-                accepted.append(record["accepted"])
+                self.requests[index].accepted.append(record["accepted"])
                 mode, gemm = self.settings.verify_mode, self.gemm_backend
                 self._emit(verify_step_event(record, index, step, mode, gemm))
             if finished:
@@ -366,22 +376,21 @@ class SGLangBackend:
             self._run_shadow(shadow, flight)
             yield flight
 
-    def divergence(self, flight: Flight, position: int, first: bool) -> Divergence:
+    def evidence(self, flight: Flight, position: int, first: bool) -> Evidence:
         request = self.requests[flight.index]
-        sources = list(token_sources(request.accepted, len(flight.ids)))
-        return divergence_event(
-            flight,
-            position,
-            step=sources[position][1],
-            k=self.settings.k,
-            verify_mode=self.settings.verify_mode,
-            gemm_backend=self.gemm_backend,
+        return Evidence(
+            spec=(flight.ids[position], flight.logprobs[position]),
+            shadow=(flight.shadow_ids[position], flight.shadow_logprobs[position]),
             texts=(request.texts[position], request.shadow_texts[position]),
             context=(
-                self._tokenizer.decode(context_ids(flight, position))
+                self._tokenizer.decode(flight.context(position))
                 if self._tokenizer is not None
                 else ""
             ),
+            step=request.step,
+            k=self.settings.k,
+            verify_mode=self.settings.verify_mode,
+            gemm_backend=self.gemm_backend,
             margin=self._shadow_margin(request, position),
             prefix_cached=(
                 (request.cached, request.shadow_cached)
@@ -399,7 +408,7 @@ class SGLangBackend:
         top = request.shadow_top[position]
         if len(top) < 2:
             return None
-        return shadow_margin(top[0], top[1], self.dtype)
+        return Margin.between(top[0], top[1], self.dtype)
 
     def apply(self, name: str, value: object) -> bool:
         """The GEMM backend switches live on every scheduler rank of both engines; the other
@@ -421,6 +430,11 @@ class SGLangBackend:
 
     def release(self, flight: Flight) -> None:
         del self.requests[flight.index]
+
+
+def backend(settings: SessionSettings, options: SGLangOptions | None) -> SGLangBackend:
+    """SGLang's entry in `specdash.registry.engines`."""
+    return SGLangBackend(settings, options or SGLangOptions())
 
 
 def switch_gemm(engine: SGLangEngine, name: str) -> None:

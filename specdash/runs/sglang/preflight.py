@@ -14,8 +14,9 @@ import re
 from typing import Any
 
 from specdash.errors import EnvironmentProblem, UsageError
+from specdash.registry.algorithms import NAMES as ALGORITHMS
 from specdash.runs.sglang import algorithms
-from specdash.runs.sglang.args import ALGORITHMS, SGLangOptions, applied_patches
+from specdash.runs.sglang.args import SGLangOptions, applied_patches
 
 
 def module_missing(name: str) -> bool:
@@ -71,11 +72,11 @@ def check_can_start(kwargs: dict[str, Any], gpus: int) -> None:
         raise EnvironmentProblem(f"sglang cannot start here: {reason}")
 
 
-def check_startable(options: SGLangOptions, engines: list[dict[str, Any]]) -> None:
+def check_startable(options: SGLangOptions, engines: list[dict[str, Any]]) -> str:
     """Install hint, the algorithm (its name, and whether the checkpoints and the installed
     SGLang can run it: `algorithms`), CUDA, patch targets and whether each engine's arguments
     (`engines`, the speculative engine's first) can start on this machine, before anything is
-    started."""
+    started; the release row whose patches apply (`check.ensure_patchable`)."""
     from specdash.runs.sglang.patches.check import ensure_patchable, require_sglang
 
     require_sglang()
@@ -94,9 +95,10 @@ def check_startable(options: SGLangOptions, engines: list[dict[str, Any]]) -> No
         raise EnvironmentProblem(
             "the SGLang engine needs a CUDA GPU; none is visible to torch", setting="engine"
         )
-    ensure_patchable(options.force_patches)
+    row = ensure_patchable(options.force_patches)
     for kwargs in engines:
         check_can_start(kwargs, torch.cuda.device_count())
+    return row
 
 
 _FRAME = re.compile(r'File "(?P<file>[^"]+)", line \d+, in (?P<func>\S+)')

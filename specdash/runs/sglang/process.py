@@ -6,8 +6,9 @@ Why a subclass: SGLang spawns its scheduler with `mp.set_start_method("spawn")`,
 made in this process are not inherited. `PatchedEngine.run_scheduler_process_func` is the
 module-level `scheduler_entry`, which applies `specdash.runs.sglang.patches` in the scheduler
 process before the Scheduler (and its CUDA graphs) exist, then runs SGLang's own entry.
-Spawned processes inherit the environment, so that is how the patch list, the telemetry
-address, the log and error files and the memory-pool turn reach them.
+Spawned processes inherit the environment, so that is how the patch list and its release row,
+the telemetry address, the log and error files and the memory-pool turn reach them; nothing
+else of specdash sets an environment variable.
 """
 
 from __future__ import annotations
@@ -23,7 +24,7 @@ from types import FrameType
 from typing import Any, Protocol
 
 from specdash.errors import EnvironmentProblem, UsageError
-from specdash.runs.sglang.patches import memory_pools_in_turn, telemetry
+from specdash.runs.sglang.patches import memory_pools_in_turn, registry, telemetry
 from specdash.runs.sglang.preflight import explain_failure, last_line
 from specdash.runs.spawn import redirect_output, start_resource_tracker
 from specdash.settings import SessionSettings
@@ -116,16 +117,22 @@ def _environment(values: dict[str, str]) -> Iterator[None]:
 
 @contextlib.contextmanager
 def session_environment(
-    patches: list[str], telemetry_address: str | None, log: Path | None, pools_in_turn: bool
+    patches: list[str],
+    telemetry_address: str | None,
+    log: Path | None,
+    pools_in_turn: bool,
+    row: str | None = None,
 ) -> Iterator[None]:
     """What a session's SGLang processes read from the environment, for the session: the
-    patches to apply, where telemetry goes and the log (None: neither is redirected), a fresh
-    error file and, when two engines start at once, the lock their memory pools are sized in
-    turn with."""
+    patches to apply and the release row of their variants (None: the installed release's),
+    where telemetry goes and the log (None: neither is redirected), a fresh error file and,
+    when two engines start at once, the lock their memory pools are sized in turn with."""
     files = {ERROR_FILE_ENV: new_shared_file()}
     if pools_in_turn:
         files[memory_pools_in_turn.TURN_ENV] = new_shared_file("pool-turn")
     values = {PATCHES_ENV: ",".join(patches), **files}
+    if row is not None:
+        values[registry.ROW_ENV] = row
     if telemetry_address is not None:
         values[telemetry.ADDRESS_ENV] = telemetry_address
     if log is not None:

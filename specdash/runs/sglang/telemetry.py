@@ -54,7 +54,8 @@ def verify_step_event(
     verify_mode: VerifyMode,
     gemm_backend: str,
 ) -> VerifyStep:
-    """A telemetry record as the VerifyStep the native engine emits.
+    """A telemetry record as the VerifyStep the native engine emits; `step`: the session step
+    whose batch of requests it belongs to (`VerifyStep.step`).
 
     SGLang's draft proposals arrive only when their async copy finished before the step was
     resolved; otherwise the rejected drafts are unknown and reported as -1 (the accepted ones
@@ -80,19 +81,19 @@ def verify_step_event(
     )
 
 
-def token_sources(accepted_per_step: list[int], n_tokens: int) -> Iterator[tuple[TokenSource, int]]:
-    """(source, step) per output token: the prefill's token, then each verify step's accepted
+def token_sources(accepted_per_step: list[int], n_tokens: int) -> Iterator[TokenSource]:
+    """The source of each output token: the prefill's token, then each verify step's accepted
     drafts and its bonus token."""
     if n_tokens == 0:
         return
-    yield "decode", -1
+    yield "decode"
     produced = 1
-    for step, accepted in enumerate(accepted_per_step):
+    for accepted in accepted_per_step:
         for i in range(accepted + 1):
             if produced == n_tokens:
                 return
-            yield ("bonus" if i == accepted else "draft"), step
+            yield "bonus" if i == accepted else "draft"
             produced += 1
     while produced < n_tokens:  # steps whose telemetry was dropped
-        yield "decode", -1
+        yield "decode"
         produced += 1

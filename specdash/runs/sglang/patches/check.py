@@ -10,7 +10,6 @@ GPU and no torch: the targets are read from SGLang's installed files, not import
 from __future__ import annotations
 
 import argparse
-import os
 import sys
 from dataclasses import dataclass
 
@@ -108,23 +107,24 @@ def problems(version: str, row: str, statuses: list[TargetStatus]) -> str | None
     )
 
 
-def ensure_patchable(force: bool) -> list[TargetStatus]:
-    """Refuse (EnvironmentProblem) an unchecked SGLang unless forced; missing targets always.
+def ensure_patchable(force: bool) -> str:
+    """The release row whose patches apply to the installed SGLang: its own, or, forced, the
+    row it matches best. Refuse (EnvironmentProblem) an unchecked SGLang unless forced;
+    missing targets always.
 
     On any problem the `patches check` table goes to stderr first, so the refusal is explained.
-    Forced, the matched row is exported (registry.ROW_ENV) for the scheduler processes.
+    A forced row reaches the scheduler processes through `process.session_environment`.
     """
     version = require_sglang()
     row, statuses = matching_row(version)
     reason = problems(version, row, statuses)
     if reason is None:
-        return statuses
+        return row
     print(format_report(version, row, statuses), file=sys.stderr)
     if any(s.status == "missing" for s in statuses) or not force:
         hint = "" if force else "; --force-patches to try anyway"
         raise EnvironmentProblem(reason + hint)
-    os.environ[registry.ROW_ENV] = row
-    return statuses
+    return row
 
 
 def run_check(args: argparse.Namespace) -> int:

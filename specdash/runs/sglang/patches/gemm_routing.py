@@ -72,8 +72,28 @@ def specdash_backends() -> dict[str, str | None]:
 
 
 def backends() -> dict[str, str | None]:
-    """Every backend name the dispatcher knows -> None if usable, else why not."""
+    """Every backend name the dispatcher knows -> None if usable, else why not (SGLang's own
+    taken as usable: only a scheduler knows)."""
     return {**dict.fromkeys(SGLANG_BACKENDS), **specdash_backends()}
+
+
+def routes() -> dict[str, str | None]:
+    """`backends`, DeepGEMM asked of the installed SGLang: what a session's header offers."""
+    return backends() | {"deepgemm": deepgemm_unavailable()}
+
+
+def deepgemm_unavailable() -> str | None:
+    """Why SGLang's DeepGEMM cannot run here; None when it can."""
+    try:
+        enabled = getattr(sglang_batch_invariant_ops(), "ENABLE_JIT_DEEPGEMM", False)
+    except Exception as e:  # no SGLang here, or one whose GEMM module does not import
+        return f"SGLang's batch_invariant_ops does not import: {type(e).__name__}: {e}"[:200]
+    if not enabled:
+        return (
+            "SGLang's ENABLE_JIT_DEEPGEMM is off here "
+            "(deep_gemm not installed or not supported on this GPU)"
+        )
+    return None
 
 
 def set_backend(name: str) -> None:
@@ -83,15 +103,10 @@ def set_backend(name: str) -> None:
     backend raises (specdash.errors.EnvironmentProblem, with the reason).
     """
     global _active
-    if name == "deepgemm" and not getattr(
-        sglang_batch_invariant_ops(), "ENABLE_JIT_DEEPGEMM", False
-    ):
+    if name == "deepgemm" and (why := deepgemm_unavailable()) is not None:
         from specdash.errors import EnvironmentProblem
 
-        raise EnvironmentProblem(
-            "GEMM backend 'deepgemm' is unavailable: SGLang's ENABLE_JIT_DEEPGEMM is off here "
-            "(deep_gemm not installed or not supported on this GPU)"
-        )
+        raise EnvironmentProblem(f"GEMM backend 'deepgemm' is unavailable: {why}")
     if name not in SGLANG_BACKENDS:
         from specdash.kernels import gemm_backends
 

@@ -23,8 +23,9 @@ from typing import Any, Protocol
 
 SUPPORTED_VERSIONS: tuple[str, ...] = ("0.5.17", "0.5.23")
 ROW_ENV = "SPECDASH_SGLANG_PATCH_ROW"
-"""The release row to apply on an SGLang outside SUPPORTED_VERSIONS (set by --force-patches
-to the row `patches check` matched best; read by the scheduler process)."""
+"""The release row to apply on an SGLang outside SUPPORTED_VERSIONS (with --force-patches, the
+row `patches check` matched best): set for a session's SGLang processes by
+`process.session_environment`, read by the scheduler process."""
 _MISSING = object()
 
 
