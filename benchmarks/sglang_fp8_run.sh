@@ -7,7 +7,7 @@
 set -u
 FINAL=$OUT; T00=$(date +%s); export OUT=/tmp/fp8out; mkdir -p $OUT
 source benchmarks/sglang_box.sh
-[ -n "${ROWS:-1}" ] && python3 benchmarks/fp8_rows_check.py --json $OUT/rows.json ${ROWS_ARGS:-} 2>&1 | tee $OUT/rows.log
+[ -n "${ROWS-1}" ] && python3 benchmarks/fp8_rows_check.py --json $OUT/rows.json ${ROWS_ARGS:-} 2>&1 | tee $OUT/rows.log
 # shellcheck disable=SC2086
 [ -n "${FP8_CK_ARGS:-}" ] && python3 benchmarks/sglang_checkpoint.py /tmp/fp8ck --fp8-block $FP8_CK_ARGS 2>&1 | tail -1
 used=$(( $(date +%s) - T00 ))
