@@ -98,7 +98,7 @@ def _variant(block_kernel: str, hashes: dict[str, str], extra: tuple[Target, ...
             *extra,
         ),
         rebindings=(
-            Rebinding(_UTILS, "fp8_scaled_mm", _padding),
+            Rebinding(_UTILS, "fp8_scaled_mm", _padding, if_bound=True),  # bound on CUDA only
             Rebinding(block_kernel, "get_w8a8_block_fp8_configs", default_block_configs),
         ),
     )
