@@ -117,3 +117,15 @@ def test_dequantized_weights_are_the_bf16_ones_within_e4m3_rounding(fp8_checkpoi
             assert bool((err <= w.abs() / 16 + per_element / 1024 + 1e-12).all()), name
             checked += 1
     assert checked == 3 * 6 + 7 + 7  # GDN layers 3 + MLP 3 each, attention and MTP 4 + 3
+
+
+def test_config_only_27b_block_fp8_target_lists_every_gdn_layer_kept(tmp_path) -> None:
+    """For SGLang's dummy load at the real shape: the config alone, its quantization config
+    naming each of the 48 GDN layers' bf16 modules."""
+    target, _ = build(tmp_path, layers=64, shape="27b", config_only=True, fp8_block=True)
+    quant = json.loads((target / "config.json").read_text())["quantization_config"]
+    assert quant["weight_block_size"] == [FP8_BLOCK, FP8_BLOCK] and quant["fmt"] == "e4m3"
+    kept = quant["modules_to_not_convert"]
+    assert len(kept) == 3 + 48 * 3 and "layers.62.linear_attn.in_proj_a" in kept
+    assert "layers.63.linear_attn.in_proj_a" not in kept  # every 4th layer is attention
+    assert not list(target.glob("*.safetensors"))
