@@ -141,7 +141,10 @@ def uses_fp8(kwargs: dict[str, Any]) -> bool:
     return (
         kwargs.get("quantization") in EXACT_QUANTIZATION
         or kwargs.get("kv_cache_dtype") == "fp8_e4m3"
-        or checkpoint_quantization(kwargs.get("model_path")) is not None
+        or any(
+            checkpoint_quantization(kwargs.get(path)) is not None
+            for path in ("model_path", "speculative_draft_model_path")
+        )
     )
 
 
