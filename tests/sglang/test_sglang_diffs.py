@@ -1,8 +1,8 @@
-"""specdash/runs/sglang/patches/diffs/<release>/*.diff against the real sglang 0.5.17 and 0.5.23 files: each
-applies cleanly with `patch -p1`, and the patched-on-disk modules behave like that release's
-runtime patches (same launch configs, same packed-decode flag, same conv update kernel source,
-same verify routing, same GEMM routing; on 0.5.17 the same DFLASH worker source and request
-check)."""
+"""specdash/runs/sglang/patches/diffs/<release>/*.diff against the real sglang 0.5.17 and 0.5.23
+files: each applies cleanly with `patch -p1`, and the patched-on-disk modules behave like that
+release's runtime patches (same launch configs, same packed-decode flag, same conv update kernel
+source, same verify routing, same GEMM routing, the same FP8 block-config lookup; on 0.5.17 the
+same DFLASH worker source and request check)."""
 
 from __future__ import annotations
 
