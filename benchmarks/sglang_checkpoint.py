@@ -42,8 +42,18 @@ with a class that captures no hidden states, so DFLASH needs this form there. Th
 is the smallest SGLang builds (one block, no deepstack) and has no tensors in the checkpoint:
 SGLang's loader leaves what a checkpoint lacks as allocated, and text prompts never run it.
 
+`--fp8-block` writes the target block-quantized to FP8 the way Qwen ships its `*-FP8` checkpoints
+(`quantization_config` {"quant_method": "fp8", "weight_block_size": [128, 128],
+"activation_scheme": "dynamic", "fmt": "e4m3", "modules_to_not_convert": [...]}): every
+projection a layer (and the MTP layer) runs as a GEMM becomes a float8_e4m3fn `weight` with a
+float32 `weight_scale_inv` of [ceil(N/128), ceil(K/128)], one dequantization multiplier per
+128x128 block (amax / 448; an all-zero block 1). Left in bf16 and listed: the embedding, lm_head,
+GDN's in_proj_a/in_proj_b (48 rows: SGLang's block loader needs each fused shard divisible by
+128), conv1d and the MTP fc; norms, A_log and dt_bias are parameters, never quantized. With
+`--config-only` the config alone (SGLang's dummy load fills FP8 tensors of the same shapes).
+
 Usage: python benchmarks/sglang_checkpoint.py OUT_DIR [--device cuda] [--layers 8]
-    [--shape small|27b] [--config-only] [--multimodal] [--dflash-draft DIR
+    [--shape small|27b] [--config-only] [--multimodal] [--fp8-block] [--dflash-draft DIR
     [--dflash-layers 1] [--dflash-block-size 16]]
 Writes OUT_DIR/target and OUT_DIR/draft (HF format: config.json, model.safetensors,
 tokenizer.json), the same bytes for the same arguments and torch version.
@@ -72,6 +82,16 @@ DFLASH_POSITION_PAIRS = 8
 only at distance 1 (mean cosine at most 0.88 anywhere else within 9000 positions)."""
 DFLASH_NORM_GAIN = 8.0
 """q_norm/k_norm weight: scales the attention score (peak 11.3 * gain^2, margin >= 90)."""
+FP8_BLOCK = 128
+FP8_MAX = 448.0
+"""The largest float8_e4m3fn value: a block's amax maps onto it."""
+FP8_QUANTIZED = (
+    "q_proj", "k_proj", "v_proj", "o_proj", "in_proj_qkv", "in_proj_z", "out_proj",
+    "gate_proj", "up_proj", "down_proj",
+)  # fmt: skip
+"""The projections an FP8 checkpoint stores as float8 with block scales (module names)."""
+FP8_KEPT = ("in_proj_a", "in_proj_b", "conv1d")
+"""GDN modules a layer keeps in bf16 (listed per layer in `modules_to_not_convert`)."""
 DFLASH_VALUE_GAIN = 32.0
 """Value = gain * the attended token's normed embedding: the mask token's embedding (std 1)
 stays a 1/32 perturbation of the proposal."""
@@ -189,6 +209,49 @@ def multimodal_names(weights: dict[str, torch.Tensor]) -> dict[str, torch.Tensor
         ("model.language_model." + n[len("model.") :] if n.startswith("model.") else n): t
         for n, t in weights.items()
     }
+
+
+def fp8_block_config(cfg: dict, layer_types: list[str]) -> dict:
+    """`cfg` (the text config or the multimodal one around it) with the `quantization_config`
+    of a block-FP8 checkpoint of a target with these layers."""
+    kept = ["embed_tokens", "lm_head", "mtp.fc"]
+    for i, kind in enumerate(layer_types):
+        if kind == "linear_attention":
+            kept += [f"layers.{i}.linear_attn.{m}" for m in FP8_KEPT]
+    quant = {
+        "quant_method": "fp8",
+        "weight_block_size": [FP8_BLOCK, FP8_BLOCK],
+        "activation_scheme": "dynamic",
+        "fmt": "e4m3",
+        "modules_to_not_convert": kept,
+    }
+    return cfg | {"quantization_config": quant}
+
+
+def block_fp8(w: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """W[N,K] as float8_e4m3fn and its float32 dequantization scale per 128x128 block
+    ([ceil(N/128), ceil(K/128)]): W ~ q * scale, block by block."""
+    n, k = w.shape
+    b = FP8_BLOCK
+    nb, kb = -(-n // b), -(-k // b)
+    padded = torch.nn.functional.pad(w.float(), (0, kb * b - k, 0, nb * b - n))
+    blocks = padded.view(nb, b, kb, b)
+    amax = blocks.abs().amax(dim=(1, 3))
+    scale = torch.where(amax > 0, amax / FP8_MAX, torch.ones_like(amax))
+    q = (blocks / scale[:, None, :, None]).clamp(-FP8_MAX, FP8_MAX).to(torch.float8_e4m3fn)
+    return q.view(nb * b, kb * b)[:n, :k].contiguous(), scale.contiguous()
+
+
+def fp8_block_weights(weights: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
+    """The target's tensors with every FP8_QUANTIZED projection block-quantized."""
+    out: dict[str, torch.Tensor] = {}
+    for name, t in weights.items():
+        module = name.removesuffix(".weight")
+        if name.endswith(".weight") and module.rsplit(".", 1)[-1] in FP8_QUANTIZED:
+            out[name], out[module + ".weight_scale_inv"] = block_fp8(t)
+        else:
+            out[name] = t
+    return out
 
 
 def draft_config(vocab: int, shape: Shape = SHAPES["small"]) -> dict:
@@ -484,13 +547,17 @@ def build(
     dflash_layers: int = 1,
     dflash_block_size: int = 16,
     multimodal: bool = False,
+    fp8_block: bool = False,
 ) -> tuple[Path, Path]:
     """OUT/target and OUT/draft; also a DFlash draft of the target at `dflash_draft`;
-    `multimodal`: the target in Qwen3.5's multimodal checkpoint form."""
+    `multimodal`: the target in Qwen3.5's multimodal checkpoint form; `fp8_block`: the target
+    block-quantized to FP8 (the draft stays bf16)."""
     tok, vocab = _tokenizer()
     tcfg = target_config(vocab, layers, SHAPES[shape])
     dcfg = draft_config(vocab, SHAPES[shape])
     written = multimodal_config(tcfg) if multimodal else tcfg
+    if fp8_block:
+        written = fp8_block_config(written, tcfg["layer_types"])
     if dflash_draft is not None:
         build_dflash_draft(dflash_draft, tcfg, dflash_layers, dflash_block_size, config_only)
     if config_only:
@@ -498,7 +565,8 @@ def build(
         _write(out / "draft", dcfg, None, tok)
         return out / "target", out / "draft"
     target = target_weights(tcfg, _Init(device))
-    _write(out / "target", written, multimodal_names(target) if multimodal else target, tok)
+    stored = fp8_block_weights(target) if fp8_block else target
+    _write(out / "target", written, multimodal_names(stored) if multimodal else stored, tok)
     _write(out / "draft", dcfg, draft_weights(dcfg, target), tok)
     return out / "target", out / "draft"
 
@@ -512,6 +580,9 @@ def main() -> None:
     parser.add_argument("--config-only", action="store_true")
     parser.add_argument(
         "--multimodal", action="store_true", help="the target as Qwen3_5ForConditionalGeneration"
+    )
+    parser.add_argument(
+        "--fp8-block", action="store_true", help="the target block-quantized to FP8 [128, 128]"
     )
     parser.add_argument("--dflash-draft", type=Path, help="also write a DFlash draft here")
     parser.add_argument("--dflash-layers", type=int, default=1)
@@ -527,6 +598,7 @@ def main() -> None:
         args.dflash_layers,
         args.dflash_block_size,
         args.multimodal,
+        args.fp8_block,
     )
     dflash = f" dflash {args.dflash_draft}" if args.dflash_draft else ""
     print(f"target {target} draft {draft}{dflash} (device {args.device})")

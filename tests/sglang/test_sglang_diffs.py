@@ -1,8 +1,8 @@
 """specdash/runs/sglang/patches/diffs/<release>/*.diff against the real sglang 0.5.17 and 0.5.23
 files: each applies cleanly with `patch -p1`, and the patched-on-disk modules behave like that
 release's runtime patches (same launch configs, same packed-decode flag, same conv update kernel
-source, same verify routing, same GEMM routing; on 0.5.17 the same DFLASH worker source and
-request check)."""
+source, same verify routing, same GEMM routing, the same FP8 block-config lookup; on 0.5.17 the
+same DFLASH worker source and request check)."""
 
 from __future__ import annotations
 
@@ -16,7 +16,12 @@ import pytest
 from specdash.runs.sglang.patches import patch_set, registry
 
 DIFFS = Path(registry.__file__).parent / "diffs"
-EXACTNESS_PATCHES = ("gdn_verify_as_decode", "verify_attention_as_decode_rows", "gemm_routing")
+EXACTNESS_PATCHES = (
+    "gdn_verify_as_decode",
+    "verify_attention_as_decode_rows",
+    "gemm_routing",
+    "fp8_routing",
+)
 DIFFED = {
     "0.5.17": (*EXACTNESS_PATCHES, "dflash_logprobs"),
     "0.5.23": EXACTNESS_PATCHES,
@@ -184,3 +189,38 @@ def test_patched_files_behave_like_the_runtime_patches(run_each_sglang, patched_
         disk, *runtime = r["dflash_validate"]
         # 8 cases; refused only: hidden states with overlap (2)
         assert runtime == [disk, disk] and disk.count(None) == 6, disk
+
+
+FP8_SCRIPT = """
+import importlib.util, os, sys
+import sglang
+from specdash.runs.sglang.patches import fp8_routing, patch_set, registry
+
+tree = os.environ["PATCHED_TREE"]
+kernel = fp8_routing.PATCH.variant().rebindings[1].owner_path
+spec = importlib.util.spec_from_file_location(
+    "ondisk_fp8_kernel", f"{tree}/{kernel.replace('.', '/')}.py"
+)
+disk = importlib.util.module_from_spec(spec)
+spec.loader.exec_module(disk)
+patch_set.apply_all()
+runtime = registry.resolve(kernel)
+shapes = [(14336, 5120), (34816, 5120)]  # the 27B qkv and gate_up
+print("BLOCK", [[m.get_w8a8_block_fp8_configs(n, k, 128, 128) for n, k in shapes]
+                for m in (disk, runtime)])
+utils = open(f"{tree}/sglang/srt/layers/quantization/fp8_utils.py").read()
+print("ALIAS", "from specdash.runs.sglang.patches.fp8_routing import (" in utils
+      and "padded_scaled_mm as fp8_scaled_mm," in utils)
+"""
+
+
+def test_fp8_diff_does_what_the_runtime_patch_does(run_each_sglang, patched_tree: Path) -> None:
+    """The block-FP8 config lookup finds no table on disk as at runtime; the per-channel name is
+    bound to the same padded route (on CUDA: here the `if _is_cuda:` block that binds it does not
+    run, so its text is read)."""
+    proc = run_each_sglang(FP8_SCRIPT, env={"PATCHED_TREE": str(patched_tree)})
+    lines = dict(
+        ln.split(" ", 1) for ln in proc.stdout.splitlines() if ln[:5] in ("BLOCK", "ALIAS")
+    )
+    assert lines["BLOCK"] == str([[None, None]] * 2)
+    assert lines["ALIAS"] == "True"

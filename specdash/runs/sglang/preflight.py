@@ -15,7 +15,7 @@ from typing import Any
 
 from specdash.errors import EnvironmentProblem, UsageError
 from specdash.registry.algorithms import NAMES as ALGORITHMS
-from specdash.runs.sglang import algorithms
+from specdash.runs.sglang import algorithms, quantization
 from specdash.runs.sglang.args import SGLangOptions, applied_patches
 
 
@@ -74,9 +74,10 @@ def check_can_start(kwargs: dict[str, Any], gpus: int) -> None:
 
 def check_startable(options: SGLangOptions, engines: list[dict[str, Any]]) -> str:
     """Install hint, the algorithm (its name, and whether the checkpoints and the installed
-    SGLang can run it: `algorithms`), CUDA, patch targets and whether each engine's arguments
-    (`engines`, the speculative engine's first) can start on this machine, before anything is
-    started; the release row whose patches apply (`check.ensure_patchable`)."""
+    SGLang can run it: `algorithms`), the quantization (exact or refused: `quantization`), CUDA,
+    FP8 on this card, patch targets and whether each engine's arguments (`engines`, the
+    speculative engine's first) can start on this machine, before anything is started; the
+    release row whose patches apply (`check.ensure_patchable`)."""
     from specdash.runs.sglang.patches.check import ensure_patchable, require_sglang
 
     require_sglang()
@@ -89,6 +90,8 @@ def check_startable(options: SGLangOptions, engines: list[dict[str, Any]]) -> st
     reason = algorithms.refusal(engines[0], applied_patches(options))
     if reason is not None:
         raise UsageError(reason, setting="speculative_algorithm")
+    for kwargs in engines:
+        quantization.check(kwargs)
     import torch
 
     if not torch.cuda.is_available():
@@ -96,7 +99,9 @@ def check_startable(options: SGLangOptions, engines: list[dict[str, Any]]) -> st
             "the SGLang engine needs a CUDA GPU; none is visible to torch", setting="engine"
         )
     row = ensure_patchable(options.force_patches)
+    card = torch.cuda.get_device_capability(), torch.cuda.get_device_name()
     for kwargs in engines:
+        quantization.check_card(kwargs, *card)
         check_can_start(kwargs, torch.cuda.device_count())
     return row
 

@@ -7,8 +7,8 @@ made in this process are not inherited. `PatchedEngine.run_scheduler_process_fun
 module-level `scheduler_entry`, which applies `specdash.runs.sglang.patches` in the scheduler
 process before the Scheduler (and its CUDA graphs) exist, then runs SGLang's own entry.
 Spawned processes inherit the environment, so that is how the patch list and its release row,
-the telemetry address, the log and error files and the memory-pool turn reach them; nothing
-else of specdash sets an environment variable.
+the telemetry address, the log and error files, the memory-pool turn and the FP8 switches
+`fp8_routing.PINNED_ENV` pins reach them; nothing else of specdash sets an environment variable.
 """
 
 from __future__ import annotations
@@ -24,7 +24,7 @@ from types import FrameType
 from typing import Any, Protocol
 
 from specdash.errors import EnvironmentProblem, UsageError
-from specdash.runs.sglang.patches import memory_pools_in_turn, registry, telemetry
+from specdash.runs.sglang.patches import fp8_routing, memory_pools_in_turn, registry, telemetry
 from specdash.runs.sglang.preflight import explain_failure, last_line
 from specdash.runs.spawn import redirect_output, start_resource_tracker
 from specdash.settings import SessionSettings
@@ -125,14 +125,18 @@ def session_environment(
 ) -> Iterator[None]:
     """What a session's SGLang processes read from the environment, for the session: the
     patches to apply and the release row of their variants (None: the installed release's),
-    where telemetry goes and the log (None: neither is redirected), a fresh error file and,
-    when two engines start at once, the lock their memory pools are sized in turn with."""
+    where telemetry goes and the log (None: neither is redirected), a fresh error file, when
+    two engines start at once, the lock their memory pools are sized in turn with, and with the
+    FP8 patch on, SGLang's M-dependent FP8 kernel switches off (they are read when SGLang's
+    modules import, before any patch could see them)."""
     files = {ERROR_FILE_ENV: new_shared_file()}
     if pools_in_turn:
         files[memory_pools_in_turn.TURN_ENV] = new_shared_file("pool-turn")
     values = {PATCHES_ENV: ",".join(patches), **files}
     if row is not None:
         values[registry.ROW_ENV] = row
+    if fp8_routing.PATCH.name in patches:
+        values.update(fp8_routing.PINNED_ENV)
     if telemetry_address is not None:
         values[telemetry.ADDRESS_ENV] = telemetry_address
     if log is not None:

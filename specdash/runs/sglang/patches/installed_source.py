@@ -4,8 +4,9 @@ Why not import: SGLang's modules pull in torch, CUDA-only kernels (FA3's `sgl_ke
 seconds of start-up; `specdash patches check` must run on any machine, quickly, and judge the
 FA3 target too. A target is a dotted path: the longest prefix that is a file of the sglang
 distribution is the module (a module alone: its whole file), the rest are names of classes,
-functions or class-level assignments, looked up in the module's syntax tree (also inside
-module-level if/try blocks).
+functions, class-level assignments or imported names (an import's source is its statement: which
+object the name is bound to), looked up in the module's syntax tree (also inside module-level
+if/try blocks).
 """
 
 from __future__ import annotations
@@ -57,6 +58,8 @@ def _named(node: ast.stmt, name: str) -> bool:
         return isinstance(node.target, ast.Name) and node.target.id == name
     if isinstance(node, ast.Assign):
         return any(isinstance(t, ast.Name) and t.id == name for t in node.targets)
+    if isinstance(node, ast.Import | ast.ImportFrom):
+        return any((a.asname or a.name) == name for a in node.names)
     return False
 
 

@@ -1,4 +1,4 @@
-"""The patches specdash applies to SGLang, in order: the two start-up fixes, then the five that
+"""The patches specdash applies to SGLang, in order: the two start-up fixes, then the six that
 `--sglang-unpatch` can leave off; one looked up by its flag; applying and removing them together.
 
 Each patch is its own module, built from `registry`'s bookkeeping (targets, rebindings,
@@ -9,6 +9,7 @@ from __future__ import annotations
 
 from specdash.runs.sglang.patches import (
     dflash_logprobs,
+    fp8_routing,
     gdn_verify_as_decode,
     gemm_routing,
     lazy_dsa_import,
@@ -20,7 +21,7 @@ from specdash.runs.sglang.patches.registry import Patch
 
 
 def all_patches() -> list[Patch]:
-    """Every patch, in the order they are applied: the start-up fixes, then the five that can
+    """Every patch, in the order they are applied: the start-up fixes, then the six that can
     be left off."""
     return [
         lazy_dsa_import.PATCH,
@@ -28,6 +29,7 @@ def all_patches() -> list[Patch]:
         gdn_verify_as_decode.PATCH,
         verify_attention_as_decode_rows.PATCH,
         gemm_routing.PATCH,
+        fp8_routing.PATCH,
         telemetry.PATCH,
         dflash_logprobs.PATCH,
     ]

@@ -85,6 +85,9 @@ class Rebinding:
     """Builds the replacement from the original object (None when `adds`)."""
     adds: bool = False
     """True: `name` is new on owner (a method specdash adds); it must not exist yet."""
+    if_bound: bool = False
+    """True: owner binds `name` only on some machines (an import under `if _is_cuda:`); where
+    it does not, there is nothing to replace and the rebinding stays unapplied."""
     _owner: Any = field(default=None, repr=False)
     _own: Any = field(default=_MISSING, repr=False)
     _original: Any = field(default=_MISSING, repr=False)
@@ -97,6 +100,8 @@ class Rebinding:
         if self.applied:
             return
         owner = resolve(self.owner_path)
+        if self.if_bound and not hasattr(owner, self.name):
+            return
         original = None if self.adds else getattr(owner, self.name)
         own = vars(owner).get(self.name, _MISSING)
         setattr(owner, self.name, self.make(original))
