@@ -9,12 +9,11 @@ from __future__ import annotations
 import argparse
 import importlib.util
 import json
-import os
 import sys
-from collections.abc import Callable
 from pathlib import Path
 from typing import IO
 
+from specdash.cli.stdout import print_stdout, write_stdout
 from specdash.errors import (
     EXIT_DIVERGED,
     EXIT_INCOMPLETE,
@@ -51,15 +50,6 @@ def _output(args: argparse.Namespace, suffix: str) -> Output:
     )
 
 
-def _to_stdout(write: Callable[[IO[str]], None]) -> None:
-    try:
-        write(sys.stdout)
-        sys.stdout.flush()
-    except BrokenPipeError:
-        # `| head`: the reader took what it wanted; point stdout at /dev/null for the exit flush
-        os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
-
-
 def run_export(args: argparse.Namespace) -> int:
     from specdash.trace.export import perfetto_trace, write_csv
 
@@ -74,7 +64,7 @@ def run_export(args: argparse.Namespace) -> int:
             write_csv(header, events, out)
 
     if output is None:
-        _to_stdout(write)
+        write_stdout(write)
         return EXIT_OK
     with output.replace() as f:
         write(f)
@@ -106,14 +96,13 @@ def run_diff(args: argparse.Namespace) -> int:
     for w in warnings_a + warnings_b:
         print(f"specdash: warning: {w}", file=sys.stderr)
     diffs = diff_prompts(events_a, events_b)
-    for d in diffs:
-        print(format_diff(d))
     differing = sum(d.index is not None for d in diffs)
     incomplete = sum(bool(d.incomplete) for d in diffs)
     cut = f", {incomplete} incomplete (a recording stops mid-prompt)" if incomplete else ""
-    print(
+    print_stdout(
+        *map(format_diff, diffs),
         f"summary: {differing} of {len(diffs)} prompts differ{cut}; "
-        f"A = {label(args.a, header_a)}, B = {label(args.b, header_b)}: {verdict(diffs)}"
+        f"A = {label(args.a, header_a)}, B = {label(args.b, header_b)}: {verdict(diffs)}",
     )
     if differing:
         return EXIT_DIVERGED

@@ -14,7 +14,7 @@ from safetensors import SafetensorError, safe_open
 from safetensors.torch import save_file
 from tokenizers import Tokenizer
 
-from specdash.engine.config import ModelConfig, config_from_hf, save_hf_config
+from specdash.engine.config import ModelConfig, config_from_hf, read_json, save_hf_config
 from specdash.engine.model import hf_tensor_shapes
 from specdash.errors import CheckpointError
 
@@ -24,20 +24,41 @@ INDEX = "model.safetensors.index.json"
 def _shard_files(path: Path) -> dict[str, Path]:
     """Tensor name -> shard file, from the index when there is one."""
     index = path / INDEX
-    if index.exists():
-        try:
-            weight_map = json.loads(index.read_text())["weight_map"]
-        except (json.JSONDecodeError, KeyError, TypeError) as e:
-            raise CheckpointError(f"{index}: unreadable index ({e})") from None
+    try:
+        loaded = read_json(index, "the shard index")
+    except FileNotFoundError:
+        loaded = None
+    if loaded is not None:
+        weight_map = loaded.get("weight_map") if isinstance(loaded, dict) else None
+        if not isinstance(weight_map, dict) or not all(
+            isinstance(f, str) for f in weight_map.values()
+        ):
+            raise CheckpointError(
+                f'{index}: unreadable index (expected "weight_map": an object of tensor name '
+                "-> shard file name)"
+            )
         return {name: path / f for name, f in weight_map.items()}
     single = path / "model.safetensors"
     if not single.exists():
         raise CheckpointError(f"{path}: no model.safetensors or {INDEX}")
+    _check_readable(single)
     try:
         with safe_open(single, "pt") as f:
             return {name: single for name in f.keys()}  # noqa: SIM118 (safe_open has no __iter__)
     except (SafetensorError, OSError) as e:
         raise CheckpointError(f"{single}: corrupt safetensors file ({e})") from None
+
+
+def _check_readable(file: Path) -> None:
+    """A safetensors file that is not a readable regular file, said as such: safetensors'
+    own errors would call it corrupt, or missing."""
+    try:
+        with open(file, "rb"):
+            pass
+    except IsADirectoryError:
+        raise CheckpointError(f"{file}: is a directory, not a safetensors file") from None
+    except OSError as e:
+        raise CheckpointError(f"{file}: cannot read ({e.strerror or e})") from None
 
 
 def load_tensors(
@@ -56,6 +77,7 @@ def load_tensors(
     for file, names in by_file.items():
         if not file.exists():
             raise CheckpointError(f"{file}: shard listed in the index is missing")
+        _check_readable(file)
         try:
             with safe_open(file, "pt", device="cpu") as f:
                 for name in names:
