@@ -304,8 +304,18 @@ def _validated(model: type[_ModelT], raw: dict[str, Any], cfg_path: Path) -> _Mo
     except ValidationError as e:
         err = e.errors()[0]
         where = ".".join(str(p) for p in err["loc"])
+        # said in JSON's words: pydantic's name the Python type (or this module's model)
+        message = _JSON_TYPES.get(err["type"], err["msg"])
         value = f" (got {_short(err['input'])})" if err["type"] != "missing" else ""
-        raise CheckpointError(f"{cfg_path}: {where}: {err['msg']}{value}") from None
+        raise CheckpointError(f"{cfg_path}: {where}: {message}{value}") from None
+
+
+_JSON_TYPES = {
+    "model_type": "Input should be a JSON object",
+    "dict_type": "Input should be a JSON object",
+    "list_type": "Input should be a JSON array",
+    "string_type": "Input should be a JSON string",
+}
 
 
 def _short(value: object) -> str:
