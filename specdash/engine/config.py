@@ -380,8 +380,11 @@ def config_from_hf(path: Path) -> ModelConfig:
     if unknown:
         raise CheckpointError(f"{path}: unsupported layer types {sorted(unknown)}")
     heads, hidden, eos = c.num_attention_heads, c.hidden_size, c.eos_token_id
-    default_partial = 1.0 if family == "qwen3" else 0.25
-    partial = rope.partial_rotary_factor or c.partial_rotary_factor or default_partial
+    # transformers' Qwen3 rotates the whole head whatever partial_rotary_factor says (its
+    # RoPE never reads it); Qwen3-Next / 3.5 rotate a part, a quarter unless told
+    partial = (
+        1.0 if family == "qwen3" else rope.partial_rotary_factor or c.partial_rotary_factor or 0.25
+    )
     try:
         return ModelConfig(
             family=family,
