@@ -88,6 +88,12 @@ def run_report(args: argparse.Namespace) -> int:
     return EXIT_OK
 
 
+def _max_new_tokens(header: SessionStart) -> int | None:
+    """The session's limit on a prompt's tokens, where its header says (as a whole number)."""
+    value = header.config.get("max_new_tokens")
+    return value if isinstance(value, int) and not isinstance(value, bool) else None
+
+
 def run_diff(args: argparse.Namespace) -> int:
     from specdash.trace.diff import diff_prompts, format_diff, label, verdict
 
@@ -95,7 +101,7 @@ def run_diff(args: argparse.Namespace) -> int:
     header_b, events_b, warnings_b = read_trace(args.b)
     for w in warnings_a + warnings_b:
         print(f"specdash: warning: {w}", file=sys.stderr)
-    diffs = diff_prompts(events_a, events_b)
+    diffs = diff_prompts(events_a, events_b, (_max_new_tokens(header_a), _max_new_tokens(header_b)))
     differing = sum(d.index is not None for d in diffs)
     incomplete = sum(bool(d.incomplete) for d in diffs)
     cut = f", {incomplete} incomplete (a recording stops mid-prompt)" if incomplete else ""
