@@ -51,6 +51,9 @@ class ReplayApp(SpecdashApp):
     def __init__(self, replay: TraceReplay, name: str, warnings: Sequence[str] = ()) -> None:
         super().__init__(source=replay)
         self.replay = replay
+        # never more events between two drains of the buffer than it holds (half, for a late
+        # timer): a dense trace at a high speed plays slower instead of losing events
+        replay.max_per_tick = max(1, int(self.buffer.capacity * self._ui_hz / TICK_HZ / 2))
         header_s = replay.events[0].t_ns / 1e9
         self.clock = lambda: header_s + replay.position_s  # trace time: stops while paused
         self.trace_name = name
