@@ -331,6 +331,30 @@ def test_ctrl_c_mid_step_exits_130_and_keeps_the_trace(pair, tmp_path) -> None:
     assert any(e.kind == "verify_step" for e in events)
 
 
+@pytest.mark.parametrize("signum", [signal.SIGTERM, signal.SIGHUP])
+def test_sigterm_and_sighup_end_a_run_as_ctrl_c_does(pair, tmp_path, signum) -> None:
+    """The trace closed and readable, one line, the shell's code for the signal."""
+    trace = tmp_path / "t.jsonl"
+    args = ["--model", str(pair[0]), "--draft", str(pair[1]), "--prompts", str(pair[2])]
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "specdash.cli", "run", "--headless", *args,
+         "--max-new-tokens", "3000", "--trace", str(trace)],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+        preexec_fn=lambda: signal.signal(signum, signal.SIG_DFL),
+    )  # fmt: skip
+    deadline = time.time() + 60
+    while time.time() < deadline and not (trace.exists() and '"verify_step"' in trace.read_text()):
+        time.sleep(0.1)
+    proc.send_signal(signum)
+    _, err = proc.communicate(timeout=60)
+    assert proc.returncode == 128 + signum, err
+    assert err.strip().splitlines() == [f"specdash: terminated ({signal.Signals(signum).name})"]
+    _, events, warnings = read_trace(trace)
+    assert any(e.kind == "verify_step" for e in events) and warnings == []
+
+
 def test_prompt_that_fills_the_context_exactly_runs(capsys, pair, tmp_path) -> None:
     """prompt + new - 1 positions are fed (the last generated token never is): a prompt
     that needs exactly the model's positions runs, one token more is refused."""

@@ -308,9 +308,15 @@ def _command(args: argparse.Namespace) -> Callable[[argparse.Namespace], int]:
 
 
 def main(argv: list[str] | None = None) -> int:
+    from specdash.cli.signals import Terminated, on_termination
+
     args = build_parser().parse_args(argv)
     try:
-        return _command(args)(args)
+        with on_termination():
+            return _command(args)(args)
+    except Terminated as e:  # SIGTERM, SIGHUP: as Ctrl-C, with the signal's own code
+        print(e.line, file=sys.stderr)
+        return e.exit_code
     except SpecdashError as e:
         from specdash.cli.session_args import describe
 
