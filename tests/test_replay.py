@@ -302,3 +302,16 @@ async def test_a_dense_trace_at_a_high_speed_loses_no_event():
         assert app.buffer.dropped == 0
         assert app.model.started and app.model.finished
         assert app.model.verify_steps == sum(isinstance(e, VerifyStep) for e in events)
+
+
+async def test_e_in_a_replay_writes_nothing(tmp_path, monkeypatch):
+    monkeypatch.chdir(tmp_path)
+    events = session(Plan(prompts=1))
+    app = ReplayApp(TraceReplay(events[0], events[1:], clock=FakeClock()), name="s.jsonl")
+    notes = []
+    app.notify = lambda message, **kw: notes.append(message)
+    async with app.run_test(size=SIZE) as pilot:
+        await pilot.press("e")
+        await settle(pilot)
+    assert notes == ["a replay writes nothing: s.jsonl is the trace"]
+    assert list(tmp_path.iterdir()) == []

@@ -125,6 +125,10 @@ class ReplayApp(SpecdashApp):
     def action_next_prompt(self) -> None:
         self.show_history(self.replay.seek(self.replay.next_prompt_s()))
 
+    def action_export_trace(self) -> None:
+        """A replay writes nothing (README): the recording it plays is the trace already."""
+        self.notify(f"a replay writes nothing: {self.trace_name} is the trace", severity="warning")
+
     def action_speed(self, factor: float) -> None:
         self.replay.set_speed(min(64.0, max(1 / 64, self.replay.speed * factor)))
         self._show_position()
