@@ -779,3 +779,30 @@ def test_a_reader_that_stops_early_is_no_error(recorded) -> None:
         timeout=120,
     )
     assert run.stderr == "" and run.returncode == 0
+
+
+@pytest.mark.parametrize("flag", ["--trace", "--model", "--prompts", "--draft"])
+def test_an_empty_path_is_a_flag_error(capsys, flag) -> None:
+    """Not read as "." (`trace . is a directory`)."""
+    expect_flag_error(capsys, f"{flag}: expected a path, got an empty string", flag, "")
+
+
+def test_an_empty_output_is_a_flag_error(capsys, recorded) -> None:
+    expect_flag_error(
+        capsys,
+        "argument -o/--output: expected a path, got an empty string",
+        str(recorded),
+        "-o",
+        "",
+        command="export",
+    )
+    assert not Path(str(recorded).replace(".jsonl", ".perfetto.json")).exists()
+
+
+def test_report_to_stdout(capsys, recorded, tmp_path, monkeypatch) -> None:
+    pytest.importorskip("matplotlib")
+    monkeypatch.chdir(tmp_path)
+    assert main(["report", str(recorded), "-o", "-"]) == 0
+    out, err = capsys.readouterr()
+    assert out.startswith("<!DOCTYPE html><html>") and out.rstrip().endswith("</html>")
+    assert err == "" and list(tmp_path.iterdir()) == []

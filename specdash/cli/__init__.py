@@ -231,7 +231,7 @@ def _add_trace_commands(sub: argparse._SubParsersAction) -> None:
     report = sub.add_parser("report", help="a self-contained HTML report of a trace")
     report.add_argument("trace", metavar="TRACE", help="a JSONL trace")
     report.add_argument(
-        "-o", "--output", metavar="OUT", help="output file; default: TRACE with .html"
+        "-o", "--output", metavar="OUT", help="output file; default: TRACE with .html; - for stdout"
     )
     _add_overwrite(report)
 

@@ -20,6 +20,7 @@ from specdash.errors import (
     EXIT_INTERRUPTED,
     EXIT_OK,
     EnvironmentProblem,
+    FlagError,
 )
 from specdash.events import Event, SessionStart
 from specdash.output_files import Output
@@ -40,6 +41,8 @@ def default_output(trace: str, suffix: str) -> str:
 def _output(args: argparse.Namespace, suffix: str) -> Output:
     """Where `export` / `report` write, checked before the trace is read: never the trace
     itself, an existing file only with --overwrite."""
+    if args.output == "":
+        raise FlagError("argument -o/--output: expected a path, got an empty string")
     path = args.output or default_output(args.trace, suffix)
     return Output(
         path,
@@ -79,9 +82,12 @@ def run_report(args: argparse.Namespace) -> int:
         )
     from specdash.trace.report import render_report
 
-    output = _output(args, ".html")
+    output = None if args.output == "-" else _output(args, ".html")
     header, events, warnings = _read(args.trace)
     page = render_report(header, events, warnings, title=Path(args.trace).name)
+    if output is None:  # `-o -`: stdout, as `export` takes it
+        write_stdout(lambda out: out.write(page))
+        return EXIT_OK
     with output.replace() as f:
         f.write(page)
     print(f"wrote {output.path}", file=sys.stderr)
