@@ -806,3 +806,30 @@ def test_report_to_stdout(capsys, recorded, tmp_path, monkeypatch) -> None:
     out, err = capsys.readouterr()
     assert out.startswith("<!DOCTYPE html><html>") and out.rstrip().endswith("</html>")
     assert err == "" and list(tmp_path.iterdir()) == []
+
+
+def test_config_under_reporting_its_layers(capsys, pair, tmp_path) -> None:
+    """Four layers of weights, config.json says two: refused, not run as a 2-layer model."""
+    model = copy_target(pair, tmp_path)
+    cfg = json.loads((model / "config.json").read_text())
+    (model / "config.json").write_text(
+        json.dumps(cfg | {"num_hidden_layers": 2, "layer_types": cfg["layer_types"][:2]})
+    )
+    expect_model_error(
+        capsys,
+        pair,
+        model,
+        "the weights hold layers up to 3, but config.json's num_hidden_layers is 2",
+    )
+
+
+@pytest.mark.parametrize("dtype", ["int64", "bool"])
+def test_integer_or_bool_weights(capsys, pair, tmp_path, dtype) -> None:
+    import torch
+
+    model = copy_target(pair, tmp_path)
+    tensors = load_file(model / "model.safetensors")
+    name = "model.layers.3.self_attn.o_proj.weight"
+    tensors[name] = tensors[name].to(getattr(torch, dtype))
+    save_file(tensors, model / "model.safetensors")
+    expect_model_error(capsys, pair, model, f"{name} holds torch.{dtype}, not floats")

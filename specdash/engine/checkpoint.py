@@ -7,6 +7,7 @@ and the tensor, never a traceback from safetensors or tokenizers.
 from __future__ import annotations
 
 import json
+import re
 from pathlib import Path
 
 import torch
@@ -61,6 +62,19 @@ def _check_readable(file: Path) -> None:
         raise CheckpointError(f"{file}: cannot read ({e.strerror or e})") from None
 
 
+def _refuse_unread_layers(path: Path, cfg: ModelConfig, files: dict[str, Path]) -> None:
+    """Weights of a layer past `num_hidden_layers`: config.json under-reports the model, which
+    would run with its last layers left out."""
+    layers = re.compile(rf"{re.escape(cfg.weight_prefix)}layers\.(\d+)\.")
+    found = {int(m.group(1)) for name in files if (m := layers.match(name))}
+    extra = sorted(i for i in found if i >= cfg.num_hidden_layers)
+    if extra:
+        raise CheckpointError(
+            f"{path}: the weights hold layers up to {extra[-1]}, but config.json's "
+            f"num_hidden_layers is {cfg.num_hidden_layers}"
+        )
+
+
 def load_tensors(
     path: Path, cfg: ModelConfig, dtype: torch.dtype, device: str
 ) -> dict[str, torch.Tensor]:
@@ -70,6 +84,7 @@ def load_tensors(
     if missing:
         more = f" (and {len(missing) - 1} more)" if len(missing) > 1 else ""
         raise CheckpointError(f"{path}: missing tensor {missing[0]}{more}")
+    _refuse_unread_layers(path, cfg, files)
     by_file: dict[Path, list[str]] = {}
     for name in expected:
         by_file.setdefault(files[name], []).append(name)
@@ -82,6 +97,8 @@ def load_tensors(
             with safe_open(file, "pt", device="cpu") as f:
                 for name in names:
                     t = f.get_tensor(name)
+                    if not t.dtype.is_floating_point:  # a cast would make up the weights
+                        raise CheckpointError(f"{file}: {name} holds {t.dtype}, not floats")
                     if tuple(t.shape) != expected[name]:
                         raise CheckpointError(
                             f"{file}: {name} has shape {tuple(t.shape)}, "
