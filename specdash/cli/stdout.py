@@ -20,7 +20,7 @@ def _discard() -> None:
     os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
 
 
-def write_stdout(write: Callable[[IO[str]], None]) -> None:
+def write_stdout(write: Callable[[IO[str]], object]) -> None:
     """`write(stdout)`, flushed."""
     out = sys.stdout
     if out is None:  # started with descriptor 1 closed (`>&-`)
