@@ -344,3 +344,17 @@ def test_ctrl_c_keeps_the_old_trace_and_says_where_the_partial_one_is(
     assert old.read_bytes() == recorded.read_bytes()
     _, events, _ = read_trace(partial)
     assert any(e.kind == "verify_step" for e in events)
+
+
+def test_a_disk_full_from_the_start_says_nothing_was_recorded(capsys, monkeypatch, pair, tmp_path):
+    class FullFromTheStart(FullDisk):
+        def write(self, s: str) -> int:
+            raise OSError(errno.ENOSPC, os.strerror(errno.ENOSPC))
+
+    trace = tmp_path / "t.jsonl"
+    monkeypatch.setattr(output_files, "open", FullFromTheStart, raising=False)
+    assert main(headless(pair, "--trace", str(trace))) == EXIT_ENVIRONMENT
+    assert capsys.readouterr().err.strip() == (
+        "specdash: error: recording stopped: No space left on device; "
+        f"nothing was recorded: {trace} is empty"
+    )

@@ -149,6 +149,8 @@ class TraceWriter:
         """What the trace's name holds now, in words for a message."""
         if self.partial is not None:
             return f"{self.path} kept as it was; the partial recording is {self.partial}"
+        if self.lines_written == 0:  # the disk was full from the start
+            return f"nothing was recorded: {self.path} is empty"
         return f"{self.path} holds the session up to then"
 
     @property
