@@ -6,16 +6,20 @@ Exit codes (also in the README):
      `compare`: a run not deterministic: spec != shadow, or re-scoring off its recorded bits)
   2  bad usage or bad input (flags, prompt file, a lone surrogate in a prompt, k out of
      range, a prompt too long for the target's or the draft's positions, an output that is an
-     input, an existing output without --overwrite, a trace another specdash is writing, an
-     SGLang batch above what its engine arguments let it run at once)
-  3  checkpoint problem (missing/corrupt files, missing tensor, shape mismatch,
-     unsupported architecture, tokenizer mismatch)
+     input or not a regular file, an existing output without --overwrite, a trace another
+     specdash is writing or no session could have written, an SGLang batch above what its
+     engine arguments let it run at once)
+  3  checkpoint problem (missing/unreadable/corrupt files, a config value of the wrong type
+     or out of range, missing tensor, shape mismatch, unsupported architecture or
+     activation, tokenizer mismatch, a draft vocabulary larger than the target's)
   4  environment problem (no GPU/NVML/SGLang where required, unsupported SGLang version,
      an SGLang scheduler process died, the dashboard's engine process died,
-     unwritable output path, an I/O error while recording a trace)
+     unwritable output path, a stdout that cannot take the output, an I/O error while
+     recording a trace)
   5  `diff`: a recording ends mid-prompt and the tokens both traces hold are identical;
      `compare`: determinism not known (no shadow, no summary, a recording cut mid-prompt)
   130 interrupted (Ctrl-C); partial results and the trace are kept
+  143, 129  terminated by SIGTERM, SIGHUP (`specdash.cli.signals`), handled as Ctrl-C is
 
 The core speaks of settings, not flags: an error about one names it in `setting` (a field of
 `SessionSettings` or `SGLangOptions`), and the command line puts its flag in front

@@ -16,7 +16,7 @@ from pydantic import BaseModel, ConfigDict, Field, TypeAdapter, model_validator
 
 from specdash import metrics
 from specdash.registry import drafters
-from specdash.settings import VerifyMode
+from specdash.settings import MAX_K, VerifyMode
 
 SCHEMA = "specdash/v3"
 """v3: the header says in typed fields what every reader reads (engine, GEMM backends,
@@ -24,6 +24,12 @@ algorithm, quantization, shadow; v1/v2 headers kept them in `config`, and `Sessi
 them on read). v2: `position` is the generated-token index, 0-based, for every engine (v1
 native traces counted the prompt too; `read_trace` converts them)."""
 
+
+Seconds = Annotated[float, Field(allow_inf_nan=False)]
+"""A measured duration: a finite number, which every reader (a Perfetto slice, a rate) can use."""
+DraftCount = Annotated[int, Field(ge=0, le=MAX_K)]
+"""A step's k or its accepted drafts: bounded as `SessionSettings.k` is, so a trace's reader
+never sizes anything by a number no session could have run."""
 
 TokenSource = Literal["draft", "bonus", "decode"]
 """Where a token came from: an accepted draft, a verify step's bonus row, or a decode row."""
@@ -145,7 +151,7 @@ class Prefill(_Event):
     kind: Literal["prefill"] = "prefill"
     prompt_index: int
     tokens: int
-    seconds: float
+    seconds: Seconds
     run: Literal["spec", "shadow", "draft"]
 
 
@@ -153,10 +159,10 @@ class Draft(_Event):
     kind: Literal["draft"] = "draft"
     prompt_index: int
     step: int
-    k: int
+    k: DraftCount
     drafter: str
-    tokens: list[int]
-    seconds: float
+    tokens: Annotated[list[int], Field(max_length=MAX_K)]
+    seconds: Seconds
 
 
 class VerifyStep(_Event):
@@ -179,16 +185,16 @@ class VerifyStep(_Event):
     kind: Literal["verify_step"] = "verify_step"
     prompt_index: int
     step: int
-    k: int
-    accepted: int
-    draft_tokens: list[int]
-    emitted_tokens: list[int]
+    k: DraftCount
+    accepted: DraftCount
+    draft_tokens: Annotated[list[int], Field(max_length=MAX_K)]
+    emitted_tokens: Annotated[list[int], Field(max_length=MAX_K + 1)]
     verify_mode: VerifyMode
     gemm_backend: str
-    draft_s: float
-    verify_s: float
-    shadow_s: float
-    rollback_s: float
+    draft_s: Seconds
+    verify_s: Seconds
+    shadow_s: Seconds
+    rollback_s: Seconds
 
     @property
     def plain(self) -> bool:
@@ -299,7 +305,7 @@ class Divergence(_Event):
     prompt_index: int
     position: int
     step: int
-    k: int
+    k: DraftCount
     verify_mode: VerifyMode
     gemm_backend: str
     what: Literal["token", "logprob"]
@@ -324,13 +330,13 @@ class PromptDone(_Event):
     kind: Literal["prompt_done"] = "prompt_done"
     prompt_index: int
     new_tokens: int
-    seconds: float
+    seconds: Seconds
     verify_steps: int
     accepted_drafts: int
     proposed_drafts: int
     exact: bool
     """Ids and fp32 logprob bits equal to the shadow's, every token."""
-    shadow_seconds: float = 0.0
+    shadow_seconds: Seconds = 0.0
     """The shadow's plain greedy decode of the same tokens, timed as `seconds` is (0: no
     shadow ran)."""
     same_text: bool | None = None

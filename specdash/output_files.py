@@ -4,17 +4,19 @@
   of a checkpoint it loads, the trace it reads; through a symlink or a hard link too) is
   refused before any work, whatever the overwrite flag says.
 - Over an existing file only when asked (`--overwrite`; `run` also spells it
-  `--overwrite-trace`); an existing directory is never replaced.
+  `--overwrite-trace`), and only ever over a regular file: a directory, a device (/dev/null
+  too: we may run as root), a FIFO or a socket is refused whatever the flag says, checked
+  without opening it (opening a FIFO blocks).
 - A whole file (export, report, a copy of a trace) is written to a temporary name in the
   same directory, flushed to disk and then renamed onto its name, so a crash leaves either
   the old file or the new one, never half of one.
 - A live trace is appended line by line as the session runs, so a crash leaves the session
   up to its last line. A new trace is created under its own name (there was no file to
   lose). A trace that replaces an existing file is recorded under a temporary name beside
-  it while the old one stays whole, and is renamed onto it when the recording closes (at
-  the end, on Ctrl-C, on an error); only a `kill -9` or a power loss leaves the old trace
-  and, beside it, the partial recording. Either way the trace's name holds an exclusive
-  lock (`flock`) while it records: a second writer is refused.
+  it while the old one stays whole, and is renamed onto it only when the recording closes
+  whole; a recording cut short (Ctrl-C, a full disk, a crash) leaves the old trace as it was
+  and, beside it, the partial recording under the temporary name. Either way the trace's
+  name holds an exclusive lock (`flock`) while it records: a second writer is refused.
 """
 
 from __future__ import annotations
@@ -23,6 +25,7 @@ import contextlib
 import fcntl
 import os
 import secrets
+import stat
 from collections.abc import Iterable, Iterator
 from pathlib import Path
 from typing import IO
@@ -34,22 +37,74 @@ Input = tuple[Path, str]
 for every file under it (a checkpoint)."""
 
 
-def _same_file(a: Path, b: Path) -> bool:
+_TEMPORARY_NAME_BYTES = 200
+"""How much of an output's name its temporary name keeps: the rest of it (pid, random hex)
+must fit within a file system's 255-byte name limit."""
+
+_KINDS = (
+    (stat.S_ISDIR, "a directory"),
+    (stat.S_ISCHR, "a character device"),
+    (stat.S_ISBLK, "a block device"),
+    (stat.S_ISFIFO, "a FIFO"),
+    (stat.S_ISSOCK, "a socket"),
+)
+
+
+def _kind(mode: int) -> str:
+    return next((name for test, name in _KINDS if test(mode)), "not a regular file")
+
+
+def _stat(path: Path, what: str) -> os.stat_result | None:
+    """`path`'s status (through a symlink), None when nothing is there; a name the system
+    cannot look up at all (too long, a symlink loop) is an unwritable path."""
     try:
-        return os.path.samefile(a, b)
-    except OSError:
-        return False
+        return os.stat(path)
+    except (FileNotFoundError, NotADirectoryError):
+        return None
+    except OSError as e:
+        raise EnvironmentProblem(f"cannot write {what} {path}: {e.strerror or e}") from None
+
+
+def refuse_non_regular(path: Path, what: str, st: os.stat_result | None) -> None:
+    """`UsageError` when `st` (of `path`) is anything but a regular file: replacing it would
+    turn a device, a FIFO, a socket or a directory into a file holding the output."""
+    if st is not None and not stat.S_ISREG(st.st_mode):
+        raise UsageError(
+            f"{what} {path} is {_kind(st.st_mode)}; specdash only ever replaces a regular file"
+        )
+
+
+def _files_under(directory: Path) -> Iterator[os.stat_result]:
+    for root, _dirs, files in os.walk(directory):
+        for name in files:
+            with contextlib.suppress(OSError):
+                yield os.stat(os.path.join(root, name))
+
+
+def _same_inode(a: os.stat_result, b: os.stat_result) -> bool:
+    return (a.st_dev, a.st_ino) == (b.st_dev, b.st_ino)
 
 
 def refuse_inputs(path: Path, what: str, inputs: Iterable[Input]) -> None:
-    """`UsageError` when writing `path` would change one of `inputs`: the same file, or a
-    file under an input directory. Only an existing file can be one."""
-    if not path.exists():
+    """`UsageError` when writing `path` would change one of `inputs`: the same file (by path,
+    symlink or hard link), or a file under an input directory (by path, or a hard link to
+    one of its files). Only an existing file can be one."""
+    st = _stat(path, what)
+    if st is None:
         return
     resolved = path.resolve()
     for source, role in inputs:
-        inside = source.is_dir() and resolved.is_relative_to(source.resolve())
-        if inside or _same_file(path, source):
+        try:
+            source_st = os.stat(source)
+        except OSError:  # an input that cannot be read fails where it is read
+            continue
+        if stat.S_ISDIR(source_st.st_mode):
+            same = resolved.is_relative_to(source.resolve()) or any(
+                _same_inode(st, f) for f in _files_under(source)
+            )
+        else:
+            same = _same_inode(st, source_st)
+        if same:
             raise UsageError(
                 f"{what} {path} would overwrite {role} {source}; "
                 "specdash never writes over its inputs"
@@ -77,9 +132,9 @@ class Output:
         self.overwrite = overwrite
         self.flag = flag
         refuse_inputs(self.path, what, inputs)
-        if self.path.is_dir():
-            raise UsageError(f"{what} {self.path} is a directory")
-        if self.path.exists() and not overwrite:
+        st = _stat(self.path, what)
+        refuse_non_regular(self.path, what, st)
+        if st is not None and not overwrite:
             raise self._exists()
 
     def _exists(self) -> UsageError:
@@ -92,7 +147,8 @@ class Output:
     def _temporary(self) -> tuple[int, Path]:
         """A new file beside the output (same directory: the rename cannot cross devices),
         hidden, named after it and this process."""
-        tmp = self.path.with_name(f".{self.path.name}.{os.getpid()}-{secrets.token_hex(4)}.tmp")
+        name = os.fsencode(self.path.name)[:_TEMPORARY_NAME_BYTES]
+        tmp = self.path.with_name(f".{os.fsdecode(name)}.{os.getpid()}-{secrets.token_hex(4)}.tmp")
         try:
             return os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o666), tmp
         except OSError as e:
@@ -103,6 +159,8 @@ class Output:
         if nothing took the name meanwhile; a file system without hard links falls back to
         the rename, after the check made when this `Output` was."""
         if self.overwrite:
+            # checked again: the name may have become a device or a FIFO while writing
+            refuse_non_regular(self.path, self.what, _stat(self.path, self.what))
             os.replace(tmp, self.path)
             return
         try:
@@ -145,8 +203,12 @@ class LiveFile:
 
     def __init__(self, output: Output) -> None:
         self.path = output.path
+        self.what = output.what
         self._tmp: Path | None = None
         self._lock_fd: int | None = None
+        self.partial: Path | None = None
+        """Where a recording that did not close whole was left, when an old file it would
+        have replaced was kept instead (see `close`)."""
         try:
             fd = os.open(self.path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o666)
         except FileExistsError:
@@ -156,10 +218,12 @@ class LiveFile:
         except OSError as e:
             raise output._cannot(e) from None
         try:
-            held = fd if fd is not None else os.open(self.path, os.O_RDONLY)
+            # non-blocking: opening a FIFO for reading would wait for a writer
+            held = fd if fd is not None else os.open(self.path, os.O_RDONLY | os.O_NONBLOCK)
         except OSError as e:
             raise output._cannot(e) from None
         try:
+            refuse_non_regular(self.path, self.what, os.fstat(held))
             fcntl.flock(held, fcntl.LOCK_EX | fcntl.LOCK_NB)
         except BlockingIOError:
             os.close(held)
@@ -167,16 +231,19 @@ class LiveFile:
                 f"{output.what} {self.path} is being written by another specdash; "
                 "wait for it to finish or record to another file"
             ) from None
+        except UsageError:
+            os.close(held)
+            raise
         if fd is None:  # replacing an existing file: record beside it, keep its lock
             self._lock_fd = held
             fd, self._tmp = output._temporary()
         self.stream: IO[str] = open(fd, "w", encoding="utf-8")  # noqa: SIM115
 
-    def close(self) -> None:
-        """Close the stream and, when it replaces an old file, rename it onto its name; then
-        release the lock. The rename happens even when the last flush fails (a full disk):
-        the recording holds the session up to then, which is what the caller says. An
-        OSError is raised after both were tried."""
+    def close(self, whole: bool = True) -> None:
+        """Close the stream and, when it replaces an old file, rename it onto its name if the
+        recording is `whole` and its last flush succeeded; otherwise the old file stays and
+        the recording, unless empty, is left beside it (`partial`). Then release the lock.
+        An OSError is raised after all of it was tried."""
         error: OSError | None = None
         try:
             self.stream.close()
@@ -184,7 +251,12 @@ class LiveFile:
             error = e
         try:
             if self._tmp is not None:
-                os.replace(self._tmp, self.path)
+                if whole and error is None:
+                    os.replace(self._tmp, self.path)
+                elif os.stat(self._tmp).st_size:
+                    self.partial = self._tmp
+                else:  # nothing was recorded: nothing to keep
+                    os.unlink(self._tmp)
                 self._tmp = None
         except OSError as e:
             error = error or e

@@ -2,11 +2,11 @@
 
 from __future__ import annotations
 
-import json
 from dataclasses import dataclass
 from importlib import resources
 from pathlib import Path
 
+from specdash import json_text
 from specdash.errors import UsageError
 
 
@@ -23,7 +23,9 @@ def default_prompts_path() -> Path:
 def load_prompts(path: Path | None) -> list[Prompt]:
     path = path or default_prompts_path()
     try:
-        lines = path.read_text(encoding="utf-8").splitlines()
+        # JSONL lines end at "\n" only: `splitlines` would also break inside a string at
+        # U+2028, U+0085 and the like, which JSON writes raw
+        lines = path.read_text(encoding="utf-8").split("\n")
     except FileNotFoundError:
         raise UsageError(f"{path}: prompt file does not exist") from None
     except (OSError, UnicodeDecodeError) as e:
@@ -33,9 +35,9 @@ def load_prompts(path: Path | None) -> list[Prompt]:
         if not line.strip():
             continue
         try:
-            obj = json.loads(line)
-        except json.JSONDecodeError as e:
-            raise UsageError(f"{path}:{n}: not JSON ({e.msg})") from None
+            obj = json_text.loads(line)
+        except json_text.JsonTextError as e:
+            raise UsageError(f"{path}:{n}: not JSON ({e})") from None
         if not isinstance(obj, dict) or not isinstance(obj.get("prompt"), str):
             raise UsageError(f'{path}:{n}: expected an object with a "prompt" string')
         prompt = Prompt(obj["prompt"], str(obj.get("name", f"prompt-{len(prompts)}")))

@@ -13,6 +13,9 @@ from pydantic import AfterValidator, BaseModel, ConfigDict, Field
 from specdash.registry import drafters, engines
 
 MAX_K = 16
+MAX_BATCH = 4096
+"""The most prompts a session decodes together: each one holds state slots (twice, with the
+shadow), so a mistyped `--batch` is refused before anything is allocated."""
 VerifyMode = Literal["exact", "fast"]
 """How a verify step computes its rows: as decode does (`exact`), or in one batched pass."""
 
@@ -43,7 +46,7 @@ class SessionSettings(BaseModel):
     speculation: bool = True
     verify_mode: VerifyMode = "exact"
     gemm_backend: str = "auto"
-    batch: int = Field(default=1, ge=1)
+    batch: int = Field(default=1, ge=1, le=MAX_BATCH)
     prompts: Path | None = None
     """JSONL, one {"prompt": ...} per line. None: the shipped 24-prompt set."""
     max_new_tokens: int = Field(default=64, ge=1)

@@ -2,9 +2,11 @@
 
 from __future__ import annotations
 
+import contextlib
 import itertools
 import json
 import os
+import shlex
 import shutil
 import signal
 import subprocess
@@ -18,6 +20,9 @@ from tiny_models import build_tokenizer, write_pair
 
 from specdash.cli import main
 from specdash.errors import EXIT_CHECKPOINT, EXIT_ENVIRONMENT, EXIT_INTERRUPTED, EXIT_USAGE
+from specdash.prompts import load_prompts
+from specdash.runs.native import NativeBackend
+from specdash.settings import SessionSettings
 from specdash.trace.jsonl import read_trace
 
 
@@ -216,6 +221,9 @@ def test_a_draft_whose_config_disagrees_with_its_weights_is_named(capsys, pair, 
         ('{"text": "x"}\n', '"prompt" string'),
         ("\n\n", "no prompts"),
         (b"\xff\xfe\x00", "cannot read"),
+        # valid JSON that Python's json cannot read
+        ('{"prompt": "x", "m": ' + "[" * 10**5 + "]" * 10**5 + "}\n", ":1: not JSON (nested too"),
+        ('{"prompt": "x", "n": ' + "9" * 5000 + "}\n", ":1: not JSON (Exceeds the limit (4300"),
     ],
 )
 def test_unreadable_prompt_file(capsys, pair, tmp_path, content, fragment) -> None:
@@ -326,6 +334,30 @@ def test_ctrl_c_mid_step_exits_130_and_keeps_the_trace(pair, tmp_path) -> None:
     assert any(e.kind == "verify_step" for e in events)
 
 
+@pytest.mark.parametrize("signum", [signal.SIGTERM, signal.SIGHUP])
+def test_sigterm_and_sighup_end_a_run_as_ctrl_c_does(pair, tmp_path, signum) -> None:
+    """The trace closed and readable, one line, the shell's code for the signal."""
+    trace = tmp_path / "t.jsonl"
+    args = ["--model", str(pair[0]), "--draft", str(pair[1]), "--prompts", str(pair[2])]
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "specdash.cli", "run", "--headless", *args,
+         "--max-new-tokens", "3000", "--trace", str(trace)],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+        preexec_fn=lambda: signal.signal(signum, signal.SIG_DFL),
+    )  # fmt: skip
+    deadline = time.time() + 60
+    while time.time() < deadline and not (trace.exists() and '"verify_step"' in trace.read_text()):
+        time.sleep(0.1)
+    proc.send_signal(signum)
+    _, err = proc.communicate(timeout=60)
+    assert proc.returncode == 128 + signum, err
+    assert err.strip().splitlines() == [f"specdash: terminated ({signal.Signals(signum).name})"]
+    _, events, warnings = read_trace(trace)
+    assert any(e.kind == "verify_step" for e in events) and warnings == []
+
+
 def test_prompt_that_fills_the_context_exactly_runs(capsys, pair, tmp_path) -> None:
     """prompt + new - 1 positions are fed (the last generated token never is): a prompt
     that needs exactly the model's positions runs, one token more is refused."""
@@ -397,3 +429,407 @@ def test_short_draft_is_refused_at_load(capsys, pair, tmp_path) -> None:
         "--max-new-tokens",
         str(new + 1),
     )
+
+
+# -- config.json and shard indexes of every wrong shape: one line, exit 3 ----------------------
+
+
+@pytest.mark.parametrize(
+    "change,fragment",
+    [
+        (
+            {"num_hidden_layers": 10**9},
+            "num_hidden_layers: Input should be less than or equal to 1024",
+        ),
+        ({"num_hidden_layers": 1e9}, "num_hidden_layers: Input should be a valid integer"),
+        ({"hidden_size": 10**7}, "hidden_size: Input should be less than or equal to 65536"),
+        ({"vocab_size": 0}, "vocab_size: Input should be greater than or equal to 1"),
+        ({"max_position_embeddings": 2**40}, "max_position_embeddings: Input should be less"),
+        ({"architectures": 5}, "architectures: Input should be a JSON array (got 5)"),
+        ({"rope_parameters": [1]}, "rope_parameters: Input should be a JSON object (got [1])"),
+        ({"text_config": "x"}, 'text_config: Input should be a JSON object (got "x")'),
+        ({"hidden_act": 1}, "hidden_act: Input should be a JSON string (got 1)"),
+        (
+            {"num_hidden_layers": "8", "layer_types": None},
+            "num_hidden_layers: Input should be a valid integer",
+        ),
+        ({"rms_norm_eps": "tiny"}, "rms_norm_eps: Input should be a valid number"),
+        ({"rms_norm_eps": -1e-6}, "rms_norm_eps: Input should be greater than 0"),
+        (
+            {
+                "rope_parameters": {
+                    "rope_type": "default",
+                    "rope_theta": 1e7,
+                    "partial_rotary_factor": 2.0,
+                }
+            },
+            "rope_parameters.partial_rotary_factor: Input should be less than or equal to 1",
+        ),
+        ({"eos_token_id": "0"}, "eos_token_id"),
+        (
+            {"num_key_value_heads": 3},
+            "num_attention_heads 4 is not a multiple of num_key_value_heads 3",
+        ),
+        ({"num_hidden_layers": 2}, "4 layer_types for num_hidden_layers 2"),
+        ({"hidden_act": "gelu"}, "hidden_act 'gelu' is not supported (supported: silu, swish)"),
+        ({"hidden_act": "relu"}, "hidden_act 'relu' is not supported"),
+    ],
+)
+def test_config_values_of_the_wrong_type_or_size(capsys, pair, tmp_path, change, fragment) -> None:
+    model = copy_target(pair, tmp_path)
+    cfg = json.loads((model / "config.json").read_text())
+    (model / "config.json").write_text(json.dumps(cfg | change))
+    started = time.monotonic()
+    expect_model_error(capsys, pair, model, fragment)
+    assert time.monotonic() - started < 30  # refused before building anything of that size
+
+
+@pytest.mark.parametrize(
+    "text,fragment",
+    [
+        ("[1, 2, 3]", "expected a JSON object, got list"),
+        ('{"n": ' + "9" * 5000 + "}", "not valid JSON (Exceeds the limit (4300 digits)"),
+        ("[" * 100000 + "]" * 100000, "not valid JSON (nested too deeply to read)"),
+    ],
+)
+def test_config_json_python_cannot_read(capsys, pair, tmp_path, text, fragment) -> None:
+    model = copy_target(pair, tmp_path)
+    (model / "config.json").write_text(text)
+    expect_model_error(capsys, pair, model, fragment)
+
+
+@pytest.mark.parametrize("how", ["symlink loop", "directory"])
+def test_config_json_that_cannot_be_read(capsys, pair, tmp_path, how) -> None:
+    model = copy_target(pair, tmp_path)
+    (model / "config.json").unlink()
+    if how == "directory":
+        (model / "config.json").mkdir()
+        fragment = "cannot read config.json (Is a directory)"
+    else:
+        (model / "config.json").symlink_to("config.json")
+        fragment = "cannot read config.json (Too many levels of symbolic links)"
+    expect_model_error(capsys, pair, model, f"{model / 'config.json'}: {fragment}")
+
+
+@pytest.mark.parametrize(
+    "index",
+    [
+        b'{"weight_map": [1, 2]}',
+        b'{"weight_map": {"model.embed_tokens.weight": 5}}',
+        b'{"weight_map": "\xff"}',
+        b"[]",
+        b"{}",
+    ],
+)
+def test_shard_index_of_the_wrong_shape(capsys, pair, tmp_path, index) -> None:
+    model = copy_target(pair, tmp_path)
+    (model / "model.safetensors.index.json").write_bytes(index)
+    expect_model_error(capsys, pair, model, "model.safetensors.index.json: ")
+
+
+def test_shard_index_symlink_loop(capsys, pair, tmp_path) -> None:
+    model = copy_target(pair, tmp_path)
+    (model / "model.safetensors.index.json").symlink_to("model.safetensors.index.json")
+    expect_model_error(capsys, pair, model, "cannot read the shard index (Too many levels")
+
+
+def test_safetensors_that_is_a_directory(capsys, pair, tmp_path) -> None:
+    model = copy_target(pair, tmp_path)
+    (model / "model.safetensors").unlink()
+    (model / "model.safetensors").mkdir()
+    expect_model_error(capsys, pair, model, "is a directory, not a safetensors file")
+
+
+def test_a_draft_vocabulary_larger_than_the_targets(capsys, pair, tmp_path) -> None:
+    import torch
+
+    draft = tmp_path / "draft"
+    shutil.copytree(pair[1], draft)
+    tensors = load_file(draft / "model.safetensors")
+    cfg = json.loads((draft / "config.json").read_text())
+    extra = cfg["vocab_size"]
+    for name in ("model.embed_tokens.weight", "lm_head.weight"):
+        tensors[name] = torch.cat([tensors[name], torch.randn(extra, tensors[name].shape[1])])
+    save_file(tensors, draft / "model.safetensors")
+    (draft / "config.json").write_text(json.dumps(cfg | {"vocab_size": 2 * extra}))
+    args = ["--model", str(pair[0]), "--draft", str(draft), "--prompts", str(pair[2])]
+    expect(
+        capsys,
+        EXIT_CHECKPOINT,
+        f"{draft}: the draft's vocabulary ({2 * extra} ids) is larger than the target's ({extra}",
+        *args,
+    )
+
+
+def test_an_unknown_preset_is_a_flag_error(capsys) -> None:
+    expect_flag_error(
+        capsys,
+        "--preset: unknown preset 'bogus'; known: qwen3.5-27b-shape, tiny-hybrid",
+        "--preset",
+        "bogus",
+        "--drafter",
+        "ngram",
+    )
+
+
+def test_batch_above_its_bound_is_a_flag_error(capsys) -> None:
+    expect_flag_error(
+        capsys,
+        "--batch: Input should be less than or equal to 4096",
+        "--batch",
+        "1" + "0" * 29,
+    )
+
+
+def test_a_huge_batch_reserves_only_what_the_prompts_fill(pair, tmp_path) -> None:
+    """One prompt at --batch 4096 reserves one sequence's state (and its shadow's), not 4096."""
+    prompts = tmp_path / "one.jsonl"
+    prompts.write_text('{"prompt": "one prompt"}\n')
+    slots = {}
+    for batch in (1, 4096):
+        settings = SessionSettings(model=pair[0], drafter="ngram", prompts=prompts, batch=batch)
+        backend = NativeBackend(settings)
+        with contextlib.ExitStack() as stack:
+            backend.open(load_prompts(prompts), lambda e: None, stack)
+        slots[batch] = len(backend.engine._slots)
+    assert slots[4096] == slots[1] == 2
+
+
+# -- prompt files: read once, whatever they are ------------------------------------------------
+
+
+def headless_cli(pair, *args: str) -> list[str]:
+    return [sys.executable, "-m", "specdash.cli", "run", "--headless", "--max-new-tokens", "4",
+            "--drafter", "ngram", "--model", str(pair[0]), "--no-shadow", *args]  # fmt: skip
+
+
+def test_prompts_from_a_pipe(pair) -> None:
+    run = subprocess.run(
+        headless_cli(pair, "--prompts", "/dev/stdin"),
+        input=pair[2].read_text(),
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+    assert run.returncode == 0, run.stderr
+    assert (
+        f"prompts                            {len(pair[2].read_text().splitlines())}" in run.stdout
+    )
+
+
+def test_prompts_from_a_fifo(pair, tmp_path) -> None:
+    fifo = tmp_path / "prompts.fifo"
+    os.mkfifo(fifo)
+    proc = subprocess.Popen(
+        headless_cli(pair, "--prompts", str(fifo)),
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
+    with open(fifo, "w") as writer:  # one writer, once, as a shell's `> fifo` would
+        writer.write(pair[2].read_text())
+    out, err = proc.communicate(timeout=120)
+    assert proc.returncode == 0, err
+    assert "exact prompts" in out
+
+
+def test_prompts_from_process_substitution(pair) -> None:
+    if shutil.which("bash") is None:
+        pytest.skip("needs bash")
+    command = (
+        " ".join(map(shlex.quote, headless_cli(pair, "--prompts")))
+        + f" <(cat {shlex.quote(str(pair[2]))})"
+    )
+    run = subprocess.run(["bash", "-c", command], capture_output=True, text=True, timeout=120)
+    assert run.returncode == 0, run.stderr
+    assert "exact prompts" in run.stdout
+
+
+@pytest.mark.parametrize("char", ["\u2028", "\u2029", "\u0085", "\x1c"])
+def test_a_raw_line_separator_inside_a_prompt_string(capsys, pair, tmp_path, char) -> None:
+    path = tmp_path / "u.jsonl"
+    path.write_text(
+        json.dumps({"prompt": f"a{char}b"}, ensure_ascii=False) + "\n", encoding="utf-8"
+    )
+    code, err = run_cli(
+        capsys, "--model", str(pair[0]), "--drafter", "ngram", "--prompts", str(path)
+    )
+    assert code == 0, err
+
+
+# -- traces a reader must not trust ------------------------------------------------------------
+
+
+@pytest.fixture(scope="module")
+def recorded(pair, tmp_path_factory) -> Path:
+    trace = tmp_path_factory.mktemp("trace") / "t.jsonl"
+    args = ["--model", str(pair[0]), "--draft", str(pair[1]), "--prompts", str(pair[2])]
+    code = main(["run", "--headless", "--max-new-tokens", "8", *args, "--trace", str(trace)])
+    assert code == 0
+    return trace
+
+
+def edited(trace: Path, out: Path, change) -> Path:
+    lines = []
+    for line in trace.read_text().splitlines():
+        obj = json.loads(line)
+        lines.append(change(obj) or json.dumps(obj))
+    out.write_text("\n".join(lines) + "\n")
+    return out
+
+
+def huge_k(obj: dict) -> None:
+    if obj["kind"] == "verify_step":
+        obj["k"], obj["accepted"] = 10**9, 10**9 - 1
+
+
+def infinite_timing(obj: dict) -> None:
+    if obj["kind"] == "verify_step" and obj["step"] == 1:
+        obj["verify_s"] = float("inf")
+
+
+def deep_header(obj: dict) -> str | None:
+    if obj["kind"] == "session_start":
+        return json.dumps(obj)[:-1] + ', "x": ' + "[" * 100000 + "]" * 100000 + "}"
+    return None
+
+
+def bigint_header(obj: dict) -> str | None:
+    if obj["kind"] == "session_start":
+        return json.dumps(obj)[:-1] + ', "x": ' + "9" * 5000 + "}"
+    return None
+
+
+TRACE_COMMANDS = {
+    "export": lambda t, tmp: ["export", str(t), "-o", str(tmp / "out.json")],
+    "export csv": lambda t, tmp: ["export", str(t), "--format", "csv", "-o", "-"],
+    "report": lambda t, tmp: ["report", str(t), "-o", str(tmp / "out.html")],
+    "diff": lambda t, tmp: ["diff", str(t), str(t)],
+}
+
+
+@pytest.mark.parametrize("command", TRACE_COMMANDS)
+@pytest.mark.parametrize(
+    "change,fragment",
+    [
+        (huge_k, "not a specdash event: verify_step.k: Input should be less than or equal to 16"),
+        (
+            infinite_timing,
+            "not a specdash event: verify_step.verify_s: Input should be a finite number",
+        ),
+        (deep_header, "is not a specdash trace (line 1 is not JSON)"),
+        (bigint_header, "is not a specdash trace (line 1 is not JSON)"),
+    ],
+)
+def test_a_trace_no_session_could_have_written(
+    capsys, recorded, tmp_path, command, change, fragment
+) -> None:
+    if command == "report":
+        pytest.importorskip("matplotlib")
+    bad = edited(recorded, tmp_path / "bad.jsonl", change)
+    code = main(TRACE_COMMANDS[command](bad, tmp_path))
+    out, err = capsys.readouterr()
+    assert code == EXIT_USAGE, err
+    assert err.startswith("specdash: error: ") and len(err.strip().splitlines()) == 1, err
+    assert fragment in err, err
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["bad.jsonl"]
+
+
+def test_replay_of_a_huge_k_is_refused_before_the_dashboard(capsys, recorded, tmp_path) -> None:
+    bad = edited(recorded, tmp_path / "bad.jsonl", huge_k)
+    started = time.monotonic()
+    assert main(["replay", str(bad)]) == EXIT_USAGE
+    assert "k: Input should be less than or equal to 16" in capsys.readouterr().err
+    assert time.monotonic() - started < 30
+
+
+# -- stdout that cannot take the output --------------------------------------------------------
+
+
+@pytest.mark.parametrize("command", ["export", "diff", "run"])
+@pytest.mark.parametrize("stdout", ["/dev/full", "closed"])
+def test_a_full_or_closed_stdout(pair, recorded, command, stdout) -> None:
+    args = {
+        "export": ["export", str(recorded), "-o", "-"],
+        "diff": ["diff", str(recorded), str(recorded)],
+        "run": ["run", "--headless", "--max-new-tokens", "2", "--drafter", "ngram",
+                "--model", str(pair[0]), "--prompts", str(pair[2]), "--json"],
+    }[command]  # fmt: skip
+    redirect = "> /dev/full" if stdout == "/dev/full" else ">&-"
+    command_line = " ".join(map(shlex.quote, [sys.executable, "-m", "specdash.cli", *args]))
+    run = subprocess.run(
+        ["sh", "-c", f"{command_line} {redirect}"], capture_output=True, text=True, timeout=120
+    )
+    assert "Traceback" not in run.stderr and "Exception ignored" not in run.stderr, run.stderr
+    reason = "No space left on device" if stdout == "/dev/full" else "it is closed"
+    assert run.stderr.splitlines()[-1] == (
+        f"specdash: error: cannot write the output to stdout: {reason}"
+    ), run.stderr
+    assert run.returncode == EXIT_ENVIRONMENT
+
+
+def test_a_reader_that_stops_early_is_no_error(recorded) -> None:
+    args = [sys.executable, "-m", "specdash.cli", "export", str(recorded), "--format", "csv"]
+    command = " ".join(map(shlex.quote, [*args, "-o", "-"]))
+    run = subprocess.run(
+        # `true` has exited long before the export writes: the write meets a closed pipe
+        ["bash", "-c", f"set -o pipefail; {command} | true"],
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+    assert run.stderr == "" and run.returncode == 0
+
+
+@pytest.mark.parametrize("flag", ["--trace", "--model", "--prompts", "--draft"])
+def test_an_empty_path_is_a_flag_error(capsys, flag) -> None:
+    """Not read as "." (`trace . is a directory`)."""
+    expect_flag_error(capsys, f"{flag}: expected a path, got an empty string", flag, "")
+
+
+def test_an_empty_output_is_a_flag_error(capsys, recorded) -> None:
+    expect_flag_error(
+        capsys,
+        "argument -o/--output: expected a path, got an empty string",
+        str(recorded),
+        "-o",
+        "",
+        command="export",
+    )
+    assert not Path(str(recorded).replace(".jsonl", ".perfetto.json")).exists()
+
+
+def test_report_to_stdout(capsys, recorded, tmp_path, monkeypatch) -> None:
+    pytest.importorskip("matplotlib")
+    monkeypatch.chdir(tmp_path)
+    assert main(["report", str(recorded), "-o", "-"]) == 0
+    out, err = capsys.readouterr()
+    assert out.startswith("<!DOCTYPE html><html>") and out.rstrip().endswith("</html>")
+    assert err == "" and list(tmp_path.iterdir()) == []
+
+
+def test_config_under_reporting_its_layers(capsys, pair, tmp_path) -> None:
+    """Four layers of weights, config.json says two: refused, not run as a 2-layer model."""
+    model = copy_target(pair, tmp_path)
+    cfg = json.loads((model / "config.json").read_text())
+    (model / "config.json").write_text(
+        json.dumps(cfg | {"num_hidden_layers": 2, "layer_types": cfg["layer_types"][:2]})
+    )
+    expect_model_error(
+        capsys,
+        pair,
+        model,
+        "the weights hold layers up to 3, but config.json's num_hidden_layers is 2",
+    )
+
+
+@pytest.mark.parametrize("dtype", ["int64", "bool"])
+def test_integer_or_bool_weights(capsys, pair, tmp_path, dtype) -> None:
+    import torch
+
+    model = copy_target(pair, tmp_path)
+    tensors = load_file(model / "model.safetensors")
+    name = "model.layers.3.self_attn.o_proj.weight"
+    tensors[name] = tensors[name].to(getattr(torch, dtype))
+    save_file(tensors, model / "model.safetensors")
+    expect_model_error(capsys, pair, model, f"{name} holds torch.{dtype}, not floats")

@@ -207,3 +207,41 @@ def test_both_cut_at_the_same_token_is_incomplete_not_identical(tmp_path, capsys
     a, b = write(tmp_path / "a.jsonl", cut), write(tmp_path / "b.jsonl", cut)
     assert main(["diff", a, b]) == EXIT_INCOMPLETE
     assert capsys.readouterr().out.startswith("prompt 0: incomplete in A and B:")
+
+
+def test_recordings_differing_only_in_max_new_tokens(tmp_path, capsys):
+    """Real sessions of the same prompts, 8 and 4 tokens each: the 4 both hold are compared,
+    the lengths said to differ, and nothing is a divergence."""
+    from tiny_models import write_pair
+
+    target, draft, prompts = write_pair(tmp_path / "pair")
+    traces = {}
+    for n in (8, 4):
+        traces[n] = tmp_path / f"n{n}.jsonl"
+        args = ["--model", str(target), "--draft", str(draft), "--prompts", str(prompts)]
+        code = main(["run", "--headless", "--max-new-tokens", str(n), *args,
+                     "--trace", str(traces[n])])  # fmt: skip
+        assert code == EXIT_OK
+    capsys.readouterr()
+    assert main(["diff", str(traces[8]), str(traces[4])]) == EXIT_OK
+    out = capsys.readouterr().out.splitlines()
+    assert out[0] == (
+        "prompt 0: identical for the 4 tokens both hold; the lengths differ "
+        "(A 8 tokens, B 4): B reached its --max-new-tokens"
+    )
+    assert out[-1].endswith(
+        "token ids and logprob bits are identical in every token both hold; "
+        "the lengths differ where one reached its --max-new-tokens"
+    )
+    assert out[-1].startswith("summary: 0 of 8 prompts differ")
+
+
+def test_a_shorter_prompt_below_its_limit_still_differs(tmp_path):
+    """The shorter one stopped by itself (an end of text), not at its limit: a difference."""
+    base = session(Plan())
+    cut = [
+        e for e in base if not (isinstance(e, Token) and e.prompt_index == 1 and e.position >= 20)
+    ]
+    diffs = diff_prompts(base[1:], cut[1:], (24, 24))
+    assert diffs[1].index == 20 and diffs[1].b is None and not diffs[1].capped
+    assert diff_prompts(base[1:], cut[1:], (24, 20))[1].capped == "B"

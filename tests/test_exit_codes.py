@@ -59,8 +59,10 @@ def test_trace_writer_refuses_an_existing_file(tmp_path) -> None:
     path.write_text("x")
     with pytest.raises(UsageError, match="already exists"):
         TraceWriter(path)
-    TraceWriter(path, overwrite=True).close()
-    assert path.read_text() == ""
+    writer = TraceWriter(path, overwrite=True)
+    writer.close()  # no session recorded: the old file stays, and nothing beside it
+    assert path.read_text() == "x"
+    assert writer.partial is None and [p.name for p in tmp_path.iterdir()] == ["t.jsonl"]
 
 
 class FullDisk(io.StringIO):

@@ -1,11 +1,14 @@
 """Parity with Hugging Face transformers' own Qwen3, Qwen3-Next and Qwen3.5 on tiny random configs.
 
 Each config is saved to disk by specdash, loaded back by both implementations, and must
-give close logits and the same 32 greedy tokens. transformers is used here only.
+give close logits and the same 32 greedy tokens; so must each config.json field that changes
+the math, changed alone (and shown to change transformers' output), and an activation the
+engine does not run is refused. transformers is used here only.
 """
 
 from __future__ import annotations
 
+import json
 from dataclasses import replace
 from pathlib import Path
 
@@ -17,6 +20,7 @@ from specdash.engine.checkpoint import load_checkpoint, load_tensors, save_check
 from specdash.engine.config import config_from_hf, preset
 from specdash.engine.model import Model, random_tensors
 from specdash.engine.state import SeqState
+from specdash.errors import CheckpointError
 
 transformers = pytest.importorskip("transformers")
 
@@ -42,17 +46,10 @@ def _perturbed_tensors(cfg, seed: int) -> dict[str, torch.Tensor]:
     return out
 
 
-@pytest.mark.parametrize("family", ["qwen3", "qwen3_next", "qwen3_5"])
-def test_logits_and_greedy_tokens_match_transformers(family: str, tmp_path: Path) -> None:
-    cfg = _config(family)
-    save_checkpoint(tmp_path, cfg, _perturbed_tensors(cfg, seed=3))
-    hf = transformers.AutoModelForCausalLM.from_pretrained(str(tmp_path), dtype=torch.float32)
+def _transformers_run(path: Path, prompt: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """transformers' own greedy tokens and logprobs for the checkpoint at `path`."""
+    hf = transformers.AutoModelForCausalLM.from_pretrained(str(path), dtype=torch.float32)
     hf.eval()
-    loaded_cfg = config_from_hf(tmp_path)
-    tensors = load_tensors(tmp_path, loaded_cfg, torch.float32, "cpu")
-    ours = Model.from_tensors(loaded_cfg, tensors, consume=True)  # as `specdash run` loads
-
-    prompt = torch.randint(0, cfg.vocab_size, (12,), generator=torch.Generator().manual_seed(0))
     with torch.no_grad():
         hf_out = hf.generate(
             prompt[None],
@@ -65,7 +62,14 @@ def test_logits_and_greedy_tokens_match_transformers(family: str, tmp_path: Path
         )
     hf_tokens = hf_out.sequences[0, prompt.shape[0] :]
     hf_logprobs = torch.stack([torch.log_softmax(lg[0].float(), -1) for lg in hf_out.logits])
+    return hf_tokens, hf_logprobs
 
+
+def _our_run(path: Path, prompt: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """specdash's greedy tokens and logprobs, the checkpoint loaded as `specdash run` does."""
+    loaded_cfg = config_from_hf(path)
+    tensors = load_tensors(path, loaded_cfg, torch.float32, "cpu")
+    ours = Model.from_tensors(loaded_cfg, tensors, consume=True)
     state = SeqState.empty(
         loaded_cfg, prompt.shape[0] + STEPS + 1, torch.float32, torch.device("cpu")
     )
@@ -78,8 +82,92 @@ def test_logits_and_greedy_tokens_match_transformers(family: str, tmp_path: Path
             logprobs.append(ours.forward(tok, state, "exact")[0])
             state.commit(1)
         tokens.append(ops.greedy(logprobs[-1][None])[0])
-    assert torch.equal(torch.cat(tokens), hf_tokens)
-    torch.testing.assert_close(torch.stack(logprobs), hf_logprobs, atol=2e-4, rtol=1e-4)
+    return torch.cat(tokens), torch.stack(logprobs)
+
+
+def _checkpoint(path: Path, cfg, edit: dict[str, object] | None = None) -> Path:
+    """`cfg` saved with perturbed random weights; `edit` then written over its config.json
+    (a key set to None is removed), as a checkpoint's author would spell a field."""
+    save_checkpoint(path, cfg, _perturbed_tensors(cfg, seed=3))
+    if edit:
+        raw = json.loads((path / "config.json").read_text())
+        raw |= edit
+        raw = {k: v for k, v in raw.items() if v is not None}
+        (path / "config.json").write_text(json.dumps(raw))
+    return path
+
+
+def _prompt(cfg) -> torch.Tensor:
+    return torch.randint(0, cfg.vocab_size, (12,), generator=torch.Generator().manual_seed(0))
+
+
+def _assert_same(ours: tuple[torch.Tensor, torch.Tensor], hf: tuple[torch.Tensor, torch.Tensor]):
+    assert torch.equal(ours[0], hf[0])
+    torch.testing.assert_close(ours[1], hf[1], atol=2e-4, rtol=1e-4)
+
+
+@pytest.mark.parametrize("family", ["qwen3", "qwen3_next", "qwen3_5"])
+def test_logits_and_greedy_tokens_match_transformers(family: str, tmp_path: Path) -> None:
+    cfg = _config(family)
+    path = _checkpoint(tmp_path, cfg)
+    _assert_same(_our_run(path, _prompt(cfg)), _transformers_run(path, _prompt(cfg)))
+
+
+FIELDS = [
+    # (family, ModelConfig fields changed before saving, config.json keys written after,
+    #  whether transformers computes another model with it)
+    ("qwen3", {}, {"hidden_act": "swish"}, False),  # transformers' other name for SiLU
+    ("qwen3_5", {}, {"hidden_act": "swish"}, False),
+    ("qwen3", {"rms_norm_eps": 0.5}, {}, True),
+    ("qwen3_5", {"rms_norm_eps": 0.5}, {}, True),
+    ("qwen3", {"rope_theta": 10.0}, {}, True),
+    ("qwen3_next", {"rope_theta": 10.0}, {}, True),
+    ("qwen3", {"partial_rotary_factor": 0.5}, {}, False),  # Qwen3 rotates the whole head
+    ("qwen3_next", {"partial_rotary_factor": 0.5}, {}, True),
+    ("qwen3_5", {"head_dim": 12, "partial_rotary_factor": 0.25}, {}, True),  # rotary dim 3
+    ("qwen3_next", {"head_dim": 24}, {}, True),  # not hidden_size / heads
+    ("qwen3", {"tie_word_embeddings": True}, {}, True),
+    ("qwen3_5", {"num_key_value_heads": 1}, {}, True),
+    ("qwen3_next", {"linear_conv_kernel_dim": 3}, {}, True),
+    ("qwen3_5", {"layer_types": ["full_attention", "linear_attention"] * 2}, {}, True),
+    ("qwen3_next", {"layer_types": ["linear_attention", "full_attention"] * 2},
+     {"layer_types": None, "full_attention_interval": 2}, True),
+]  # fmt: skip
+"""Every config.json field that changes the math, each changed alone, read by both."""
+
+
+@pytest.mark.parametrize("family,change,edit,matters", FIELDS)
+def test_each_field_that_changes_the_math_is_read_as_transformers_reads_it(
+    family: str, change: dict, edit: dict, matters: bool, tmp_path: Path
+) -> None:
+    base = _config(family)
+    cfg = replace(base, **change)
+    changed = _checkpoint(tmp_path / "changed", cfg, edit)
+    prompt = _prompt(cfg)
+    hf = _transformers_run(changed, prompt)
+    _assert_same(_our_run(changed, prompt), hf)
+    # the change matters to transformers (or, where marked, does not): not a test that
+    # would pass with the field ignored
+    hf_base = _transformers_run(_checkpoint(tmp_path / "base", base), prompt)
+    same = hf_base[1].shape == hf[1].shape and torch.allclose(hf_base[1], hf[1], atol=1e-3)
+    assert same != matters
+
+
+@pytest.mark.parametrize("family", ["qwen3", "qwen3_next", "qwen3_5"])
+@pytest.mark.parametrize("act", ["gelu", "gelu_pytorch_tanh", "relu"])
+def test_an_activation_the_engine_does_not_run_is_refused(
+    family: str, act: str, tmp_path: Path
+) -> None:
+    """transformers runs it, and computes another model than SiLU's: refused, never run as
+    SiLU."""
+    cfg = _config(family)
+    path = _checkpoint(tmp_path / "act", cfg, {"hidden_act": act})
+    with pytest.raises(CheckpointError, match=f"hidden_act '{act}' is not supported"):
+        config_from_hf(path)
+    if family == "qwen3":
+        prompt = _prompt(cfg)
+        silu = _transformers_run(_checkpoint(tmp_path / "silu", cfg), prompt)
+        assert not torch.allclose(_transformers_run(path, prompt)[1], silu[1], atol=1e-3)
 
 
 def test_sharded_checkpoint_loads_like_single_file(tmp_path: Path) -> None:

@@ -269,3 +269,49 @@ async def test_ctrl_c_ends_a_replay_with_130(tmp_path, monkeypatch, capsys):
     monkeypatch.setattr(ReplayApp, "run", lambda self: EXIT_INTERRUPTED)
     assert main(["replay", str(path)]) == EXIT_INTERRUPTED
     assert capsys.readouterr().err == "specdash: interrupted\n"
+
+
+def test_a_tick_sends_at_most_its_bound_and_the_clock_waits_for_the_rest():
+    events = session(Plan(prompts=3))
+    clock = FakeClock()
+    replay = TraceReplay(events[0], events[1:], speed=1e9, clock=clock, max_per_tick=10)
+    got = []
+    replay.start(got.append)
+    clock.t += 1
+    assert replay.tick() == 10 and not replay.finished
+    assert replay.position_s == replay._offsets[replay.cursor - 1]  # where it is, not ahead
+    while not replay.finished:
+        clock.t += 1
+        assert replay.tick() <= 10
+    assert got == events  # every event, in order, none dropped
+
+
+async def test_a_dense_trace_at_a_high_speed_loses_no_event():
+    """More events due in one tick than the dashboard's buffer holds: none dropped, the
+    session's header among them (the status leaves LOADING)."""
+    events = session(Plan(prompts=150, new_tokens=300, telemetry=False))
+    clock = FakeClock()
+    app = ReplayApp(TraceReplay(events[0], events[1:], speed=1e9, clock=clock), name="x")
+    assert len(events) > app.buffer.capacity  # all of them due at the first tick
+    async with app.run_test(size=SIZE) as pilot:
+        clock.t += 1
+        while not app.replay.finished:
+            clock.t += 1
+            await pilot.pause(0.05)
+        await settle(pilot)
+        assert app.buffer.dropped == 0
+        assert app.model.started and app.model.finished
+        assert app.model.verify_steps == sum(isinstance(e, VerifyStep) for e in events)
+
+
+async def test_e_in_a_replay_writes_nothing(tmp_path, monkeypatch):
+    monkeypatch.chdir(tmp_path)
+    events = session(Plan(prompts=1))
+    app = ReplayApp(TraceReplay(events[0], events[1:], clock=FakeClock()), name="s.jsonl")
+    notes = []
+    app.notify = lambda message, **kw: notes.append(message)
+    async with app.run_test(size=SIZE) as pilot:
+        await pilot.press("e")
+        await settle(pilot)
+    assert notes == ["a replay writes nothing: s.jsonl is the trace"]
+    assert list(tmp_path.iterdir()) == []

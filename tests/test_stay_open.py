@@ -4,6 +4,7 @@ stops) and waits for a typed prompt, which the controls then apply to; only `q` 
 from __future__ import annotations
 
 import threading
+import tracemalloc
 from pathlib import Path
 
 import pytest
@@ -11,10 +12,20 @@ from fake_events import ScriptedSource, fake_session
 from tiny_models import write_pair
 
 from specdash.controls import Controls
-from specdash.events import ControlChange, Event, Idle, PromptDone, PromptStart, VerifyStep
+from specdash.events import (
+    ControlChange,
+    Event,
+    Idle,
+    Prefill,
+    PromptDone,
+    PromptStart,
+    Token,
+    VerifyStep,
+)
 from specdash.runs.native import native_session
 from specdash.settings import SessionSettings
 from specdash.ui.app import SpecdashApp
+from specdash.ui.dashboard_model import MAX_REQUESTS
 
 SIZE = (120, 40)
 
@@ -115,3 +126,53 @@ async def test_keys_typed_right_after_slash_go_into_the_prompt():
         await pilot.pause()
         assert app.query_one("#prompt").value == "def e s/2"  # a typed / is text
         assert source.controls.snapshot() == Controls.from_settings(SessionSettings()).snapshot()
+
+
+def long_prompts(start: int, count: int, t0_ns: int) -> list[Event]:
+    """`count` prompts of 16 kB of text each, all different (typed by hand, say), each with
+    its prefill, four tokens and its verdict."""
+    events: list[Event] = []
+    t = t0_ns
+    for i in range(start, start + count):
+        text = f"prompt {i}: " + "".join(chr(0x4E00 + (i * 7 + j) % 20000) for j in range(5300))
+        t += 1000
+        events.append(PromptStart(t_ns=t, prompt_index=i, prompt_tokens=5300, text=text))
+        events.append(Prefill(t_ns=t, prompt_index=i, tokens=5300, seconds=0.01, run="spec"))
+        for pos in range(4):
+            events.append(Token(t_ns=t + pos, prompt_index=i, position=pos, token_id=pos,
+                                logprob=-0.5, text="x", source="decode", step=pos))  # fmt: skip
+        events.append(PromptDone(t_ns=t + 9, prompt_index=i, new_tokens=4, seconds=0.01,
+                                 verify_steps=0, accepted_drafts=0, proposed_drafts=0,
+                                 exact=True))  # fmt: skip
+    return events
+
+
+async def test_a_day_of_long_prompts_keeps_the_dashboard_flat():
+    """Every prompt's text passes through the dashboard (its model, its bounded event log for
+    a mid-session export): after the budgets fill, memory stays where it is instead of
+    growing with each prompt (~18 kB one: 1,000 more would be ~17 MB)."""
+    header = fake_session()[0]
+    app = SpecdashApp(ScriptedSource.live_like([header]))
+    async with app.run_test(size=SIZE) as pilot:
+        await pilot.pause()
+        batch = 500
+
+        async def feed(first: int, count: int) -> None:
+            for start in range(first, first + count, batch):
+                for event in long_prompts(start, batch, header.t_ns + start * 10_000):
+                    app.buffer.put(event)
+                app.refresh_numbers()
+            await pilot.pause()
+
+        tracemalloc.start()
+        try:
+            await feed(0, 1000)  # past every budget
+            before = tracemalloc.get_traced_memory()[0]
+            await feed(1000, 1000)
+            grown = tracemalloc.get_traced_memory()[0] - before
+        finally:
+            tracemalloc.stop()
+        assert app.buffer.dropped == 0 and app.model.prompts_done == 2000
+        assert len(app.model.requests) <= MAX_REQUESTS
+        assert grown < 4 * 2**20, grown
+        assert app.recorder.log.gap_note()  # what left is counted, for an export to say

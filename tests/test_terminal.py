@@ -6,6 +6,7 @@ from __future__ import annotations
 import contextlib
 import os
 import shutil
+import signal
 import subprocess
 import sys
 import time
@@ -100,6 +101,24 @@ def test_ctrl_c_in_a_real_terminal_exits_130_and_keeps_the_trace(tmp_path):
         tmux("send-keys", "-t", session, "C-c")
         wait_for(session, lambda s: "specdash: interrupted" in s, timeout=20)
         assert exit_status(status) == "130"
+    _, events, _ = read_trace(tmp_path / "t.jsonl")
+    assert any(e.kind == "verify_step" for e in events)
+
+
+def test_sigterm_in_a_real_terminal_restores_it_and_exits_143(tmp_path):
+    """As Ctrl-C: the alternate screen left (the shell's screen back), one line, the trace
+    closed; 143, the shell's code for SIGTERM."""
+    flags = "--max-new-tokens 24 --trace t.jsonl"
+    with specdash_in_tmux(tmp_path, flags) as (session, status):
+        shell = int(tmux("display-message", "-p", "-t", session, "#{pane_pid}").strip())
+        children = Path(f"/proc/{shell}/task/{shell}/children").read_text().split()
+        (specdash,) = (
+            int(pid) for pid in children if "specdash" in Path(f"/proc/{pid}/cmdline").read_text()
+        )
+        os.kill(specdash, signal.SIGTERM)
+        screen = wait_for(session, lambda s: "specdash: terminated (SIGTERM)" in s, timeout=20)
+        assert exit_status(status) == "143"
+        assert "t/s         wall    spec  shadow  speedup" not in screen  # the dashboard is gone
     _, events, _ = read_trace(tmp_path / "t.jsonl")
     assert any(e.kind == "verify_step" for e in events)
 

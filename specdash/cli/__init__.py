@@ -229,7 +229,7 @@ def _add_trace_commands(sub: argparse._SubParsersAction) -> None:
     report = sub.add_parser("report", help="a self-contained HTML report of a trace")
     report.add_argument("trace", metavar="TRACE", help="a JSONL trace")
     report.add_argument(
-        "-o", "--output", metavar="OUT", help="output file; default: TRACE with .html"
+        "-o", "--output", metavar="OUT", help="output file; default: TRACE with .html; - for stdout"
     )
     _add_overwrite(report)
 
@@ -338,9 +338,15 @@ def _command(args: argparse.Namespace) -> Callable[[argparse.Namespace], int]:
 
 
 def main(argv: list[str] | None = None) -> int:
+    from specdash.cli.signals import Terminated, on_termination
+
     args = build_parser().parse_args(argv)
     try:
-        return _command(args)(args)
+        with on_termination():
+            return _command(args)(args)
+    except Terminated as e:  # SIGTERM, SIGHUP: as Ctrl-C, with the signal's own code
+        print(e.line, file=sys.stderr)
+        return e.exit_code
     except SpecdashError as e:
         from specdash.cli.session_args import describe
 

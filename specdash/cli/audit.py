@@ -15,6 +15,7 @@ from typing import Any
 
 from specdash.cli.progress import AuditProgress, SessionProgress, make_progress
 from specdash.cli.session_args import settings_from_args
+from specdash.cli.stdout import print_stdout
 from specdash.engine.loader import load_models
 from specdash.errors import EXIT_DIVERGED, EXIT_OK, FlagError
 from specdash.events import Divergence, Event
@@ -127,12 +128,15 @@ def run_audit(args: argparse.Namespace) -> int:
     failed = [c for c in cells if c["verify"] == "exact" and c["exact_prompts"] != c["prompts"]]
     names = [p.name for p in chosen]
     if args.json:
-        print(json.dumps({"prompts": names, "cells": cells, "exact_mode_all_exact": not failed}))
+        print_stdout(
+            json.dumps({"prompts": names, "cells": cells, "exact_mode_all_exact": not failed})
+        )
     else:
-        print("prompts: " + ", ".join(names))
         cols = list(cells[0])
-        print("  ".join(f"{c:>12}" for c in cols))
-        for cell in cells:
-            print("  ".join(f"{cell[c]!s:>12}" for c in cols))
-        print("exact mode: " + ("all exact" if not failed else f"{len(failed)} cell(s) NOT exact"))
+        print_stdout(
+            "prompts: " + ", ".join(names),
+            "  ".join(f"{c:>12}" for c in cols),
+            *("  ".join(f"{cell[c]!s:>12}" for c in cols) for cell in cells),
+            "exact mode: " + ("all exact" if not failed else f"{len(failed)} cell(s) NOT exact"),
+        )
     return EXIT_DIVERGED if failed else EXIT_OK

@@ -3,9 +3,11 @@
 from __future__ import annotations
 
 import argparse
+import asyncio
 import sys
 
 from specdash.cli.session_args import describe, open_trace, session_options, settings_from_args
+from specdash.cli.signals import Terminated, on_termination
 from specdash.errors import EXIT_INTERRUPTED
 from specdash.ui.app import SpecdashApp
 from specdash.ui.sources import LiveSession
@@ -27,7 +29,23 @@ def run_dashboard(args: argparse.Namespace) -> int:
     """The dashboard until `q`; the exit code (and one line on stderr) says how the session
     ended (`SpecdashApp.exit_code`)."""
     app = dashboard_app(args)
-    code = app.run() or 0
+    terminated: list[Terminated] = []
+
+    def end(signum: int) -> None:
+        """SIGTERM or SIGHUP while the app runs: it quits as on Ctrl-C (the engine stopped,
+        the trace closed, the terminal restored), from its own loop."""
+        terminated.append(Terminated(signum))
+        try:
+            loop = asyncio.get_running_loop()
+        except RuntimeError:  # not started yet, or already ended
+            raise terminated[-1] from None
+        loop.call_soon_threadsafe(app.exit, terminated[-1].exit_code)
+
+    with on_termination(end):
+        code = app.run() or 0
+    if terminated:
+        print(terminated[-1].line, file=sys.stderr)
+        return terminated[-1].exit_code
     if code == EXIT_INTERRUPTED:
         print("specdash: interrupted", file=sys.stderr)
     elif code and app.exit_message:

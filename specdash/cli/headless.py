@@ -11,10 +11,12 @@ from contextlib import ExitStack
 
 from specdash.cli.progress import SessionProgress, make_progress
 from specdash.cli.session_args import open_trace, session_options, settings_from_args
+from specdash.cli.stdout import print_stdout
 from specdash.errors import EXIT_DIVERGED, EXIT_OK
 from specdash.events import Divergence, Event, SessionStart, Summary
 from specdash.prompts import load_prompts
 from specdash.runs.runner import run_engine
+from specdash.trace.recorder import TraceRecorder
 
 
 def _rate(value: float | None, spec: str = ".1f") -> str:
@@ -112,14 +114,27 @@ def summary_json(summary: Summary, divergences: list[Divergence]) -> str:
 
 
 def run_headless(args: argparse.Namespace) -> int:
+    recorders: list[TraceRecorder] = []
+    try:
+        return _run_headless(args, recorders)
+    except BaseException:  # Ctrl-C, or an error: the trace is closed by now, say what it holds
+        for recorder in recorders:
+            if recorder.stopped:
+                print(f"specdash: warning: {recorder.stopped}", file=sys.stderr)
+        raise
+
+
+def _run_headless(args: argparse.Namespace, recorders: list[TraceRecorder]) -> int:
     settings = settings_from_args(args)
-    prompts = len(load_prompts(settings.prompts))  # a bad prompt file fails before the load
+    # read once, before the load: a bad prompt file fails first, and a FIFO or a pipe has
+    # nothing left for a second read
+    prompts = load_prompts(settings.prompts)
     divergences: list[Divergence] = []
     recorder = None
     with ExitStack() as stack:
         progress = stack.enter_context(make_progress())
         sinks: list[Callable[[Event], object]] = [
-            SessionProgress(progress, prompts, settings.max_new_tokens)
+            SessionProgress(progress, len(prompts), settings.max_new_tokens)
         ]
         sampler = None
 
@@ -134,21 +149,22 @@ def run_headless(args: argparse.Namespace) -> int:
         writer = open_trace(settings)
         if writer is not None:
             from specdash.runs.nvml_sampler import GpuSampler, device_index
-            from specdash.trace.recorder import TraceRecorder
 
             recorder = TraceRecorder(writer)
-            stack.callback(recorder.close, "the session ended")
+            recorders.append(recorder)
+            stack.callback(recorder.close, "the session stopped early")
             sinks.append(recorder.consume)
             # a recorded session carries GPU samples (or the labelled "no GPU" state),
             # started once the header is written
             sampler = GpuSampler(sink, index=device_index(settings.device) or 0)
             stack.callback(sampler.stop)
 
-        summary = run_engine(settings, sink, options=session_options(settings, args))
-    if args.json:
-        print(summary_json(summary, divergences))
-    else:
-        print(format_summary(summary, divergences))
+        summary = run_engine(
+            settings, sink, options=session_options(settings, args), prompts=prompts
+        )
+    print_stdout(
+        summary_json(summary, divergences) if args.json else format_summary(summary, divergences)
+    )
     if recorder is not None and recorder.stopped:
         # an I/O error (disk full) is an environment problem: the trace asked for is short
         level = "error" if recorder.failure else "warning"

@@ -51,7 +51,10 @@ def describe(error: SpecdashError) -> str:
     return f"{FLAGS.get(error.setting, error.setting)}: {error}"
 
 
-def _path(value: str | None) -> Path | None:
+def _path(value: str | None, setting: str) -> Path | None:
+    """A path flag's value; an empty one is refused, which `Path` would read as "."."""
+    if value == "":
+        raise FlagError("expected a path, got an empty string", setting=setting)
     return None if value is None else Path(value)
 
 
@@ -67,8 +70,8 @@ def settings_from_args(args: argparse.Namespace) -> SessionSettings:
     try:
         return SessionSettings(
             engine=args.engine,
-            model=_path(args.model),
-            draft=_path(args.draft),
+            model=_path(args.model, "model"),
+            draft=_path(args.draft, "draft"),
             preset=args.preset,
             drafter=args.drafter,
             k=args.k,
@@ -76,12 +79,12 @@ def settings_from_args(args: argparse.Namespace) -> SessionSettings:
             verify_mode=args.verify,
             gemm_backend=args.gemm_backend,
             batch=args.batch,
-            prompts=_path(args.prompts),
+            prompts=_path(args.prompts, "prompts"),
             max_new_tokens=args.max_new_tokens,
             device=args.device,
             dtype=args.dtype,
             shadow=not args.no_shadow,
-            trace=_path(args.trace),
+            trace=_path(args.trace, "trace"),
             overwrite_trace=args.overwrite_trace,
         )
     except ValidationError as e:

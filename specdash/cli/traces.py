@@ -9,18 +9,18 @@ from __future__ import annotations
 import argparse
 import importlib.util
 import json
-import os
 import sys
-from collections.abc import Callable
 from pathlib import Path
 from typing import IO, TYPE_CHECKING
 
+from specdash.cli.stdout import print_stdout, write_stdout
 from specdash.errors import (
     EXIT_DIVERGED,
     EXIT_INCOMPLETE,
     EXIT_INTERRUPTED,
     EXIT_OK,
     EnvironmentProblem,
+    FlagError,
 )
 from specdash.events import Event, SessionStart
 from specdash.output_files import Output
@@ -45,6 +45,8 @@ def default_output(trace: str, suffix: str) -> str:
 def _output(args: argparse.Namespace, suffix: str) -> Output:
     """Where `export` / `report` write, checked before the trace is read: never the trace
     itself, an existing file only with --overwrite."""
+    if args.output == "":
+        raise FlagError("argument -o/--output: expected a path, got an empty string")
     path = args.output or default_output(args.trace, suffix)
     inputs = [(Path(args.trace), "the trace it reads")]
     if getattr(args, "compare", None):
@@ -56,15 +58,6 @@ def _output(args: argparse.Namespace, suffix: str) -> Output:
         overwrite=args.overwrite,
         flag="--overwrite",
     )
-
-
-def _to_stdout(write: Callable[[IO[str]], None]) -> None:
-    try:
-        write(sys.stdout)
-        sys.stdout.flush()
-    except BrokenPipeError:
-        # `| head`: the reader took what it wanted; point stdout at /dev/null for the exit flush
-        os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
 
 
 def run_export(args: argparse.Namespace) -> int:
@@ -81,7 +74,7 @@ def run_export(args: argparse.Namespace) -> int:
             write_csv(header, events, out)
 
     if output is None:
-        _to_stdout(write)
+        write_stdout(write)
         return EXIT_OK
     with output.replace() as f:
         write(f)
@@ -96,7 +89,7 @@ def run_report(args: argparse.Namespace) -> int:
         )
     from specdash.trace.report import render_report
 
-    output = _output(args, ".html")
+    output = None if args.output == "-" else _output(args, ".html")
     header, events, warnings = _read(args.trace)
     comparison = None
     if args.compare:
@@ -108,10 +101,19 @@ def run_report(args: argparse.Namespace) -> int:
             label(args.compare, header_b),
         )
     page = render_report(header, events, warnings, Path(args.trace).name, comparison)
+    if output is None:  # `-o -`: stdout, as `export` takes it
+        write_stdout(lambda out: out.write(page))
+        return EXIT_OK
     with output.replace() as f:
         f.write(page)
     print(f"wrote {output.path}", file=sys.stderr)
     return EXIT_OK
+
+
+def _max_new_tokens(header: SessionStart) -> int | None:
+    """The session's limit on a prompt's tokens, where its header says (as a whole number)."""
+    value = header.config.get("max_new_tokens")
+    return value if isinstance(value, int) and not isinstance(value, bool) else None
 
 
 def run_diff(args: argparse.Namespace) -> int:
@@ -121,15 +123,14 @@ def run_diff(args: argparse.Namespace) -> int:
     header_b, events_b, warnings_b = read_trace(args.b)
     for w in warnings_a + warnings_b:
         print(f"specdash: warning: {w}", file=sys.stderr)
-    diffs = diff_prompts(events_a, events_b)
-    for d in diffs:
-        print(format_diff(d))
+    diffs = diff_prompts(events_a, events_b, (_max_new_tokens(header_a), _max_new_tokens(header_b)))
     differing = sum(d.index is not None for d in diffs)
     incomplete = sum(bool(d.incomplete) for d in diffs)
     cut = f", {incomplete} incomplete (a recording stops mid-prompt)" if incomplete else ""
-    print(
+    print_stdout(
+        *map(format_diff, diffs),
         f"summary: {differing} of {len(diffs)} prompts differ{cut}; "
-        f"A = {label(args.a, header_a)}, B = {label(args.b, header_b)}: {verdict(diffs)}"
+        f"A = {label(args.a, header_a)}, B = {label(args.b, header_b)}: {verdict(diffs)}",
     )
     if differing:
         return EXIT_DIVERGED

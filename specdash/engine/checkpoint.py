@@ -7,6 +7,7 @@ and the tensor, never a traceback from safetensors or tokenizers.
 from __future__ import annotations
 
 import json
+import re
 from pathlib import Path
 
 import torch
@@ -14,7 +15,7 @@ from safetensors import SafetensorError, safe_open
 from safetensors.torch import save_file
 from tokenizers import Tokenizer
 
-from specdash.engine.config import ModelConfig, config_from_hf, save_hf_config
+from specdash.engine.config import ModelConfig, config_from_hf, read_json, save_hf_config
 from specdash.engine.model import hf_tensor_shapes
 from specdash.errors import CheckpointError
 
@@ -24,20 +25,54 @@ INDEX = "model.safetensors.index.json"
 def _shard_files(path: Path) -> dict[str, Path]:
     """Tensor name -> shard file, from the index when there is one."""
     index = path / INDEX
-    if index.exists():
-        try:
-            weight_map = json.loads(index.read_text())["weight_map"]
-        except (json.JSONDecodeError, KeyError, TypeError) as e:
-            raise CheckpointError(f"{index}: unreadable index ({e})") from None
+    try:
+        loaded = read_json(index, "the shard index")
+    except FileNotFoundError:
+        loaded = None
+    if loaded is not None:
+        weight_map = loaded.get("weight_map") if isinstance(loaded, dict) else None
+        if not isinstance(weight_map, dict) or not all(
+            isinstance(f, str) for f in weight_map.values()
+        ):
+            raise CheckpointError(
+                f'{index}: unreadable index (expected "weight_map": an object of tensor name '
+                "-> shard file name)"
+            )
         return {name: path / f for name, f in weight_map.items()}
     single = path / "model.safetensors"
     if not single.exists():
         raise CheckpointError(f"{path}: no model.safetensors or {INDEX}")
+    _check_readable(single)
     try:
         with safe_open(single, "pt") as f:
             return {name: single for name in f.keys()}  # noqa: SIM118 (safe_open has no __iter__)
     except (SafetensorError, OSError) as e:
         raise CheckpointError(f"{single}: corrupt safetensors file ({e})") from None
+
+
+def _check_readable(file: Path) -> None:
+    """A safetensors file that is not a readable regular file, said as such: safetensors'
+    own errors would call it corrupt, or missing."""
+    try:
+        with open(file, "rb"):
+            pass
+    except IsADirectoryError:
+        raise CheckpointError(f"{file}: is a directory, not a safetensors file") from None
+    except OSError as e:
+        raise CheckpointError(f"{file}: cannot read ({e.strerror or e})") from None
+
+
+def _refuse_unread_layers(path: Path, cfg: ModelConfig, files: dict[str, Path]) -> None:
+    """Weights of a layer past `num_hidden_layers`: config.json under-reports the model, which
+    would run with its last layers left out."""
+    layers = re.compile(rf"{re.escape(cfg.weight_prefix)}layers\.(\d+)\.")
+    found = {int(m.group(1)) for name in files if (m := layers.match(name))}
+    extra = sorted(i for i in found if i >= cfg.num_hidden_layers)
+    if extra:
+        raise CheckpointError(
+            f"{path}: the weights hold layers up to {extra[-1]}, but config.json's "
+            f"num_hidden_layers is {cfg.num_hidden_layers}"
+        )
 
 
 def load_tensors(
@@ -49,6 +84,7 @@ def load_tensors(
     if missing:
         more = f" (and {len(missing) - 1} more)" if len(missing) > 1 else ""
         raise CheckpointError(f"{path}: missing tensor {missing[0]}{more}")
+    _refuse_unread_layers(path, cfg, files)
     by_file: dict[Path, list[str]] = {}
     for name in expected:
         by_file.setdefault(files[name], []).append(name)
@@ -56,10 +92,13 @@ def load_tensors(
     for file, names in by_file.items():
         if not file.exists():
             raise CheckpointError(f"{file}: shard listed in the index is missing")
+        _check_readable(file)
         try:
             with safe_open(file, "pt", device="cpu") as f:
                 for name in names:
                     t = f.get_tensor(name)
+                    if not t.dtype.is_floating_point:  # a cast would make up the weights
+                        raise CheckpointError(f"{file}: {name} holds {t.dtype}, not floats")
                     if tuple(t.shape) != expected[name]:
                         raise CheckpointError(
                             f"{file}: {name} has shape {tuple(t.shape)}, "

@@ -10,11 +10,15 @@ from __future__ import annotations
 import json
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Literal
+from typing import Annotated, Any, Literal, TypeVar, cast
 
-from specdash.errors import CheckpointError
+from pydantic import BaseModel, ConfigDict, Field, ValidationError
+
+from specdash import json_text
+from specdash.errors import CheckpointError, FlagError
 
 Family = Literal["qwen3", "qwen3_next", "qwen3_5"]
+_ModelT = TypeVar("_ModelT", bound=BaseModel)
 LayerType = Literal["linear_attention", "full_attention"]
 
 _ARCHITECTURES: dict[str, Family] = {
@@ -52,10 +56,28 @@ class ModelConfig:
     def __post_init__(self) -> None:
         if not self.layer_types:
             self.layer_types = ["full_attention"] * self.num_hidden_layers
-        assert len(self.layer_types) == self.num_hidden_layers
-        assert self.num_attention_heads % self.num_key_value_heads == 0
-        if self.has_gdn:
-            assert self.linear_num_value_heads % self.linear_num_key_heads == 0
+        if len(self.layer_types) != self.num_hidden_layers:
+            raise ValueError(
+                f"{len(self.layer_types)} layer_types for num_hidden_layers "
+                f"{self.num_hidden_layers}"
+            )
+        if self.num_attention_heads % self.num_key_value_heads:
+            raise ValueError(
+                f"num_attention_heads {self.num_attention_heads} is not a multiple of "
+                f"num_key_value_heads {self.num_key_value_heads}"
+            )
+        if self.has_gdn and (
+            not self.linear_num_key_heads or self.linear_num_value_heads % self.linear_num_key_heads
+        ):
+            raise ValueError(
+                f"linear_num_value_heads {self.linear_num_value_heads} is not a multiple of "
+                f"linear_num_key_heads {self.linear_num_key_heads}"
+            )
+        if self.rotary_dim < 1:
+            raise ValueError(
+                f"head_dim {self.head_dim} x partial_rotary_factor "
+                f"{self.partial_rotary_factor} leaves no rotary dimension"
+            )
 
     @property
     def has_gdn(self) -> bool:
@@ -200,92 +222,195 @@ PRESETS: dict[str, ModelConfig] = {
 
 def preset(name: str) -> ModelConfig:
     if name not in PRESETS:
-        raise CheckpointError(f"unknown preset {name!r}; known: {', '.join(sorted(PRESETS))}")
+        raise FlagError(
+            f"unknown preset {name!r}; known: {', '.join(sorted(PRESETS))}", setting="preset"
+        )
     from dataclasses import replace
 
     return replace(PRESETS[name], layer_types=list(PRESETS[name].layer_types))
 
 
-def _get(cfg: dict[str, Any], key: str, path: Path, default: Any = ...) -> Any:
-    if key in cfg:
-        return cfg[key]
-    if default is ...:
-        raise CheckpointError(f"{path}: config.json lacks {key!r}")
-    return default
+ACTIVATIONS = ("silu", "swish")
+"""The MLP activations the engine runs: SiLU, which transformers also spells "swish" (the same
+function), the one these families ship with. Any other would run as SiLU and mean another model."""
+
+_Dim = Annotated[int, Field(ge=1, le=1 << 16)]
+_Heads = Annotated[int, Field(ge=1, le=1024)]
+_GdnDim = Annotated[int, Field(ge=0, le=1 << 16)]
+_Positive = Annotated[float, Field(gt=0)]
+
+
+class _Rope(BaseModel):
+    """`rope_parameters` (or the older `rope_scaling`): what the engine reads of it."""
+
+    model_config = ConfigDict(extra="ignore", strict=True, allow_inf_nan=False)
+
+    rope_type: str | None = None
+    type: str | None = None
+    rope_theta: _Positive | None = None
+    partial_rotary_factor: Annotated[float, Field(gt=0, le=1)] | None = None
+
+
+class _HFConfig(BaseModel):
+    """The fields of a config.json the engine reads, with the JSON type and the range each
+    must have; sizes are bounded so an absurd one is refused before anything is allocated
+    for it. The bounds are far beyond any checkpoint of these families."""
+
+    model_config = ConfigDict(extra="ignore", strict=True, allow_inf_nan=False)
+
+    vocab_size: Annotated[int, Field(ge=1, le=1 << 24)]
+    hidden_size: _Dim
+    intermediate_size: Annotated[int, Field(ge=1, le=1 << 18)]
+    num_hidden_layers: Annotated[int, Field(ge=1, le=1024)]
+    num_attention_heads: _Heads
+    num_key_value_heads: _Heads | None = None
+    head_dim: Annotated[int, Field(ge=1, le=4096)] | None = None
+    hidden_act: str = "silu"
+    rms_norm_eps: _Positive = 1e-6
+    rope_parameters: _Rope | None = None
+    rope_scaling: _Rope | None = None
+    rope_theta: _Positive | None = None
+    partial_rotary_factor: Annotated[float, Field(gt=0, le=1)] | None = None
+    max_position_embeddings: Annotated[int, Field(ge=1, le=1 << 20)] = 32768
+    tie_word_embeddings: bool = False
+    attention_bias: bool = False
+    use_sliding_window: bool = False
+    num_experts: Annotated[int, Field(ge=0)] = 0
+    mlp_only_layers: list[int] = []
+    layer_types: list[str] | None = None
+    full_attention_interval: Annotated[int, Field(ge=1)] = 4
+    linear_num_key_heads: _GdnDim = 0
+    linear_num_value_heads: _GdnDim = 0
+    linear_key_head_dim: _GdnDim = 0
+    linear_value_head_dim: _GdnDim = 0
+    linear_conv_kernel_dim: Annotated[int, Field(ge=1, le=64)] = 4
+    eos_token_id: int | list[int] | None = None
+
+
+class _Top(BaseModel):
+    """The outer config.json: the architecture, and a multimodal checkpoint's text model."""
+
+    model_config = ConfigDict(extra="ignore", strict=True)
+
+    architectures: list[str] = []
+    model_type: str | None = None
+    text_config: dict[str, Any] | None = None
+    tie_word_embeddings: bool = False
+
+
+def _validated(model: type[_ModelT], raw: dict[str, Any], cfg_path: Path) -> _ModelT:
+    try:
+        return model.model_validate(raw)
+    except ValidationError as e:
+        err = e.errors()[0]
+        where = ".".join(str(p) for p in err["loc"])
+        # said in JSON's words: pydantic's name the Python type (or this module's model)
+        message = _JSON_TYPES.get(err["type"], err["msg"])
+        value = f" (got {_short(err['input'])})" if err["type"] != "missing" else ""
+        raise CheckpointError(f"{cfg_path}: {where}: {message}{value}") from None
+
+
+_JSON_TYPES = {
+    "model_type": "Input should be a JSON object",
+    "dict_type": "Input should be a JSON object",
+    "list_type": "Input should be a JSON array",
+    "string_type": "Input should be a JSON string",
+}
+
+
+def _short(value: object) -> str:
+    text = json.dumps(value) if not isinstance(value, dict) else "an object"
+    return text if len(text) <= 40 else text[:37] + "..."
+
+
+def read_json(file: Path, what: str) -> Any:
+    """A checkpoint's JSON file; every way it cannot be read or parsed is one
+    `CheckpointError` naming it (a missing file is the caller's to word)."""
+    try:
+        return json_text.loads(file.read_bytes())
+    except FileNotFoundError:
+        raise
+    except OSError as e:  # unreadable, a directory, a symlink loop
+        raise CheckpointError(f"{file}: cannot read {what} ({e.strerror or e})") from None
+    except json_text.JsonTextError as e:
+        raise CheckpointError(f"{file}: not valid JSON ({e})") from None
 
 
 def config_from_hf(path: Path) -> ModelConfig:
     """Parse `path/config.json`; refuse what the native engine does not run."""
     cfg_path = path / "config.json"
     try:
-        raw = json.loads(cfg_path.read_text())
+        loaded = read_json(cfg_path, "config.json")
     except FileNotFoundError:
         raise CheckpointError(f"{path}: no config.json (not a Hugging Face checkpoint)") from None
-    except (json.JSONDecodeError, UnicodeDecodeError) as e:
-        raise CheckpointError(f"{cfg_path}: not valid JSON ({e})") from None
-    archs = raw.get("architectures") or []
-    family = next((_ARCHITECTURES[a] for a in archs if a in _ARCHITECTURES), None)
+    if not isinstance(loaded, dict):
+        raise CheckpointError(f"{cfg_path}: expected a JSON object, got {type(loaded).__name__}")
+    top = _validated(_Top, loaded, cfg_path)
+    family = next((_ARCHITECTURES[a] for a in top.architectures if a in _ARCHITECTURES), None)
     if family is None:
         raise CheckpointError(
-            f"{path}: unsupported architecture {archs or raw.get('model_type')!r}; "
+            f"{path}: unsupported architecture {top.architectures or top.model_type!r}; "
             f"supported: {', '.join(_ARCHITECTURES)}"
         )
     prefix = "model."
-    if "text_config" in raw:
-        raw = raw["text_config"] | {"tie_word_embeddings": raw.get("tie_word_embeddings", False)}
+    raw = loaded
+    if top.text_config is not None:
+        raw = top.text_config | {"tie_word_embeddings": top.tie_word_embeddings}
         prefix = "model.language_model."
-    if raw.get("num_experts", 0) and family == "qwen3_next":
-        n = raw["num_hidden_layers"]
-        if set(raw.get("mlp_only_layers", [])) != set(range(n)):
-            raise CheckpointError(f"{path}: mixture-of-experts layers are not supported yet")
-    if raw.get("attention_bias"):
+    c = _validated(_HFConfig, raw, cfg_path)
+    if c.hidden_act not in ACTIVATIONS:
+        raise CheckpointError(
+            f"{cfg_path}: hidden_act {c.hidden_act!r} is not supported "
+            f"(supported: {', '.join(ACTIVATIONS)})"
+        )
+    dense = set(c.mlp_only_layers) == set(range(c.num_hidden_layers))
+    if c.num_experts and family == "qwen3_next" and not dense:
+        raise CheckpointError(f"{path}: mixture-of-experts layers are not supported yet")
+    if c.attention_bias:
         raise CheckpointError(f"{path}: attention_bias=true is not supported")
-    if raw.get("use_sliding_window") or "sliding_attention" in (raw.get("layer_types") or []):
+    if c.use_sliding_window or "sliding_attention" in (c.layer_types or []):
         raise CheckpointError(f"{path}: sliding-window attention is not supported")
-    rope = raw.get("rope_parameters") or raw.get("rope_scaling") or {}
-    if rope.get("rope_type", rope.get("type", "default")) not in ("default", None):
-        raise CheckpointError(f"{path}: rope type {rope.get('rope_type')!r} is not supported")
-    num_layers = _get(raw, "num_hidden_layers", path)
-    layer_types = raw.get("layer_types")
+    rope = c.rope_parameters or c.rope_scaling or _Rope()
+    if (rope.rope_type or rope.type or "default") != "default":
+        raise CheckpointError(f"{path}: rope type {rope.rope_type!r} is not supported")
+    layer_types: list[str] = list(c.layer_types or [])
     if family != "qwen3" and not layer_types:
-        layer_types = hybrid_layer_types(num_layers, raw.get("full_attention_interval", 4))
-    unknown = set(layer_types or []) - {"linear_attention", "full_attention"}
+        layer_types = [*hybrid_layer_types(c.num_hidden_layers, c.full_attention_interval)]
+    unknown = set(layer_types) - {"linear_attention", "full_attention"}
     if unknown:
         raise CheckpointError(f"{path}: unsupported layer types {sorted(unknown)}")
-    heads = _get(raw, "num_attention_heads", path)
-    hidden = _get(raw, "hidden_size", path)
-    eos = raw.get("eos_token_id")
-    default_partial = 1.0 if family == "qwen3" else 0.25
+    heads, hidden, eos = c.num_attention_heads, c.hidden_size, c.eos_token_id
+    # transformers' Qwen3 rotates the whole head whatever partial_rotary_factor says (its
+    # RoPE never reads it); Qwen3-Next / 3.5 rotate a part, a quarter unless told
+    partial = (
+        1.0 if family == "qwen3" else rope.partial_rotary_factor or c.partial_rotary_factor or 0.25
+    )
     try:
         return ModelConfig(
             family=family,
-            vocab_size=_get(raw, "vocab_size", path),
+            vocab_size=c.vocab_size,
             hidden_size=hidden,
-            intermediate_size=_get(raw, "intermediate_size", path),
-            num_hidden_layers=num_layers,
+            intermediate_size=c.intermediate_size,
+            num_hidden_layers=c.num_hidden_layers,
             num_attention_heads=heads,
-            num_key_value_heads=_get(raw, "num_key_value_heads", path, heads),
-            head_dim=raw.get("head_dim") or hidden // heads,
-            rms_norm_eps=raw.get("rms_norm_eps", 1e-6),
-            rope_theta=rope.get("rope_theta", raw.get("rope_theta", 1e6)),
-            partial_rotary_factor=rope.get(
-                "partial_rotary_factor", raw.get("partial_rotary_factor", default_partial)
-            ),
-            max_position_embeddings=raw.get("max_position_embeddings", 32768),
-            tie_word_embeddings=bool(raw.get("tie_word_embeddings", False)),
-            layer_types=list(layer_types or []),
-            linear_num_key_heads=raw.get("linear_num_key_heads", 0),
-            linear_num_value_heads=raw.get("linear_num_value_heads", 0),
-            linear_key_head_dim=raw.get("linear_key_head_dim", 0),
-            linear_value_head_dim=raw.get("linear_value_head_dim", 0),
-            linear_conv_kernel_dim=raw.get("linear_conv_kernel_dim", 4),
+            num_key_value_heads=c.num_key_value_heads or heads,
+            head_dim=c.head_dim or hidden // heads,
+            rms_norm_eps=c.rms_norm_eps,
+            rope_theta=rope.rope_theta or c.rope_theta or 1e6,
+            partial_rotary_factor=partial,
+            max_position_embeddings=c.max_position_embeddings,
+            tie_word_embeddings=c.tie_word_embeddings,
+            layer_types=cast("list[LayerType]", layer_types),  # checked above
+            linear_num_key_heads=c.linear_num_key_heads,
+            linear_num_value_heads=c.linear_num_value_heads,
+            linear_key_head_dim=c.linear_key_head_dim,
+            linear_value_head_dim=c.linear_value_head_dim,
+            linear_conv_kernel_dim=c.linear_conv_kernel_dim,
             weight_prefix=prefix,
             eos_token_ids=[eos] if isinstance(eos, int) else list(eos or []),
         )
-    except (AssertionError, TypeError, ZeroDivisionError) as e:
-        raise CheckpointError(
-            f"{path}: inconsistent config.json ({e or 'shape check failed'})"
-        ) from None
+    except ValueError as e:
+        raise CheckpointError(f"{path}: inconsistent config.json ({e})") from None
 
 
 def save_hf_config(cfg: ModelConfig, path: Path) -> None:

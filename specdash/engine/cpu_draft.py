@@ -70,14 +70,20 @@ static void mlp(float *x, cf *post_norm, cf *gate_up_t, cf *down_t, long hid, lo
     free(h);
 }
 
-/* partial RoPE on the first `rot` dims: x*cos + rotate_half(x)*sin */
-static void rope(float *x, cf *cos_p, cf *sin_p, long rot) {
+/* partial RoPE of `rows` rows `stride` floats apart, on the first `rot` dims (the cos/sin
+   table's width, even: an odd rotary dim's table has one more column, and the torch step
+   rotates them all): x*cos + rotate_half(x)*sin. The products go through volatiles so that
+   -ffast-math cannot fuse them into an FMA: the same bits as torch's separate ops. */
+void draft_rope(float *x, long stride, long rows, cf *cos_p, cf *sin_p, long rot) {
     const long half = rot / 2;
-    for (long j = 0; j < half; j++) {
-        const float x1 = x[j], x2 = x[j + half];
-        x[j] = x1 * cos_p[j] - x2 * sin_p[j];
-        x[j + half] = x2 * cos_p[j + half] + x1 * sin_p[j + half];
-    }
+    for (long r = 0; r < rows; r++, x += stride)
+        for (long j = 0; j < half; j++) {
+            const float x1 = x[j], x2 = x[j + half];
+            volatile float a = x1 * cos_p[j], b = x2 * sin_p[j];
+            volatile float c = x2 * cos_p[j + half], e = x1 * sin_p[j + half];
+            x[j] = a - b;
+            x[j + half] = c + e;
+        }
 }
 
 /* one attention layer + MLP on the residual x [hid] at position pos */
@@ -90,16 +96,15 @@ void draft_attention_layer(float *x, cf *in_norm, cf *post_norm, cf *qkv_t, cf *
     float *qkv = h + hid, *q = qkv + width, *o = q + hq * d, *a = o + hq * d, *p = a + hid;
     rmsnorm(x, in_norm, h, hid, eps, zc);
     gemv(h, qkv_t, qkv, hid, width);
-    for (long i = 0; i < hq; i++) {
+    for (long i = 0; i < hq; i++)
         rmsnorm(qkv + i * d * (gated ? 2 : 1), q_norm, q + i * d, d, eps, zc);
-        rope(q + i * d, cos_p, sin_p, rot);
-    }
+    draft_rope(q, d, hq, cos_p, sin_p, rot);
     for (long g = 0; g < hkv; g++) {
         float *kr = kc + (g * cap + pos) * d, *vr = vc + (g * cap + pos) * d;
         rmsnorm(qkv + qw + g * d, k_norm, kr, d, eps, zc);
-        rope(kr, cos_p, sin_p, rot);
         for (long j = 0; j < d; j++) vr[j] = qkv[qw + hkv * d + g * d + j];
     }
+    draft_rope(kc + pos * d, cap * d, hkv, cos_p, sin_p, rot);
     const float scale = 1.0f / sqrtf((float)d);
     for (long i = 0; i < hq; i++) {
         const long g = i / (hq / hkv);
@@ -224,6 +229,8 @@ def load() -> ctypes.CDLL | None:
         dll.draft_gdn_layer.restype = None
         dll.draft_head.argtypes = [p] * 4 + [i, i, f, i]
         dll.draft_head.restype = ctypes.c_long
+        dll.draft_rope.argtypes = [p, i, i, p, p, i]
+        dll.draft_rope.restype = None
         _lib = dll
     return _lib
 
@@ -282,7 +289,7 @@ class DraftStep:
                     xp, *w[:6], w[6], w[7], cache.k.data_ptr(), cache.v.data_ptr(),
                     rope.cos[pos].data_ptr(), rope.sin[pos].data_ptr(), pos, cache.k.shape[1],
                     hid, cfg.num_attention_heads, cfg.num_key_value_heads, cfg.head_dim,
-                    cfg.rotary_dim, int(cfg.gated_attention), inter, eps, zc,
+                    rope.cos.shape[-1], int(cfg.gated_attention), inter, eps, zc,
                 )  # fmt: skip
             else:
                 g = state.gdn[i]

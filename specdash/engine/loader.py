@@ -121,10 +121,17 @@ def load_draft(settings: SessionSettings, loaded: Loaded) -> None:
     draft, draft_tok, _ = _load_one(
         draft_path, None, target.dtype, target.device, target.gemm, settings.seed
     )
+    target_path = loaded.description["model"]
     if draft_tok != loaded.tokenizer:
-        target_path = loaded.description["model"]
         raise CheckpointError(
             f"{draft_path}: draft tokenizer differs from the target's ({target_path})"
+        )
+    if draft.cfg.vocab_size > target.cfg.vocab_size:
+        # its extra ids have no row in the target's embedding: a draft of one would end
+        # the session mid-decode
+        raise CheckpointError(
+            f"{draft_path}: the draft's vocabulary ({draft.cfg.vocab_size} ids) is larger "
+            f"than the target's ({target.cfg.vocab_size}, {target_path})"
         )
     loaded.draft = draft
     loaded.description["draft"] = str(draft_path)

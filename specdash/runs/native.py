@@ -92,8 +92,10 @@ class NativeBackend:
         s = self.settings
         self._emit = emit
         encoded = [self.encode(p.name, p.text) for p in prompts]
-        # state slots sized for the longest prompt, allocated once: RSS stays at its level
-        self.engine.reserve(max(map(len, encoded)), s.max_new_tokens, MAX_K, s.batch, s.shadow)
+        # state slots sized for the longest prompt, allocated once: RSS stays at its level; no
+        # more than the prompts can fill (a prompt typed later gets a slot when it starts)
+        in_flight = min(s.batch, len(encoded))
+        self.engine.reserve(max(map(len, encoded)), s.max_new_tokens, MAX_K, in_flight, s.shadow)
         stack.enter_context(torch.inference_mode())
         target = self.loaded.target
         header = Header(

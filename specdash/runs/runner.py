@@ -1,8 +1,8 @@
 """A session on whichever engine `settings.engine` names, and what a caller needs of it without
 knowing the engine.
 
-`run_engine(settings, sink, controls, stop, options)` builds the engine's backend (native, or
-SGLang in-process) and runs a `specdash.runs.session.Session` on it: it blocks, calls
+`run_engine(settings, sink, controls, stop, options, prompts)` builds the engine's backend
+(native, or SGLang in-process) and runs a `specdash.runs.session.Session` on it: it blocks, calls
 `sink(event)`, applies `controls` between steps, ends early when `stop` is set, and returns the
 `Summary` it emitted last. `loading_label` says what a session loads, and `pinned_options`
 fixes what a session in another process must not decide there: the dashboard needs both without
@@ -16,6 +16,7 @@ from typing import TYPE_CHECKING
 
 from specdash.controls import Controls
 from specdash.events import Sink, Summary
+from specdash.prompts import Prompt
 from specdash.registry import drafters, engines
 from specdash.settings import SessionSettings
 
@@ -43,11 +44,14 @@ def run_engine(
     controls: Controls | None = None,
     stop: threading.Event | None = None,
     options: EngineOptions | None = None,
+    prompts: list[Prompt] | None = None,
 ) -> Summary:
-    """The session on the engine `settings.engine` names, with `options` beyond the settings."""
+    """The session on the engine `settings.engine` names, with `options` beyond the settings;
+    `prompts`: the prompt set when the caller has read it (else the session reads it)."""
     from specdash.runs.session import Session
 
-    return Session(settings, backend_for(settings, options), sink, controls, stop).run()
+    backend = backend_for(settings, options)
+    return Session(settings, backend, sink, controls, stop, prompts).run()
 
 
 def loading_label(settings: SessionSettings) -> str:

@@ -194,8 +194,12 @@ class Session:
         sink: Sink,
         controls: Controls | None = None,
         stop: threading.Event | None = None,
+        prompts: list[Prompt] | None = None,
     ) -> None:
         self.settings, self.backend = settings, backend
+        self.prompts = prompts
+        """The prompt set, when the caller has read it already (a FIFO or a pipe can be read
+        only once); else it is read from `settings.prompts` when the session runs."""
         self.stats = SessionStats()
         self._sink = sink
         self.controls = controls or Controls.from_settings(settings)
@@ -212,7 +216,7 @@ class Session:
         self._sink(event)
 
     def run(self) -> Summary:
-        prompts = load_prompts(self.settings.prompts)
+        prompts = self.prompts if self.prompts is not None else load_prompts(self.settings.prompts)
         with contextlib.ExitStack() as stack:
             header, encoded = self.backend.open(prompts, self.emit, stack)
             self.checked = header.checked

@@ -50,6 +50,10 @@ class PromptDiff:
     """"A", "B" or "A and B": the traces whose recording of this prompt stops before the
     prompt ended (killed mid-run), every token both hold being identical. Such a prompt is
     not a difference (`index` is None): it is unknown what the recording would have said."""
+    capped: str = ""
+    """"A" or "B": the trace whose prompt is shorter because it reached its session's
+    `max_new_tokens`, every token both hold being identical: the lengths differ, the output
+    does not (`index` is None)."""
 
 
 def _tokens_by_prompt(events: list[Event]) -> dict[int, list[Token]]:
@@ -83,8 +87,14 @@ def _prompt_texts(events: list[Event]) -> dict[int, str]:
     return {e.prompt_index: e.text for e in events if isinstance(e, PromptStart)}
 
 
-def diff_prompts(events_a: list[Event], events_b: list[Event]) -> list[PromptDiff]:
-    """Per prompt index in either trace, the first token where A and B differ."""
+def diff_prompts(
+    events_a: list[Event],
+    events_b: list[Event],
+    max_new_tokens: tuple[int | None, int | None] = (None, None),
+) -> list[PromptDiff]:
+    """Per prompt index in either trace, the first token where A and B differ;
+    `max_new_tokens`: each session's limit (its header says), where a prompt stops without
+    that being a difference."""
     texts_a, texts_b = _prompt_texts(events_a), _prompt_texts(events_b)
     for p in texts_a.keys() & texts_b.keys():
         if texts_a[p] != texts_b[p]:
@@ -106,15 +116,25 @@ def diff_prompts(events_a: list[Event], events_b: list[Event]) -> list[PromptDif
             ),
             None,
         )
-        incomplete = ""
+        incomplete = capped = ""
         if first is None:
-            # Where the shorter ends is a difference if it finished there; if its recording
-            # stopped there, what came next is unknown. So is an equal length's unfinished.
+            # Where the shorter ends is a difference if it finished there by itself (an end of
+            # text); if its recording stopped there, what came next is unknown, and if its
+            # session's max_new_tokens stopped it, nothing differs but the limit. An equal
+            # length's unfinished recording is unknown too.
             shortest = min(len(ta), len(tb))
-            sides = (("A", ta, cut_a), ("B", tb, cut_b))
-            stopped = [side for side, toks, cut in sides if len(toks) == shortest and cut(p)]
+            sides = (("A", ta, cut_a, max_new_tokens[0]), ("B", tb, cut_b, max_new_tokens[1]))
+            stopped = [side for side, toks, cut, _ in sides if len(toks) == shortest and cut(p)]
+            limited = [
+                side
+                for side, toks, _, limit in sides
+                if len(toks) == shortest and limit is not None and shortest >= limit
+            ]
             if len(ta) != len(tb) and not stopped:
-                first = shortest
+                if limited:
+                    capped = limited[0]
+                else:
+                    first = shortest
             incomplete = " and ".join(stopped)
         result.append(
             PromptDiff(
@@ -124,8 +144,10 @@ def diff_prompts(events_a: list[Event], events_b: list[Event]) -> list[PromptDif
                 b=tb[first] if first is not None and first < len(tb) else None,
                 tokens_a=len(ta),
                 tokens_b=len(tb),
-                ids_differ=not incomplete and [x.token_id for x in ta] != [y.token_id for y in tb],
+                ids_differ=first is not None
+                and [x.token_id for x in ta] != [y.token_id for y in tb],
                 incomplete=incomplete,
+                capped=capped,
                 margins=(margins_a.get((p, first)), margins_b.get((p, first)))
                 if first is not None
                 else (None, None),
@@ -147,6 +169,12 @@ def format_diff(d: PromptDiff) -> str:
         return (
             f"prompt {d.prompt_index}: incomplete in {d.incomplete}: the recording stops "
             f"mid-prompt (A {d.tokens_a} tokens, B {d.tokens_b}); {same}"
+        )
+    if d.capped:
+        return (
+            f"prompt {d.prompt_index}: identical for the {min(d.tokens_a, d.tokens_b)} tokens "
+            f"both hold; the lengths differ (A {d.tokens_a} tokens, B {d.tokens_b}): "
+            f"{d.capped} reached its --max-new-tokens"
         )
     if d.index is None:
         return f"prompt {d.prompt_index}: identical ({d.tokens_a} tokens)"
@@ -175,6 +203,11 @@ def verdict(diffs: list[PromptDiff]) -> str:
         return f"token ids are identical; logprob bits differ in {bits_only} prompt(s)"
     if any(d.incomplete for d in diffs):
         return "token ids and logprob bits are identical as far as both recordings go"
+    if any(d.capped for d in diffs):
+        return (
+            "token ids and logprob bits are identical in every token both hold; "
+            "the lengths differ where one reached its --max-new-tokens"
+        )
     return "token ids and logprob bits are identical"
 
 

@@ -13,11 +13,18 @@ objects would be ~65 MB, and the dashboard's RSS would grow until it filled. All
 `PACK` events are kept as zlib-compressed blocks of their field dicts plus each event's kind
 and time (~35 B an event, ~2 MB for a full window, ~4 us an event to pack); landmarks are
 also kept as objects. Packing is lossless: an export unpacks the same events.
+
+A count alone bounds nothing when the events carry text: a prompt's start holds its whole text
+(tens of kB for a long prompt, which packing barely shrinks when each prompt differs), and a
+day of prompts would fill memory through the landmarks and the window alike. So both are held
+to a byte budget as well (`MAX_PACKED_BYTES`, `MAX_LANDMARK_BYTES`): past it the oldest leave,
+counted as any dropped event is, and the dashboard's memory stays flat however long it runs.
 """
 
 from __future__ import annotations
 
 import pickle
+import sys
 import typing
 import zlib
 from array import array
@@ -32,6 +39,13 @@ model; packed, about 2 MB (as pydantic objects it would be ~65 MB: a token is ~1
 PACK = 1024
 """Events per packed block; fewer than this newest events stay objects."""
 MAX_LANDMARKS = 20_000
+MAX_PACKED_BYTES = 16 * 2**20
+"""Bytes of the packed window (its compressed blocks and the landmarks among them, kept as
+objects): a window of long, different prompts leaves early."""
+MAX_LANDMARK_BYTES = 8 * 2**20
+"""Estimated bytes of the landmarks kept as objects (`_landmark_bytes`)."""
+LANDMARK_OBJECT_BYTES = 1_300
+"""What a pydantic event takes besides its text (measured: ~1.3 kB)."""
 LANDMARK_KINDS = frozenset(
     {"prompt_start", "prompt_done", "divergence", "control", "error", "summary"}
 )
@@ -39,10 +53,16 @@ LANDMARK_KINDS = frozenset(
 _TYPES = {t.model_fields["kind"].default: t for t in typing.get_args(typing.get_args(Event)[0])}
 
 
+def object_bytes(event: Event) -> int:
+    """About what `event` takes as an object: the pydantic object, and its texts."""
+    texts = (v for v in event.__dict__.values() if isinstance(v, str))
+    return LANDMARK_OBJECT_BYTES + sum(map(sys.getsizeof, texts))
+
+
 class _Block:
     """`PACK` consecutive events, packed; `start` is the first one still held."""
 
-    __slots__ = ("data", "kinds", "landmarks", "start", "t_ns")
+    __slots__ = ("data", "kinds", "landmarks", "nbytes", "start", "t_ns")
 
     def __init__(self, events: list[Event]) -> None:
         self.data = zlib.compress(pickle.dumps([e.__dict__ for e in events], 5), 1)
@@ -50,6 +70,8 @@ class _Block:
         self.t_ns = array("q", (e.t_ns for e in events))
         self.landmarks = {i: e for i, e in enumerate(events) if e.kind in LANDMARK_KINDS}
         self.start = 0
+        self.nbytes = len(self.data) + sum(map(object_bytes, self.landmarks.values()))
+        """What it holds: its packed data, and its landmarks as objects."""
 
     def __len__(self) -> int:
         return len(self.kinds) - self.start
@@ -63,16 +85,27 @@ class _Block:
 class EventLog:
     """`append` every event in stream order; `export` yields what a trace can hold."""
 
-    def __init__(self, window: int = WINDOW_EVENTS, max_landmarks: int = MAX_LANDMARKS) -> None:
+    def __init__(
+        self,
+        window: int = WINDOW_EVENTS,
+        max_landmarks: int = MAX_LANDMARKS,
+        max_packed_bytes: int = MAX_PACKED_BYTES,
+        max_landmark_bytes: int = MAX_LANDMARK_BYTES,
+    ) -> None:
         self.header: SessionStart | None = None
         self._recent: deque[Event] = deque()
         """The newest events (fewer than `PACK` once blocks exist), after `_blocks`."""
         self._blocks: deque[_Block] = deque()
         self._packed = 0
         """Events held in `_blocks`."""
-        self._landmarks: deque[Event] = deque()
+        self._packed_bytes = 0
+        self._landmarks: deque[tuple[Event, int]] = deque()
+        """Each landmark with its estimated size."""
+        self._landmark_bytes = 0
         self._window = window
         self._max_landmarks = max_landmarks
+        self._max_packed_bytes = max_packed_bytes
+        self._max_landmark_bytes = max_landmark_bytes
         self.dropped: Counter[str] = Counter()
         """Events no longer held, by kind."""
         self.dropped_until_ns: int | None = None
@@ -84,11 +117,15 @@ class EventLog:
             return
         self._recent.append(event)
         if len(self._recent) >= PACK:
-            self._blocks.append(_Block(list(self._recent)))
+            block = _Block(list(self._recent))
+            self._blocks.append(block)
             self._packed += len(self._recent)
+            self._packed_bytes += block.nbytes
             self._recent.clear()
         if self._packed + len(self._recent) > self._window:
             self._evict_oldest()
+        while len(self._blocks) > 1 and self._packed_bytes > self._max_packed_bytes:
+            self._evict_oldest()  # event by event until the oldest block goes
 
     def _evict_oldest(self) -> None:
         """The oldest held event leaves the window: kept as a landmark, or counted."""
@@ -100,14 +137,20 @@ class EventLog:
             self._packed -= 1
             if not len(block):
                 self._blocks.popleft()
+                self._packed_bytes -= block.nbytes
         else:
             old = self._recent.popleft()
             kind, t_ns = old.kind, old.t_ns
         if kind in LANDMARK_KINDS:
             assert old is not None  # a block keeps every landmark-kind event it packs
-            self._landmarks.append(old)
-            if len(self._landmarks) > self._max_landmarks:
-                landmark = self._landmarks.popleft()
+            size = object_bytes(old)
+            self._landmarks.append((old, size))
+            self._landmark_bytes += size
+            while len(self._landmarks) > self._max_landmarks or (
+                self._landmark_bytes > self._max_landmark_bytes
+            ):
+                landmark, size = self._landmarks.popleft()
+                self._landmark_bytes -= size
                 self._drop(landmark.kind, landmark.t_ns)
         else:
             self._drop(kind, t_ns)
@@ -156,7 +199,7 @@ class EventLog:
             }
             header = header.model_copy(update={"config": header.config | {"export_gap": gap}})
         yield header
-        yield from self._landmarks
+        yield from (landmark for landmark, _ in self._landmarks)
         for block in list(self._blocks):
             yield from block.events()
         yield from self._recent

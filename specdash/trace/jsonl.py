@@ -5,7 +5,9 @@ every later line is one event, its time never before the line above (an event st
 by a thread racing the engine's or before the header, is written at that line's time), written
 whole and flushed at once, so a `kill -9` loses at most the line being written and `read_trace`
 gets back everything before it (where the lines go, a new file or beside an old trace it
-replaces: `specdash.output_files`). Recording must
+replaces: `specdash.output_files`). A recording is whole once it has written the event that
+ends the session (the summary, or a fatal engine error); only a whole one replaces an old
+trace. Recording must
 never take a session down: an I/O error mid-session stops the writer and is kept in
 `stopped_reason` for the dashboard to show.
 """
@@ -22,13 +24,16 @@ from typing import IO
 
 from pydantic import ValidationError
 
+from specdash import json_text
 from specdash.errors import UsageError
 from specdash.events import (
     SCHEMA,
     Divergence,
+    EngineError,
     Event,
     PromptStart,
     SessionStart,
+    Summary,
     Token,
     parse_event,
 )
@@ -92,6 +97,8 @@ class TraceWriter:
         self.io_error: OSError | None = None
         """The I/O error that stopped recording (disk full, device gone): the trace is short."""
         self.lines_written = 0
+        self._whole = False
+        """The event that ends the session is written: the recording holds all of it."""
         self._last_t_ns = 0
         self._live: LiveFile | None = None
         if isinstance(target, str | Path):
@@ -129,6 +136,22 @@ class TraceWriter:
                 self._stop(f"{e.strerror or e}")
                 return
             self.lines_written += 1
+            if isinstance(event, Summary) or (isinstance(event, EngineError) and event.fatal):
+                self._whole = True
+
+    @property
+    def partial(self) -> Path | None:
+        """Where the recording was left when it did not close whole and the old trace it
+        would have replaced was kept; None otherwise."""
+        return self._live.partial if self._live is not None else None
+
+    def outcome(self) -> str:
+        """What the trace's name holds now, in words for a message."""
+        if self.partial is not None:
+            return f"{self.path} kept as it was; the partial recording is {self.partial}"
+        if self.lines_written == 0:  # the disk was full from the start
+            return f"nothing was recorded: {self.path} is empty"
+        return f"{self.path} holds the session up to then"
 
     @property
     def recording(self) -> bool:
@@ -160,7 +183,7 @@ class TraceWriter:
         """The stream, or the live file that finishes it (renamed onto an old trace it
         replaces, its lock released)."""
         if self._live is not None:
-            self._live.close()
+            self._live.close(whole=self._whole and self.stopped_reason is None)
         else:
             self._file.close()  # type: ignore[union-attr]
 
@@ -172,8 +195,8 @@ def _schema_major(schema: str) -> int | None:
 
 def _read_header(first: bytes, path: Path) -> SessionStart:
     try:
-        obj = json.loads(first)
-    except (json.JSONDecodeError, UnicodeDecodeError):
+        obj = json_text.loads(first)
+    except json_text.JsonTextError:
         raise UsageError(f"{path} is not a specdash trace (line 1 is not JSON)") from None
     if not isinstance(obj, dict) or obj.get("kind") != "session_start":
         raise UsageError(f"{path} is not a specdash trace (no session_start header)")
@@ -219,8 +242,8 @@ def read_trace(path: Path | str) -> tuple[SessionStart, list[Event], list[str]]:
     torn = lines.pop()  # b"" when the file ends with a newline
     if not lines:  # a single line without its newline: a whole header, or a torn one
         try:
-            json.loads(torn)
-        except (json.JSONDecodeError, UnicodeDecodeError):
+            json_text.loads(torn)
+        except json_text.JsonTextError:
             if b'"session_start"' in torn:
                 raise UsageError(f"{path} is truncated: its header line is incomplete") from None
         lines, torn = [torn], b""

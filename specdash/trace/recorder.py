@@ -9,7 +9,9 @@ finishes or a fatal engine error ends it, and stops when the disk fails; nothing
 the session. What happened is kept for the caller to show:
 
     note     one line on the recording (the status bar's text)
-    stopped  "recording stopped: <why>; <path> holds the session up to then", else None
+    stopped  "recording stopped: <why>; <path> holds the session up to then" (or, when it was
+             to replace an old trace: the old one kept, and where the partial one is), else
+             None
     failure  the same line when an I/O error stopped it (disk full): `exit_code` 4 (README)
 
 Methods that have something to tell a person return a `Notice`; the caller decides how to
@@ -139,6 +141,12 @@ class TraceRecorder:
             writer.close()
             if writer.stopped_reason:  # a write failed, or closing (the last flush) did
                 self._note_stop(writer)
+            elif writer.partial is not None:  # cut short (Ctrl-C, quit) while replacing a trace
+                self.stopped = f"recording cut short ({why}); {writer.outcome()}"
+            if writer.partial is not None:
+                self.note = f"trace closed after {why}: {writer.outcome()}"
+                self.writer = None
+                return
             complete = self._complete and writer.stopped_reason is None
             if complete and self._has_header:
                 self.finished_trace = writer.path
@@ -161,10 +169,7 @@ class TraceRecorder:
             self.note += f" (incomplete: {self.log.gap_note()})"
 
     def _note_stop(self, writer: TraceWriter) -> None:
-        self.stopped = (
-            f"recording stopped: {writer.stopped_reason}; "
-            f"{writer.path} holds the session up to then"
-        )
+        self.stopped = f"recording stopped: {writer.stopped_reason}; {writer.outcome()}"
         if writer.io_error is not None:
             self.failure = self.stopped
 

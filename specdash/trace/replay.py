@@ -3,7 +3,9 @@
 `TraceReplay` is a cursor over a trace with a virtual clock in trace time, so the dashboard
 shows the session at its recorded pace (or `speed` times it). It is read-only
 (`controls is None`). Its owner calls `tick()` on a timer; every due event goes to the sink,
-exactly as a live engine would have sent it. A seek returns the whole history up to the new
+exactly as a live engine would have sent it, at most `max_per_tick` a tick: where more are
+due (a dense trace at a high speed) the clock waits for them, so playback slows to what the
+consumer takes instead of flooding it. A seek returns the whole history up to the new
 position, because the dashboard's windows and totals can only be rebuilt from the start.
 """
 
@@ -32,6 +34,7 @@ class TraceReplay:
         events: list[Event],
         speed: float = 1.0,
         clock: Callable[[], float] = time.monotonic,
+        max_per_tick: int | None = None,
     ) -> None:
         if not speed > 0:
             raise UsageError(f"replay speed must be above 0, got {speed}")
@@ -42,6 +45,8 @@ class TraceReplay:
         self.duration_s = self._offsets[-1]
         self.speed = speed
         self._clock = clock
+        self.max_per_tick = max_per_tick
+        """The most events one `tick` sends (None: every due one)."""
         self._sink: Sink | None = None
         self.cursor = 0
         """Index of the next event to emit; everything before it has been sent."""
@@ -100,6 +105,11 @@ class TraceReplay:
         if self._sink is None:
             return 0
         end = bisect.bisect_right(self._offsets, self.position_s)
+        if self.max_per_tick is not None and end - self.cursor > self.max_per_tick:
+            end = self.cursor + self.max_per_tick
+            self._position_s = self._offsets[end - 1]  # the clock waits for the rest
+            if self.playing:
+                self._playing_since = self._clock()
         sent = self._emit(end)
         if self.finished:
             self.pause()

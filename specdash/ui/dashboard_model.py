@@ -37,6 +37,9 @@ HISTORY = 600
 STREAM_TOKENS = 4000
 """Tokens of the current prompt kept for the token stream."""
 MAX_DIVERGENCES = 1000
+MAX_REQUESTS = 1000
+"""Verdicts kept for the requests line (it shows the latest that fit the terminal's width):
+the oldest finished ones leave, those still running stay, so a day of prompts costs no more."""
 Verdict = Literal["running", "exact", "diverged", "unchecked"]
 """A prompt's verdict: "diverged" from its first divergence on, the others once it is done
 ("unchecked": no shadow ran)."""
@@ -259,6 +262,10 @@ class DashboardModel:
         self.prefill_t_ns = e.t_ns
         self.prompt_index = e.prompt_index
         self.requests[e.prompt_index] = "running"
+        if len(self.requests) > MAX_REQUESTS:
+            done = [i for i, v in self.requests.items() if v != "running"]
+            for i in done[: len(self.requests) - MAX_REQUESTS]:
+                del self.requests[i]
         self.prompt_text = e.text
         self.stream.clear()
         self._diverged_positions.clear()

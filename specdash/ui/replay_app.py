@@ -51,6 +51,9 @@ class ReplayApp(SpecdashApp):
     def __init__(self, replay: TraceReplay, name: str, warnings: Sequence[str] = ()) -> None:
         super().__init__(source=replay)
         self.replay = replay
+        # never more events between two drains of the buffer than it holds (half, for a late
+        # timer): a dense trace at a high speed plays slower instead of losing events
+        replay.max_per_tick = max(1, int(self.buffer.capacity * self._ui_hz / TICK_HZ / 2))
         header_s = replay.events[0].t_ns / 1e9
         self.clock = lambda: header_s + replay.position_s  # trace time: stops while paused
         self.trace_name = name
@@ -121,6 +124,10 @@ class ReplayApp(SpecdashApp):
 
     def action_next_prompt(self) -> None:
         self.show_history(self.replay.seek(self.replay.next_prompt_s()))
+
+    def action_export_trace(self) -> None:
+        """A replay writes nothing (README): the recording it plays is the trace already."""
+        self.notify(f"a replay writes nothing: {self.trace_name} is the trace", severity="warning")
 
     def action_speed(self, factor: float) -> None:
         self.replay.set_speed(min(64.0, max(1 / 64, self.replay.speed * factor)))

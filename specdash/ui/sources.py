@@ -57,6 +57,10 @@ class EventBuffer:
         self._lock = threading.Lock()
         self.dropped = 0
 
+    @property
+    def capacity(self) -> int:
+        return self._events.maxlen or 0
+
     def put(self, event: Event) -> None:
         with self._lock:
             if len(self._events) == self._events.maxlen:
