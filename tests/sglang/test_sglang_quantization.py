@@ -125,3 +125,17 @@ def test_block_fp8_scales_of_the_builder_pass_the_shape_check(tmp_path) -> None:
     )
     save_file({"a.weight": q, "a.weight_scale_inv": s}, str(tmp_path / "model.safetensors"))
     assert quantization.scale_problem(str(tmp_path)) is None
+
+
+def test_the_header_names_the_engines_quantization(tmp_path) -> None:
+    """`SessionStart.quantization` on SGLang: the checkpoint's own, else the argument's, with an
+    FP8 KV cache beside it; None for plain weights."""
+    described = quantization.described
+    assert described({"model_path": str(tmp_path)}) is None
+    assert described({"quantization": "fp8"}) == "fp8 online"
+    assert described({"quantization": "w8a8_fp8", "kv_cache_dtype": "fp8_e4m3"}) == (
+        "w8a8_fp8 + kv_cache fp8_e4m3"
+    )
+    config = {"quantization_config": {"quant_method": "fp8", "weight_block_size": [128, 128]}}
+    (tmp_path / "config.json").write_text(json.dumps(config))
+    assert described({"model_path": str(tmp_path)}) == "fp8 block [128, 128] checkpoint"

@@ -24,7 +24,7 @@ from specdash.errors import EnvironmentProblem
 from specdash.events import EngineError, GemmChoice, Margin, Sink, Token
 from specdash.prompts import Prompt
 from specdash.runs.session import Evidence, Flight, Header
-from specdash.runs.sglang import preflight, process
+from specdash.runs.sglang import preflight, process, quantization
 from specdash.runs.sglang.args import SGLangOptions, applied_patches, engine_kwargs
 from specdash.runs.sglang.host import EngineHost
 from specdash.runs.sglang.patches import gemm_routing
@@ -204,6 +204,7 @@ class SGLangBackend:
             speculative_algorithm=(
                 self.options.speculative_algorithm if self.settings.speculation else None
             ),
+            quantization=quantization.described(self.spec_kwargs),
             checked=self.compare,
             # SGLang prefills inside each request and reports no first-token time, so a
             # request's seconds, which the rates divide by, hold its prefill

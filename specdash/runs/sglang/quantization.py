@@ -148,6 +148,24 @@ def uses_fp8(kwargs: dict[str, Any]) -> bool:
     )
 
 
+def described(kwargs: dict[str, Any]) -> str | None:
+    """The engine's quantization as the session header names it ("fp8 online", "fp8 block
+    [128, 128] checkpoint", "w8a8_fp8", each with "+ kv_cache fp8_e4m3" where the KV cache is
+    FP8 too); None: the weights and the cache run in the engine's dtype."""
+    parts = []
+    quant = checkpoint_quantization(kwargs.get("model_path"))
+    if quant is not None:
+        block = quant.get("weight_block_size")
+        parts.append(f"{quant.get('quant_method')} block {list(block)} checkpoint" if block
+                     else f"{quant.get('quant_method')} checkpoint")  # fmt: skip
+    elif kwargs.get("quantization") is not None:
+        method = kwargs["quantization"]
+        parts.append(f"{method} online" if method == "fp8" else str(method))
+    if kwargs.get("kv_cache_dtype", "auto") != "auto":
+        parts.append(f"kv_cache {kwargs['kv_cache_dtype']}")
+    return " + ".join(parts) or None
+
+
 def check(kwargs: dict[str, Any]) -> None:
     """UsageError (exit 2) for a quantization not proven exact, CheckpointError (exit 3) for a
     block-FP8 checkpoint the kernels cannot run as written; before anything starts."""
