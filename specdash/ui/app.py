@@ -41,6 +41,7 @@ from specdash.ui.widgets.divergence import DivergenceDetail, DivergencePanel
 from specdash.ui.widgets.error_panel import ErrorPanel
 from specdash.ui.widgets.gpu import GpuPanel
 from specdash.ui.widgets.help_screen import HelpScreen
+from specdash.ui.widgets.panel import Panel
 from specdash.ui.widgets.status_bar import StatusBar
 from specdash.ui.widgets.throughput import ThroughputPanel
 from specdash.ui.widgets.token_stream import TokenStream
@@ -49,6 +50,14 @@ UI_HZ = 1
 PLOT_HZ = 0.5
 TEARDOWN = contextlib.suppress(NoMatches)
 """A timer tick while the app quits finds the panels gone: nothing left to draw."""
+PANELS: tuple[type[Panel], ...] = (
+    ThroughputPanel,
+    AcceptancePanel,
+    GpuPanel,
+    DivergencePanel,
+    TokenStream,
+)
+"""The grid's panels in reading order (app.tcss places them): each redraws itself."""
 MIN_SIZE = (100, 30)
 """Below this the panels cannot show their numbers; the app says so instead of drawing."""
 
@@ -176,11 +185,7 @@ class SpecdashApp(App[int]):
         yield StatusBar(id="status")
         yield ErrorPanel(id="error")
         with Grid(id="main"):
-            yield ThroughputPanel(id="throughput")
-            yield AcceptancePanel(id="acceptance")
-            yield GpuPanel(id="gpu")
-            yield DivergencePanel(id="divergence")
-            yield TokenStream(id="tokens")
+            yield from (panel() for panel in PANELS)
         yield Static(id="too-small")
         yield PromptInput(placeholder="/ to type a prompt, Enter queues it, Esc leaves",
                           id="prompt")  # fmt: skip
@@ -192,15 +197,6 @@ class SpecdashApp(App[int]):
         return self.screen_stack[0]
 
     def on_mount(self) -> None:
-        titles = {
-            "#throughput": "throughput",
-            "#acceptance": "acceptance",
-            "#gpu": "GPU",
-            "#divergence": "divergence",
-            "#tokens": "token stream",
-        }
-        for selector, title in titles.items():
-            self.dashboard.query_one(selector).border_title = title
         self._fit_to_terminal(self.size.width, self.size.height)
         self.set_interval(1 / self._ui_hz, self.refresh_numbers)
         self.set_interval(1 / self._plot_hz, self.refresh_plots)
@@ -250,11 +246,8 @@ class SpecdashApp(App[int]):
                 phase_s=max(0.0, self.clock() - self._phase[1]),
             )
             screen.query_one(ErrorPanel).show(m.errors, self.recorder.note)
-            screen.query_one(ThroughputPanel).show_numbers(m)
-            screen.query_one(AcceptancePanel).show_numbers(m)
-            screen.query_one(GpuPanel).show_numbers(m)
-            screen.query_one(DivergencePanel).show(m)
-            screen.query_one(TokenStream).show(m)
+            for panel in screen.query(Panel):
+                panel.show_numbers(m)
 
     def _consume(self, events: list[Event]) -> None:
         for event in events:
@@ -271,9 +264,8 @@ class SpecdashApp(App[int]):
             if m.revision == self._plotted_revision or not screen.query_one("#main").display:
                 return
             self._plotted_revision = m.revision
-            screen.query_one(ThroughputPanel).show_plot(m)
-            screen.query_one(AcceptancePanel).show_plot(m)
-            screen.query_one(GpuPanel).show_plot(m)
+            for panel in screen.query(Panel):
+                panel.show_plot(m)
 
     # -- controls ----------------------------------------------------------------------
 

@@ -6,10 +6,11 @@ from __future__ import annotations
 
 from textual import events
 from textual.app import ComposeResult
-from textual.containers import Horizontal, Vertical
+from textual.containers import Horizontal
 
 from specdash.ui.dashboard_model import DashboardModel
 from specdash.ui.widgets.numbers import bar, num, pct
+from specdash.ui.widgets.panel import Panel
 from specdash.ui.widgets.readout import Readout
 from specdash.ui.widgets.series_plot import SeriesPlot
 
@@ -25,7 +26,9 @@ MIN_PLOT_WIDTH = 30
 rows come first, and a narrower plot cannot show its key."""
 
 
-class AcceptancePanel(Vertical):
+class AcceptancePanel(Panel):
+    TITLE, ID = "acceptance", "acceptance"
+
     def compose(self) -> ComposeResult:
         yield Readout(id="acceptance-numbers")
         with Horizontal():

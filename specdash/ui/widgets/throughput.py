@@ -7,10 +7,10 @@ named once and no line outgrows a 100-column terminal's panel."""
 from __future__ import annotations
 
 from textual.app import ComposeResult
-from textual.containers import Vertical
 
 from specdash.ui.dashboard_model import DashboardModel, StepTimes
 from specdash.ui.widgets.numbers import num
+from specdash.ui.widgets.panel import Panel
 from specdash.ui.widgets.readout import Readout
 from specdash.ui.widgets.series_plot import SeriesPlot
 
@@ -29,7 +29,9 @@ def _rates(wall: float | None, steps: StepTimes, shadow_ran: bool) -> tuple[str,
     return num(wall), num(spec), num(shadow), _speedup(spec, shadow)
 
 
-class ThroughputPanel(Vertical):
+class ThroughputPanel(Panel):
+    TITLE, ID = "throughput", "throughput"
+
     def compose(self) -> ComposeResult:
         yield Readout(id="throughput-numbers")
         yield SeriesPlot("t/s (1 s) vs s since start", id="throughput-plot")
