@@ -72,8 +72,8 @@ async def test_each_chart_has_a_key_with_units_outside_its_data(size):
             panel: text_of(app.query_one(f"#{panel} .chart-key")) for panel in ("throughput", "gpu")
         }
         assert "spec" in keys["throughput"] and "shadow" in keys["throughput"]
-        assert "t/s" in keys["throughput"] and "s since start" in keys["throughput"]
-        assert "GB/s" in keys["gpu"] and "s since start" in keys["gpu"]
+        assert "t/s" in keys["throughput"] and "session s" in keys["throughput"]
+        assert "GB/s" in keys["gpu"] and "session s" in keys["gpu"]
         for plot in app.query(PlotextPlot):
             if not plot.display or not plot.region.area:
                 continue

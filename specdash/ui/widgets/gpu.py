@@ -23,7 +23,7 @@ class GpuPanel(Panel):
 
     def compose(self) -> ComposeResult:
         yield Readout("GPU: waiting for the first sample", id="gpu-numbers")
-        yield SeriesPlot("vs s since start", id="gpu-plot")
+        yield SeriesPlot("vs session s", id="gpu-plot")
 
     def show_numbers(self, m: DashboardModel) -> None:
         t = m.telemetry

@@ -40,10 +40,13 @@ session started, **now** = the latest sample, **N ms** = the GPU sampler's windo
   (prefill, drafting, verifying, the shadow run, rollback); the session's clock stops while
   the engine is paused or idle. While paused the "1 s" row says so instead of a rate.
 - **spec t/s**: emitted tokens / (draft + verify + rollback seconds) of those steps: the speed of
-  speculative decoding alone.
+  speculative decoding alone. Where the engine times whole requests (SGLang) the row **last
+  req** is the latest finished request, prefill included, and the session row all of them.
 - **shadow t/s**: the same tokens / seconds the shadow decode spent on them: the speed of plain
   greedy decoding.
 - **speedup**: spec t/s / shadow t/s.
+- **session s** (the charts' x axis): the session's clock, which stops while the engine is idle
+  or paused, so a wait never stretches the axis and no line is drawn across it.
 - **accepted drafts per verify step**: how many of the k drafted tokens the target kept (0..k).
 - **kept: steps** (the histogram): verify steps by number of accepted drafts, one row per
   0..k (session).
