@@ -8,7 +8,7 @@ import engine_standins
 import pytest
 from fake_events import ScriptedSource, fake_session
 
-from specdash.events import EngineError
+from specdash.events import ControlChange, EngineError, Idle, VerifyStep
 from specdash.settings import MAX_K, SessionSettings
 from specdash.trace.jsonl import read_trace
 from specdash.ui.app import CONTROL_ACTIONS, SpecdashApp
@@ -278,6 +278,41 @@ async def test_pause_shows_at_once(tmp_path):
         await pilot.press("space")
         await settle(pilot)
         assert "PAUSED" not in str(app.query_one("#status").render())
+
+
+async def test_controls_asked_while_idle_show_at_once_until_applied(tmp_path):
+    """An idle engine takes no step, so a change waits: the status bar says what was asked at
+    once ("k 4→6"), and the plain value once the engine reports it applied."""
+    app = make_app(tmp_path, events=[*fake_session(), Idle(t_ns=3_000_000_000)])
+    async with app.run_test(size=SIZE) as pilot:
+        await settle(pilot)
+        await pilot.press("plus", "plus", "v", "s")
+        status = str(app.query_one("#status").render())
+        assert "k 4→6" in status and "verify exact→fast" in status
+        assert "drafter model→off" in status and "(at the next step)" in status
+        for name, old, new in (("k", "4", "6"), ("verify_mode", "exact", "fast"),
+                               ("speculation", "True", "False")):  # fmt: skip
+            app.buffer.put(ControlChange(t_ns=3_100_000_000, name=name, old=old, new=new,
+                                         applied_step=60))  # fmt: skip
+        step = next(e for e in fake_session() if isinstance(e, VerifyStep))
+        app.buffer.put(
+            step.model_copy(update={"k": 6, "verify_mode": "fast", "t_ns": 3_200_000_000})
+        )
+        await settle(pilot)
+        status = str(app.query_one("#status").render())
+        assert "k 6 " in status and "verify fast " in status and "→" not in status
+        assert "(at the next step)" not in status
+
+
+async def test_a_refused_change_leaves_the_status_bar(tmp_path):
+    app = make_app(tmp_path, events=[*fake_session(), Idle(t_ns=3_000_000_000)])
+    async with app.run_test(size=SIZE) as pilot:
+        await settle(pilot)
+        await pilot.press("v")
+        assert "verify exact→fast" in str(app.query_one("#status").render())
+        app.buffer.put(EngineError(message="fast verify is not offered here", fatal=False))
+        await settle(pilot)
+        assert "→" not in str(app.query_one("#status").render())
 
 
 async def test_status_bar_shows_verdict(tmp_path):

@@ -95,17 +95,36 @@ async def test_readouts_fit_their_panels_without_wrapping(size):
                 assert len(line.rstrip()) <= width, f"#{readout.id} at {size}: {line!r}"
 
 
+@pytest.mark.parametrize("k", [4, 9, 16])
 @pytest.mark.parametrize("size", SIZES, ids=lambda s: f"{s[0]}x{s[1]}")
-async def test_histogram_shows_rows_zero_to_k_and_acceptance_by_position(size):
-    app = make_app()
+async def test_histogram_rows_zero_to_k_are_each_in_view_or_a_scroll_away(size, k):
+    """Every row 0..k of the table is on screen, or is brought there by scrolling its rows
+    (shift+tab reaches them from the divergence table, then End / the arrows), and the panel's
+    border says which rows are in view while some are not."""
+    app = make_app(fake_session(seed=7, k=k))
     async with app.run_test(size=size) as pilot:
         await settle(pilot)
-        bars = app.query_one("#acceptance-bars", Readout)
-        lines = str(bars.render()).splitlines()
-        assert bars.size.height >= len(lines), "every row is inside the panel"
-        assert "kept: steps" in lines[0] and "draft i: P(kept)" in lines[0]
-        k = app.model.max_k
-        assert [line.split()[0] for line in lines[1 : k + 2]] == [str(a) for a in range(k + 1)]
+        header = text_of(app.query_one("#acceptance-header"))
+        assert "kept: steps" in header and "draft i: P(kept)" in header
+        lines = str(app.query_one("#acceptance-bars", Readout).render()).splitlines()
+        assert [line.split()[0] for line in lines] == [str(a) for a in range(k + 1)]
+        rows = app.query_one("#acceptance-rows")
+        in_view = set(range(rows.size.height))
+        subtitle = app.query_one("#acceptance").border_subtitle
+        if k + 1 <= rows.size.height:
+            assert not subtitle
+        else:
+            assert subtitle == f"rows 0–{rows.size.height - 1} of 0–{k} ↓ wheel or shift+tab"
+            await pilot.press("shift+tab")
+            assert app.focused is rows
+            while round(rows.scroll_y) < rows.max_scroll_y:
+                await pilot.press("pagedown")
+                await pilot.pause()
+                first = round(rows.scroll_y)
+                in_view |= set(range(first, first + rows.size.height))
+            subtitle = app.query_one("#acceptance").border_subtitle
+            assert subtitle == f"rows {first}–{k} of 0–{k} ↑"
+        assert in_view >= set(range(k + 1))
 
 
 @pytest.mark.parametrize("size", SIZES, ids=lambda s: f"{s[0]}x{s[1]}")

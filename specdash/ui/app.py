@@ -42,7 +42,7 @@ from specdash.ui.widgets.error_panel import ErrorPanel
 from specdash.ui.widgets.gpu import GpuPanel
 from specdash.ui.widgets.help_screen import HelpScreen
 from specdash.ui.widgets.panel import Panel
-from specdash.ui.widgets.status_bar import StatusBar
+from specdash.ui.widgets.status_bar import StatusBar, still_asked
 from specdash.ui.widgets.throughput import ThroughputPanel
 from specdash.ui.widgets.token_stream import TokenStream
 
@@ -164,6 +164,8 @@ class SpecdashApp(App[int]):
         s" and "prefill … N s"; a replay's is the trace's (tests replace it)."""
         self._phase: tuple[str | None, float] = ("loading", self.clock())
         """What the status bar counts seconds for (loading, a prefill; None: nothing), since."""
+        self._asked: tuple[dict[str, object], int] = ({}, 0)
+        """Control changes not yet applied (`still_asked`), and the errors seen when asked."""
 
     @property
     def event_log(self) -> EventLog:
@@ -237,6 +239,8 @@ class SpecdashApp(App[int]):
         self._shown_revision = m.revision
         controls = self.source.controls
         paused = m.paused if controls is None else controls.snapshot().paused
+        asked = still_asked(m, *self._asked)
+        self._asked = (asked, self._asked[1])
         with self.batch_update(), TEARDOWN:
             screen.query_one(StatusBar).show(
                 m,
@@ -244,6 +248,7 @@ class SpecdashApp(App[int]):
                 self.recorder.note,
                 loading=getattr(self.source, "loading", "waiting for the first event"),
                 phase_s=max(0.0, self.clock() - self._phase[1]),
+                asked=asked,
             )
             screen.query_one(ErrorPanel).show(m.errors, self.recorder.note)
             for panel in screen.query(Panel):
@@ -287,6 +292,7 @@ class SpecdashApp(App[int]):
         if controls is None:
             return
         controls.update(**changes)
+        self._asked = (self._asked[0] | changes, len(self.model.errors))
         self._shown_revision = -1  # the status bar says it now, not at the next tick
         self.refresh_numbers()
         said = ", ".join(f"{CONTROL_NAMES[name]} {_said(value)}" for name, value in changes.items())

@@ -49,7 +49,8 @@ session started, **now** = the latest sample, **N ms** = the GPU sampler's windo
   or paused, so a wait never stretches the axis and no line is drawn across it.
 - **accepted drafts per verify step**: how many of the k drafted tokens the target kept (0..k).
 - **kept: steps** (the histogram): verify steps by number of accepted drafts, one row per
-  0..k (session).
+  0..k (session). Rows that do not fit scroll (the wheel, or shift+tab then the arrows); the
+  panel's bottom border says which are in view.
 - **draft i: P(kept)**: P(draft i is accepted) among steps that drafted at least i tokens
   (session).
 - **mean accepted length**: tokens emitted per verify step, the bonus token included.

@@ -26,6 +26,25 @@ def _verdict_style(m: DashboardModel) -> str:
     return NEUTRAL
 
 
+def still_asked(m: DashboardModel, asked: dict[str, object], errors: int) -> dict[str, object]:
+    """The control changes asked for (`asked`, by control name) that the engine has not yet
+    reported applied: it applies them at its next step, which an idle or paused engine has not
+    taken. A change refused (an error since it was asked, `errors` then) is dropped."""
+    if len(m.errors) > errors:
+        return {}
+    now = {"k": m.k, "verify_mode": m.verify_mode, "gemm_backend": m.gemm_backend,
+           "speculation": m.speculation}  # fmt: skip
+    return {name: value for name, value in asked.items() if now.get(name, value) != value}
+
+
+def _value(current: object, asked: dict[str, object], name: str) -> str:
+    """A control's value, and the value asked for while it waits for the next step."""
+    if name not in asked:
+        return str(current)
+    new = asked[name]
+    return f"{current}→{'off' if new is False else 'on' if new is True else new}"
+
+
 class StatusBar(Readout):
     def show(
         self,
@@ -34,10 +53,13 @@ class StatusBar(Readout):
         recording: str = "",
         loading: str = "",
         phase_s: float = 0.0,
+        asked: dict[str, object] | None = None,
     ) -> None:
         """`paused`: what the user asked for live (the engine pauses at its next step), or the
         recorded state in a replay. `loading`: what is loading before the session starts;
-        `phase_s`: seconds the current loading or prefill has taken so far."""
+        `phase_s`: seconds the current loading or prefill has taken so far; `asked`: control
+        changes waiting for the engine's next step (`still_asked`), shown as "k 4→5"."""
+        asked = asked or {}
         text = Text()
         if not m.started and any(e.fatal for e in m.errors):
             text.append(" FAILED ", style="bold white on red")
@@ -72,16 +94,21 @@ class StatusBar(Readout):
         text.append(recording, style="dim")
         text.append("\n")
         model = Path(m.model).name if "/" in m.model else m.model
+        drafter = m.drafter if m.speculation else "off (no speculation)"
+        if "speculation" in asked:
+            drafter = f"{drafter}→{m.drafter if asked['speculation'] else 'off'}"
         fields = [
             ("engine", m.engine),
             ("model", model),
-            ("drafter", m.drafter if m.speculation else "off (no speculation)"),
-            ("k", str(m.k)),
-            ("verify", m.verify_mode),
-            ("GEMM", m.gemm_backend),
+            ("drafter", drafter),
+            ("k", _value(m.k, asked, "k")),
+            ("verify", _value(m.verify_mode, asked, "verify_mode")),
+            ("GEMM", _value(m.gemm_backend, asked, "gemm_backend")),
             ("device", m.device),
         ]
+        if asked:
+            fields.append(("", "(at the next step)"))
         for name, value in fields:
-            text.append(f"{name} ", style="dim")
+            text.append(f"{name} " if name else "", style="dim")
             text.append(f"{value}  ", style="bold")
         self.show_text(text)
