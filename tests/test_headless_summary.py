@@ -108,3 +108,20 @@ def test_no_spec_says_nothing_was_speculated(capsys, pair):
     text = capsys.readouterr().out
     exact = next(line for line in text.splitlines() if line.startswith("exact prompts"))
     assert "8/8 identical bits" in exact and "nothing was speculated" in exact
+    # a plain session: its rate is named plain, and there is no acceptance to report
+    assert "decode t/s, plain" in text and "plain greedy decode, no speculation" in text
+    assert "speculative" not in text.replace("nothing was speculated", "")
+    assert "acceptance rate" not in text and "mean accepted length" not in text
+    assert "verify steps" in text
+
+
+def test_fail_on_divergence_without_a_shadow_is_refused(capsys, pair):
+    """With --no-shadow nothing is compared, so --fail-on-divergence could never fail: exit 2
+    before anything loads, one line saying why."""
+    model, _, prompts = pair
+    args = ["run", "--headless", "--fail-on-divergence", "--no-shadow", "--model", str(model),
+            "--prompts", str(prompts)]  # fmt: skip
+    assert main(args) == 2
+    err = capsys.readouterr().err
+    assert err.startswith("specdash: error: argument --fail-on-divergence: nothing is checked")
+    assert "Traceback" not in err

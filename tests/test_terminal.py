@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import contextlib
 import os
+import re
 import shutil
 import subprocess
 import sys
@@ -64,7 +65,7 @@ def specdash_in_tmux(
     status = cwd / "exit_status"
     start_session(session, cwd, f"{SPECDASH} {flags}; echo $? > {status}; sleep 60", size)
     try:
-        wait_for(session, lambda s: "steps " in s and "steps 0" not in s)
+        wait_for(session, lambda s: re.search(r"verify steps [1-9]", s) is not None)
         yield session, status
     finally:
         subprocess.run(["tmux", "-L", SOCKET, "kill-server"], capture_output=True)
@@ -96,6 +97,9 @@ def test_specdash_in_a_real_terminal(tmp_path):
         wait_for(session, lambda s: "specdash help" not in s, timeout=10)
         tmux("send-keys", "-t", session, "q")
         assert exit_status(status) == "0"
+        # the session's summary, as headless prints it, is left on the terminal
+        screen = wait_for(session, lambda s: "exact prompts" in s, timeout=10)
+        assert "new tokens" in screen and "divergences" in screen
 
 
 def test_ctrl_c_in_a_real_terminal_exits_130_and_keeps_the_trace(tmp_path):

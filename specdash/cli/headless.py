@@ -11,7 +11,7 @@ from contextlib import ExitStack
 
 from specdash.cli.progress import SessionProgress, make_progress
 from specdash.cli.session_args import open_trace, session_options, settings_from_args
-from specdash.errors import EXIT_DIVERGED, EXIT_OK
+from specdash.errors import EXIT_DIVERGED, EXIT_OK, FlagError
 from specdash.events import Divergence, Event, SessionStart, Summary
 from specdash.prompts import load_prompts
 from specdash.runs.runner import run_engine
@@ -23,6 +23,7 @@ def _rate(value: float | None, spec: str = ".1f") -> str:
 
 def format_summary(summary: Summary, divergences: list[Divergence]) -> str:
     s = summary
+    speculated = s.verify_steps > 0 or not s.new_tokens
     if s.rate_includes_prefill:  # the engine times whole requests (SGLang): no decode-only time
         rate, basis = "t/s, {} requests", "requests"
         spec_parts, shadow_what = (
@@ -32,11 +33,16 @@ def format_summary(summary: Summary, divergences: list[Divergence]) -> str:
     else:
         rate, basis = "decode t/s, {}", "decode"
         spec_parts, shadow_what = "draft + verify + rollback", "the same tokens, no speculation"
+    if not speculated:  # --no-spec: plain decode, nothing drafted, nothing accepted
+        spec_parts = "plain greedy decode, no speculation"
     rows = [
         ("prompts", f"{s.prompts}"),
         ("exact prompts", s.exact_text),
         ("new tokens", f"{s.new_tokens}"),
-        (rate.format("speculative"), f"{s.tokens_per_s:.1f}  ({spec_parts})"),
+        (
+            rate.format("speculative" if speculated else "plain"),
+            f"{s.tokens_per_s:.1f}  ({spec_parts})",
+        ),
         (
             rate.format("shadow (plain greedy)"),
             f"{_rate(s.shadow_tokens_per_s)}  ({shadow_what})"
@@ -46,7 +52,8 @@ def format_summary(summary: Summary, divergences: list[Divergence]) -> str:
         (f"speculative / shadow {basis}", f"{_rate(s.speedup, '.2f')}x" if s.speedup else "–"),
         (
             "wall t/s",
-            f"{_rate(s.wall_tokens_per_s)}  (the whole session: prefill, speculative"
+            f"{_rate(s.wall_tokens_per_s)}  (the whole session: prefill, "
+            f"{'speculative' if speculated else 'plain'}"
             f"{' and shadow' if s.checked else ''} decode; loading excluded)",
         ),
         ("mean accepted length", f"{s.mean_accepted_length:.2f} tokens/step"),
@@ -54,6 +61,10 @@ def format_summary(summary: Summary, divergences: list[Divergence]) -> str:
         ("verify steps", f"{s.verify_steps}"),
         ("divergences", f"{s.divergences}"),
     ]
+    if not speculated:
+        rows = [r for r in rows if r[0] not in ("mean accepted length", "acceptance rate")]
+        rows = [(f"plain / shadow {basis}", v) if r.startswith("speculative /") else (r, v)
+                for r, v in rows]  # fmt: skip
     width = max(len(r[0]) for r in rows)
     lines = [f"{name:<{width}}  {value}" for name, value in rows]
     for d in divergences:
@@ -113,6 +124,11 @@ def summary_json(summary: Summary, divergences: list[Divergence]) -> str:
 
 def run_headless(args: argparse.Namespace) -> int:
     settings = settings_from_args(args)
+    if args.fail_on_divergence and not settings.shadow:
+        raise FlagError(
+            "argument --fail-on-divergence: nothing is checked with --no-shadow, so no "
+            "divergence could fail the run; leave out one of the two"
+        )
     prompts = len(load_prompts(settings.prompts))  # a bad prompt file fails before the load
     divergences: list[Divergence] = []
     recorder = None
