@@ -180,3 +180,35 @@ async def test_enter_is_not_offered_without_a_divergence():
     async with app.run_test(size=(120, 40)) as pilot:
         await settle(pilot)
         assert ENTER not in footer_keys(app)
+
+
+def cpu_session() -> list:
+    """The fake session as the CPU's header has it: one GEMM backend, `torch`, whose exact
+    GEMM is the compiled C loop."""
+    events = fake_session(seed=7)
+    config = events[0].config | {"gemm_backends": {"torch": None}, "gemm_kernel": "C loop"}
+    events[0] = events[0].model_copy(update={"config": config, "gemm_backend": "torch"})
+    return [e.model_copy(update={"gemm_backend": "torch"}) if hasattr(e, "gemm_backend") else e
+            for e in events]  # fmt: skip
+
+
+@pytest.mark.parametrize("size", SIZES, ids=lambda s: f"{s[0]}x{s[1]}")
+async def test_one_gemm_backend_the_footer_says_so_and_the_status_bar_names_the_kernel(size):
+    app = make_app(cpu_session())
+    async with app.run_test(size=size) as pilot:
+        await settle(pilot)
+        footer = {k.key_display or k.key: k for k in app.screen.query("FooterKey")}
+        assert "1 GEMM" in str(footer["g"].render())
+        assert footer_keys(app).get("g") and footer_keys(app).get("/")  # all still fit
+        assert "GEMM C loop (torch)" in text_of(app.query_one("#status"))
+        await pilot.press("g")
+        assert app.notes[-1] == "torch is the only GEMM backend available here"
+
+
+async def test_several_gemm_backends_keep_the_switch_in_the_footer():
+    app = make_app()
+    async with app.run_test(size=(120, 40)) as pilot:
+        await settle(pilot)
+        footer = {k.key_display or k.key: k for k in app.screen.query("FooterKey")}
+        assert "GEMM" in str(footer["g"].render()) and "only" not in str(footer["g"].render())
+        assert "GEMM rowwise " in text_of(app.query_one("#status"))

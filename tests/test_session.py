@@ -296,3 +296,19 @@ def test_the_core_names_the_setting_and_the_command_line_its_flag(pair, capsys) 
     with pytest.raises(UsageError) as e:
         load_models(SessionSettings(model=pair[0], drafter="model"))
     assert e.value.setting == "draft" and "--" not in str(e.value)
+
+
+def test_the_header_names_the_kernel_the_cpus_gemm_runs(pair) -> None:
+    """The CPU's one GEMM backend is named `torch`, but its exact fp32 GEMM is the compiled C
+    loop: the header says so, and the dashboard's status bar shows what runs."""
+    from specdash.kernels import cpu_gemm
+
+    events: list[Event] = []
+    native_session(_settings(pair, k=2), events.append).run()
+    header = events[0]
+    assert header.gemm_backend == "torch" and header.config["gemm_backends"] == {"torch": None}
+    compiled = cpu_gemm.load() is not None  # (no C compiler: torch's own per-row GEMM)
+    assert header.config["gemm_kernel"] == ("C loop" if compiled else "torch")
+    model = folded(events)
+    assert model.gemm_kernel == ("C loop" if compiled else None)
+    assert model.gemm_backends == ["torch"]

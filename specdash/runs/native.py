@@ -102,6 +102,7 @@ class NativeBackend:
             "gemm_backends": {
                 name: b.unavailable for name, b in gemm_backends.backends(target.device).items()
             },
+            "gemm_kernel": gemm_backends.exact_kernel(target.gemm, target.dtype),
         }
         header = Header(config, versions(), device_name(target.device), target.gemm.name, s.shadow)
         return header, encoded

@@ -14,6 +14,7 @@ command line.
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import time
 from collections.abc import Iterable
 from pathlib import Path
@@ -42,7 +43,8 @@ from specdash.ui.widgets.error_panel import ErrorPanel
 from specdash.ui.widgets.gpu import GpuPanel
 from specdash.ui.widgets.help_screen import HelpScreen
 from specdash.ui.widgets.panel import Panel
-from specdash.ui.widgets.status_bar import StatusBar, still_asked
+from specdash.ui.widgets.prompt_input import PromptInput
+from specdash.ui.widgets.status_bar import StatusBar, changes_text, still_asked
 from specdash.ui.widgets.throughput import ThroughputPanel
 from specdash.ui.widgets.token_stream import TokenStream
 
@@ -89,36 +91,6 @@ FOOTER_SHOWS: dict[str, dict] = {
 so text typed right behind it lands in the prompt line (a non-priority binding runs only
 once the focused widget has passed `/` back, by when the next keys have gone there too)."""
 
-CONTROL_NAMES = {
-    "gemm_backend": "GEMM backend",
-    "speculation": "speculation",
-    "k": "k",
-    "verify_mode": "verify mode",
-    "paused": "pause",
-}
-
-
-def _said(value: object) -> str:
-    """A control's new value as the status bar would say it (no Python True/False)."""
-    if value is True:
-        return "on"
-    if value is False:
-        return "off"
-    return f"→ {value}"
-
-
-class PromptInput(Input):
-    """The prompt line: Enter queues the prompt, Esc leaves it (both in the footer)."""
-
-    BINDINGS = [
-        Binding("enter", "submit", "queue prompt"),
-        Binding("escape", "leave", "leave"),
-    ]
-
-    def action_leave(self) -> None:
-        self.clear()
-        self.screen.query_one(DataTable).focus()
-
 
 class SpecdashApp(App[int]):
     """`SpecdashApp(source=...)`: the dashboard over any `specdash.ui.sources.EventSource`."""
@@ -164,6 +136,7 @@ class SpecdashApp(App[int]):
         s" and "prefill … N s"; a replay's is the trace's (tests replace it)."""
         self._phase: tuple[str | None, float] = ("loading", self.clock())
         """What the status bar counts seconds for (loading, a prefill; None: nothing), since."""
+        self._gemm_offered = False
         self._asked: tuple[dict[str, object], int] = ({}, 0)
         """Control changes not yet applied (`still_asked`), and the errors seen when asked."""
 
@@ -239,6 +212,8 @@ class SpecdashApp(App[int]):
         self._shown_revision = m.revision
         controls = self.source.controls
         paused = m.paused if controls is None else controls.snapshot().paused
+        if m.started and not self._gemm_offered:
+            self._offer_gemm()
         asked = still_asked(m, *self._asked)
         self._asked = (asked, self._asked[1])
         with self.batch_update(), TEARDOWN:
@@ -295,8 +270,17 @@ class SpecdashApp(App[int]):
         self._asked = (self._asked[0] | changes, len(self.model.errors))
         self._shown_revision = -1  # the status bar says it now, not at the next tick
         self.refresh_numbers()
-        said = ", ".join(f"{CONTROL_NAMES[name]} {_said(value)}" for name, value in changes.items())
-        self.notify(f"{said} (applies at the next step)")
+        self.notify(f"{changes_text(changes)} (applies at the next step)")
+
+    def _offer_gemm(self) -> None:
+        """With a single GEMM backend (the CPU's) `g` has nothing to cycle: its footer entry
+        says so ("1 GEMM", short enough for the 100-column footer) instead of offering a switch."""
+        self._gemm_offered = True
+        if self.source.controls is None or len(self.model.gemm_backends) > 1:
+            return
+        table = self._bindings.key_to_bindings
+        table["g"] = [dataclasses.replace(b, description="1 GEMM") for b in table.get("g", [])]
+        self.refresh_bindings()
 
     def action_cycle_gemm(self) -> None:
         controls = self._controls()

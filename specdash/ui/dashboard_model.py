@@ -131,6 +131,9 @@ class DashboardModel:
     verify_mode: str = "?"
     gemm_backend: str = "?"
     gemm_backends: list[str] = field(default_factory=list)
+    gemm_kernel: str | None = None
+    """What the session's GEMM backend runs in exact mode where its name does not say it (the
+    CPU's `torch` backend: the compiled C loop); None: its name says it."""
     speculation: bool = True
     paused: bool = False
     idle: bool = False
@@ -298,6 +301,8 @@ class DashboardModel:
         if isinstance(table, dict):
             table = [name for name, why in table.items() if why is None]
         self.gemm_backends = [str(name) for name in table]
+        kernel = c.get("gemm_kernel")
+        self.gemm_kernel = None if kernel in (None, e.gemm_backend) else str(kernel)
         self.device = e.device
 
     def _on_idle(self, e: Idle) -> None:
@@ -391,7 +396,7 @@ class DashboardModel:
         elif e.name == "verify_mode":
             self.verify_mode = e.new
         elif e.name == "gemm_backend":
-            self.gemm_backend = e.new
+            self.gemm_backend, self.gemm_kernel = e.new, None  # the kernel was the old one's
         elif e.name == "speculation":
             self.speculation = e.new.lower() in ("true", "on", "1")
         elif e.name == "paused":

@@ -14,7 +14,7 @@ GLOSSARY = """\
 ## Keys (also in the command palette, Ctrl+P)
 | key | action |
 |---|---|
-| `g` | cycle the GEMM backend |
+| `g` | cycle the GEMM backend (the footer says *1 GEMM* where there is one to use) |
 | `s` | speculation on / off |
 | `+` / `-` | k (draft tokens per verify step) up / down |
 | `v` | verify mode exact / fast |

@@ -26,6 +26,24 @@ def _verdict_style(m: DashboardModel) -> str:
     return NEUTRAL
 
 
+CONTROL_NAMES = {
+    "gemm_backend": "GEMM backend",
+    "speculation": "speculation",
+    "k": "k",
+    "verify_mode": "verify mode",
+    "paused": "pause",
+}
+
+
+def changes_text(changes: dict[str, object]) -> str:
+    """Control changes as a note says them: "k → 5, speculation off" (no Python True/False)."""
+    said = {True: "on", False: "off"}
+    return ", ".join(
+        f"{CONTROL_NAMES[name]} {said[v] if isinstance(v, bool) else f'→ {v}'}"
+        for name, v in changes.items()
+    )
+
+
 def still_asked(m: DashboardModel, asked: dict[str, object], errors: int) -> dict[str, object]:
     """The control changes asked for (`asked`, by control name) that the engine has not yet
     reported applied: it applies them at its next step, which an idle or paused engine has not
@@ -106,6 +124,8 @@ class StatusBar(Readout):
             ("GEMM", _value(m.gemm_backend, asked, "gemm_backend")),
             ("device", m.device),
         ]
+        if m.gemm_kernel and m.verify_mode == "exact" and "gemm_backend" not in asked:
+            fields[5] = ("GEMM", f"{m.gemm_kernel} ({m.gemm_backend})")  # what really runs
         if asked:
             fields.append(("", "(at the next step)"))
         for name, value in fields:
