@@ -7,8 +7,9 @@ import time
 import engine_standins
 import pytest
 from fake_events import ScriptedSource, fake_session
+from textual.widgets import Static
 
-from specdash.events import ControlChange, EngineError, Idle, VerifyStep
+from specdash.events import ControlChange, Divergence, EngineError, Idle, VerifyStep
 from specdash.settings import MAX_K, SessionSettings
 from specdash.trace.jsonl import read_trace
 from specdash.ui.app import CONTROL_ACTIONS, SpecdashApp
@@ -199,6 +200,23 @@ async def test_divergence_detail_on_enter(tmp_path):
         assert app.screen.divergence.position == 37
         await pilot.press("escape")
         assert not isinstance(app.screen, DivergenceDetail)
+
+
+async def test_divergence_detail_says_why_the_cause_names_an_earlier_token(tmp_path):
+    events = fake_session()
+    i, d = next((i, e) for i, e in enumerate(events) if isinstance(e, Divergence))
+    cause = d.root_cause.model_copy(update={"origin_position": 35})
+    events[i] = d.model_copy(update={"root_cause": cause})
+    app = make_app(tmp_path, events)
+    async with app.run_test(size=SIZE) as pilot:
+        await settle(pilot)
+        await pilot.press("enter")
+        await pilot.pause()
+        text = " ".join(str(app.screen.query_one(Static).render()).split())
+        assert (
+            "the bits first differed at token 35, an earlier row of the same verify step; "
+            "they reached token 37 through attention or the GDN state"
+        ) in text
 
 
 async def test_export_trace_writes_the_whole_session_and_keeps_recording(tmp_path):

@@ -125,3 +125,20 @@ def test_fail_on_divergence_without_a_shadow_is_refused(capsys, pair):
     err = capsys.readouterr().err
     assert err.startswith("specdash: error: argument --fail-on-divergence: nothing is checked")
     assert "Traceback" not in err
+
+
+def test_a_cause_at_an_earlier_token_says_why():
+    from fake_events import fake_session
+
+    from specdash.events import Divergence
+
+    d = next(e for e in fake_session() if isinstance(e, Divergence))
+    d = d.model_copy(update={"root_cause": d.root_cause.model_copy(update={"origin_position": 35})})
+    summary = SessionStats().summary(at_ns=1)
+    line = format_summary(summary, [d]).splitlines()[-1]
+    assert line.startswith("DIVERGED prompt 1 at generated token 37")
+    assert "the bits first differed at token 35, an earlier row of the same verify step" in line
+    same = d.model_copy(
+        update={"root_cause": d.root_cause.model_copy(update={"origin_position": 37})}
+    )
+    assert "first differed" not in format_summary(summary, [same])

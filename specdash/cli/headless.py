@@ -69,6 +69,8 @@ def format_summary(summary: Summary, divergences: list[Divergence]) -> str:
     lines = [f"{name:<{width}}  {value}" for name, value in rows]
     for d in divergences:
         cause = f"; root cause: {d.root_cause.detail}" if d.root_cause else ""
+        if d.root_cause is not None and (origin := d.root_cause.origin_text(d.position)):
+            cause += f" ({origin})"
         if d.shadow_margin is not None:
             cause += f"; {d.shadow_margin.text(flipped=d.what == 'token')}"
         lines.append(

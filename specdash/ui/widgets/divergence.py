@@ -207,6 +207,8 @@ class DivergenceDetail(ModalScreen[None]):
             found = f"layer {rc.layer}, {escape(rc.sub_op)}, max |diff| {rc.max_abs_diff:.3g}"
             cause = root_cause_label(d) if rc.reproduced is False else found
             cause += f"\n  {escape(rc.detail)}" if rc.detail else ""
+            origin = rc.origin_text(d.position)
+            cause += f"\n  {escape(origin)}" if origin else ""
         lines = [
             f"[b]Divergence[/b] prompt {d.prompt_index}, token {d.position}, step {d.step} "
             f"({d.what} differs)",
