@@ -521,3 +521,21 @@ def test_native_engine_gets_no_sglang_options_and_keeps_sigquit():
     assert signal.getsignal(signal.SIGQUIT) is before
     (event,) = buffer.drain()
     assert event.message.startswith("('native', None, ")
+
+
+async def test_a_multi_line_paste_says_only_its_first_line_is_kept(tmp_path):
+    from textual import events
+
+    app = make_app(tmp_path)
+    async with app.run_test(size=SIZE) as pilot:
+        await settle(pilot)
+        await pilot.press("slash")
+        prompt = app.query_one("#prompt")
+        prompt.post_message(events.Paste("def f(x):\n    return x\n"))
+        await pilot.pause()
+        assert prompt.value == "def f(x):"
+        assert app.notes[-1].startswith("pasted 2 lines: the prompt line keeps the first")
+        notes = len(app.notes)
+        prompt.post_message(events.Paste(" + 1"))
+        await pilot.pause()
+        assert prompt.value == "def f(x): + 1" and len(app.notes) == notes  # one line: no note
