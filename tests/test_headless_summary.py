@@ -142,3 +142,27 @@ def test_a_cause_at_an_earlier_token_says_why():
         update={"root_cause": d.root_cause.model_copy(update={"origin_position": 37})}
     )
     assert "first differed" not in format_summary(summary, [same])
+
+
+def test_ctrl_c_prints_the_summary_of_the_prompts_done_so_far(capsys, monkeypatch, pair):
+    """An interrupted headless run still says what it decoded before the Ctrl-C, then exits
+    130 with its one line."""
+    from fake_events import fake_session
+
+    from specdash.cli import headless
+
+    def interrupted(settings, sink, options=None):
+        events = fake_session(prompts=2)
+        first_done = next(i for i, e in enumerate(events) if isinstance(e, PromptDone))
+        for event in events[: first_done + 1]:
+            sink(event)
+        raise KeyboardInterrupt
+
+    monkeypatch.setattr(headless, "run_engine", interrupted)
+    model, draft, prompts = pair
+    code = main(["run", "--headless", "--model", str(model), "--prompts", str(prompts)])
+    captured = capsys.readouterr()
+    assert code == 130 and captured.err == "specdash: interrupted\n"
+    lines = captured.out.splitlines()
+    assert lines[0] == "interrupted: the prompts done so far"
+    assert lines[1].split() == ["prompts", "1"] and "1/1 identical bits" in lines[2]

@@ -15,6 +15,7 @@ from specdash.errors import EXIT_DIVERGED, EXIT_OK, FlagError
 from specdash.events import Divergence, Event, SessionStart, Summary
 from specdash.prompts import load_prompts
 from specdash.runs.runner import run_engine
+from specdash.stats import SessionStats
 
 
 def _rate(value: float | None, spec: str = ".1f") -> str:
@@ -136,8 +137,10 @@ def run_headless(args: argparse.Namespace) -> int:
     recorder = None
     with ExitStack() as stack:
         progress = stack.enter_context(make_progress())
+        so_far = SessionStats()  # what an interrupted run prints
         sinks: list[Callable[[Event], object]] = [
-            SessionProgress(progress, prompts, settings.max_new_tokens)
+            SessionProgress(progress, prompts, settings.max_new_tokens),
+            so_far.consume,
         ]
         sampler = None
 
@@ -162,7 +165,16 @@ def run_headless(args: argparse.Namespace) -> int:
             sampler = GpuSampler(sink, index=device_index(settings.device) or 0)
             stack.callback(sampler.stop)
 
-        summary = run_engine(settings, sink, options=session_options(settings, args))
+        try:
+            summary = run_engine(settings, sink, options=session_options(settings, args))
+        except KeyboardInterrupt:  # Ctrl-C: the prompts done so far, then exit 130 (`main`)
+            partial = so_far.summary()
+            print(
+                summary_json(partial, divergences)
+                if args.json
+                else "interrupted: the prompts done so far\n" + format_summary(partial, divergences)
+            )
+            raise
     if args.json:
         print(summary_json(summary, divergences))
     else:
