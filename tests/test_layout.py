@@ -212,3 +212,16 @@ async def test_several_gemm_backends_keep_the_switch_in_the_footer():
         footer = {k.key_display or k.key: k for k in app.screen.query("FooterKey")}
         assert "GEMM" in str(footer["g"].render()) and "only" not in str(footer["g"].render())
         assert "GEMM rowwise " in text_of(app.query_one("#status"))
+
+
+@pytest.mark.parametrize("size", SIZES, ids=lambda s: f"{s[0]}x{s[1]}")
+async def test_a_toast_leaves_the_token_streams_border_alone(size):
+    app = SpecdashApp(ScriptedSource.live_like(fake_session(seed=7)))
+    async with app.run_test(size=size, notifications=True) as pilot:
+        await settle(pilot)
+        app.notify("k → 5 (applies at the next step)")
+        await pilot.pause(0.3)
+        (toast,) = app.screen.query("Toast")
+        tokens = app.query_one("#tokens").region
+        inside = tokens.shrink((1, 1, 1, 1))  # the panel less its border
+        assert inside.contains_region(toast.region), (toast.region, tokens)
