@@ -240,6 +240,22 @@ async def test_export_trace_writes_the_whole_session_and_keeps_recording(tmp_pat
     assert "control" in kinds and kinds[-1] == "error"
 
 
+async def test_the_status_bar_names_the_trace_being_recorded_within_100_columns(tmp_path):
+    deep = tmp_path / "a" / "rather" / "deep" / "directory" / "for" / "traces"
+    deep.mkdir(parents=True)
+    app = make_app(deep, events=[*fake_session(), Idle(t_ns=3_000_000_000)])
+    async with app.run_test(size=(100, 30)) as pilot:
+        await settle(pilot)
+        await pilot.press("e")
+        await settle(pilot)
+        (path,) = deep.glob("specdash-*.jsonl")
+        first_line = str(app.query_one("#status").render()).splitlines()[0]
+        assert f"recording {path.name}" in first_line and str(deep) not in first_line
+        # the line is cut at the terminal's width (less its padding), after the trace's name
+        assert first_line.index(path.name) + len(path.name) <= 100 - 2, first_line
+        assert str(path) in app.notes[-1]  # the toast has the whole path
+
+
 async def test_non_fatal_engine_error_keeps_recording(tmp_path):
     app = make_app(tmp_path)
     async with app.run_test(size=SIZE) as pilot:

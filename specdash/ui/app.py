@@ -216,11 +216,14 @@ class SpecdashApp(App[int]):
             self._offer_gemm()
         asked = still_asked(m, *self._asked)
         self._asked = (asked, self._asked[1])
+        recording, writer = self.recorder.note, self.recorder.writer
+        if writer is not None:  # its name fits 100 columns; the export's toast had the path
+            recording = recording.replace(str(writer.path), writer.path.name)
         with self.batch_update(), TEARDOWN:
             screen.query_one(StatusBar).show(
                 m,
                 paused,
-                self.recorder.note,
+                recording,
                 loading=getattr(self.source, "loading", "waiting for the first event"),
                 phase_s=max(0.0, self.clock() - self._phase[1]),
                 asked=asked,

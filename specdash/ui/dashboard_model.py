@@ -290,7 +290,7 @@ class DashboardModel:
         self.shadow = bool(c.get("shadow", True))
         self.per_request = bool(c.get("rate_includes_prefill", False))
         self.engine = str(c.get("engine", self.engine))
-        self.model = str(c.get("model") or c.get("preset") or "embedded default")
+        self.model = str(c.get("model") or c.get("preset") or "embedded")
         self.drafter = str(c.get("drafter", self.drafter))
         self.k = int(c.get("k", self.k))
         self.verify_mode = str(c.get("verify_mode", c.get("verify", self.verify_mode)))

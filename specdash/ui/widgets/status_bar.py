@@ -100,17 +100,17 @@ class StatusBar(Readout):
                 text.append(f" {flag} ", style="bold black on yellow")
                 text.append("  ")
         if idle:
-            text.append("/ types a prompt  ", style="bold")
+            text.append("/ prompt  ", style="bold")  # (the footer's word for it)
         if m.prefill is not None and not m.finished:
             text.append(f"prefill {m.prefill} … {phase_s:.0f} s  ", style="bold")
-        else:
+        elif not idle and not m.finished:  # (nothing runs: no current prompt to name)
             prompt = "–" if m.prompt_index is None else str(m.prompt_index)
             text.append("prompt ", style="dim")
             text.append(f"{prompt}  ", style="bold")
+        if recording:  # before the counts: a trace's name stays whole at 100 columns
+            text.append(f"{recording}  ", style="dim")
         exact = f"{m.exact_prompts} exact" if m.shadow else "not checked"
-        text.append(f"{m.prompts_done} done, {exact} (session)  ")
-        text.append(recording, style="dim")
-        text.append("\n")
+        text.append(f"{m.prompts_done} done, {exact} (session)\n")
         model = Path(m.model).name if "/" in m.model else m.model
         drafter = m.drafter if m.speculation else "off (no speculation)"
         if "speculation" in asked:
