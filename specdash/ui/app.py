@@ -217,8 +217,8 @@ class SpecdashApp(App[int]):
         asked = still_asked(m, *self._asked)
         self._asked = (asked, self._asked[1])
         recording, writer = self.recorder.note, self.recorder.writer
-        if writer is not None:  # its name fits 100 columns; the export's toast had the path
-            recording = recording.replace(str(writer.path), writer.path.name)
+        if writer is not None and writer.path is not None:  # its name fits 100 columns; the
+            recording = recording.replace(str(writer.path), writer.path.name)  # toast: its path
         with self.batch_update(), TEARDOWN:
             screen.query_one(StatusBar).show(
                 m,
