@@ -246,6 +246,16 @@ class RootCause(BaseModel):
     emitted. False: it did not, so it names no sub-op (`sub_op` "none") and `detail` says what
     it got. None: not checked (traces recorded before the check)."""
 
+    def origin_text(self, position: int) -> str | None:
+        """Why the cause names another token than the flagged `position` (every view says it),
+        None where it names that one."""
+        if self.origin_position is None or self.origin_position == position:
+            return None
+        return (
+            f"the bits first differed at token {self.origin_position}, an earlier row of the "
+            f"same verify step; they reached token {position} through attention or the GDN state"
+        )
+
 
 MANTISSA_BITS = {"float32": 23, "bfloat16": 7, "float16": 10}
 NEAR_TIE_STEPS = 64

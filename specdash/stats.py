@@ -48,6 +48,11 @@ class BusyClock:
             self.busy_ns += max(0, event.t_ns - self._since)
             self._since = None
 
+    @property
+    def running(self) -> bool:
+        """The engine is at work now: started, and not paused, idle or over."""
+        return self._since is not None
+
     def seconds(self, at_ns: int) -> float:
         """Busy seconds up to event time `at_ns`."""
         running = 0 if self._since is None else max(0, at_ns - self._since)

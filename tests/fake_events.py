@@ -10,6 +10,7 @@ from specdash.controls import Controls
 from specdash.events import (
     Divergence,
     Event,
+    Idle,
     Margin,
     PromptDone,
     PromptStart,
@@ -205,3 +206,25 @@ class ScriptedSource:
 
     def stop(self) -> None:
         self.stopped = True
+
+
+def with_idle_gap(events: list[Event], gap_s: float, seed: int = 1) -> list[Event]:
+    """`events`, then the engine idle for `gap_s` (GPU samples still arriving), then one typed
+    prompt decoded: the session after its set, waiting, and a prompt typed by hand."""
+    rng = random.Random(seed)
+    t = events[-1].t_ns
+    out = [*events, Idle(t_ns=t)]
+    for i in range(1, int(gap_s)):  # the sampler keeps sampling an idle GPU
+        out.append(_telemetry(t + i * 1_000_000_000, "gpm", rng))
+    typed = fake_session(seed=seed, prompts=1, divergence_at=None)
+    shift = t + int(gap_s * 1e9) - typed[0].t_ns
+    prompt = 1 + max(e.prompt_index for e in events if isinstance(e, PromptDone))
+    steps = sum(isinstance(e, VerifyStep) for e in events)
+    for e in typed[1:]:
+        update: dict[str, object] = {"t_ns": e.t_ns + shift}
+        if hasattr(e, "prompt_index"):
+            update["prompt_index"] = prompt
+        if hasattr(e, "step"):
+            update["step"] = e.step + steps
+        out.append(e.model_copy(update=update))
+    return out

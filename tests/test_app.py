@@ -7,8 +7,9 @@ import time
 import engine_standins
 import pytest
 from fake_events import ScriptedSource, fake_session
+from textual.widgets import Static
 
-from specdash.events import EngineError
+from specdash.events import ControlChange, Divergence, EngineError, Idle, VerifyStep
 from specdash.settings import MAX_K, SessionSettings
 from specdash.trace.jsonl import read_trace
 from specdash.ui.app import CONTROL_ACTIONS, SpecdashApp
@@ -201,6 +202,23 @@ async def test_divergence_detail_on_enter(tmp_path):
         assert not isinstance(app.screen, DivergenceDetail)
 
 
+async def test_divergence_detail_says_why_the_cause_names_an_earlier_token(tmp_path):
+    events = fake_session()
+    i, d = next((i, e) for i, e in enumerate(events) if isinstance(e, Divergence))
+    cause = d.root_cause.model_copy(update={"origin_position": 35})
+    events[i] = d.model_copy(update={"root_cause": cause})
+    app = make_app(tmp_path, events)
+    async with app.run_test(size=SIZE) as pilot:
+        await settle(pilot)
+        await pilot.press("enter")
+        await pilot.pause()
+        text = " ".join(str(app.screen.query_one(Static).render()).split())
+        assert (
+            "the bits first differed at token 35, an earlier row of the same verify step; "
+            "they reached token 37 through attention or the GDN state"
+        ) in text
+
+
 async def test_export_trace_writes_the_whole_session_and_keeps_recording(tmp_path):
     app = make_app(tmp_path)
     async with app.run_test(size=SIZE) as pilot:
@@ -220,6 +238,22 @@ async def test_export_trace_writes_the_whole_session_and_keeps_recording(tmp_pat
     kinds = [e.kind for e in events]
     assert kinds.count("verify_step") == 60
     assert "control" in kinds and kinds[-1] == "error"
+
+
+async def test_the_status_bar_names_the_trace_being_recorded_within_100_columns(tmp_path):
+    deep = tmp_path / "a" / "rather" / "deep" / "directory" / "for" / "traces"
+    deep.mkdir(parents=True)
+    app = make_app(deep, events=[*fake_session(), Idle(t_ns=3_000_000_000)])
+    async with app.run_test(size=(100, 30)) as pilot:
+        await settle(pilot)
+        await pilot.press("e")
+        await settle(pilot)
+        (path,) = deep.glob("specdash-*.jsonl")
+        first_line = str(app.query_one("#status").render()).splitlines()[0]
+        assert f"recording {path.name}" in first_line and str(deep) not in first_line
+        # the line is cut at the terminal's width (less its padding), after the trace's name
+        assert first_line.index(path.name) + len(path.name) <= 100 - 2, first_line
+        assert str(path) in app.notes[-1]  # the toast has the whole path
 
 
 async def test_non_fatal_engine_error_keeps_recording(tmp_path):
@@ -278,6 +312,41 @@ async def test_pause_shows_at_once(tmp_path):
         await pilot.press("space")
         await settle(pilot)
         assert "PAUSED" not in str(app.query_one("#status").render())
+
+
+async def test_controls_asked_while_idle_show_at_once_until_applied(tmp_path):
+    """An idle engine takes no step, so a change waits: the status bar says what was asked at
+    once ("k 4→6"), and the plain value once the engine reports it applied."""
+    app = make_app(tmp_path, events=[*fake_session(), Idle(t_ns=3_000_000_000)])
+    async with app.run_test(size=SIZE) as pilot:
+        await settle(pilot)
+        await pilot.press("plus", "plus", "v", "s")
+        status = str(app.query_one("#status").render())
+        assert "k 4→6" in status and "verify exact→fast" in status
+        assert "drafter model→off" in status and "(at the next step)" in status
+        for name, old, new in (("k", "4", "6"), ("verify_mode", "exact", "fast"),
+                               ("speculation", "True", "False")):  # fmt: skip
+            app.buffer.put(ControlChange(t_ns=3_100_000_000, name=name, old=old, new=new,
+                                         applied_step=60))  # fmt: skip
+        step = next(e for e in fake_session() if isinstance(e, VerifyStep))
+        app.buffer.put(
+            step.model_copy(update={"k": 6, "verify_mode": "fast", "t_ns": 3_200_000_000})
+        )
+        await settle(pilot)
+        status = str(app.query_one("#status").render())
+        assert "k 6 " in status and "verify fast " in status and "→" not in status
+        assert "(at the next step)" not in status
+
+
+async def test_a_refused_change_leaves_the_status_bar(tmp_path):
+    app = make_app(tmp_path, events=[*fake_session(), Idle(t_ns=3_000_000_000)])
+    async with app.run_test(size=SIZE) as pilot:
+        await settle(pilot)
+        await pilot.press("v")
+        assert "verify exact→fast" in str(app.query_one("#status").render())
+        app.buffer.put(EngineError(message="fast verify is not offered here", fatal=False))
+        await settle(pilot)
+        assert "→" not in str(app.query_one("#status").render())
 
 
 async def test_status_bar_shows_verdict(tmp_path):
@@ -468,3 +537,21 @@ def test_native_engine_gets_no_sglang_options_and_keeps_sigquit():
     assert signal.getsignal(signal.SIGQUIT) is before
     (event,) = buffer.drain()
     assert event.message.startswith("('native', None, ")
+
+
+async def test_a_multi_line_paste_says_only_its_first_line_is_kept(tmp_path):
+    from textual import events
+
+    app = make_app(tmp_path)
+    async with app.run_test(size=SIZE) as pilot:
+        await settle(pilot)
+        await pilot.press("slash")
+        prompt = app.query_one("#prompt")
+        prompt.post_message(events.Paste("def f(x):\n    return x\n"))
+        await pilot.pause()
+        assert prompt.value == "def f(x):"
+        assert app.notes[-1].startswith("pasted 2 lines: the prompt line keeps the first")
+        notes = len(app.notes)
+        prompt.post_message(events.Paste(" + 1"))
+        await pilot.pause()
+        assert prompt.value == "def f(x): + 1" and len(app.notes) == notes  # one line: no note

@@ -149,3 +149,36 @@ def test_run_json_lists_each_divergence_with_both_tokens_and_bits(capsys, pair) 
     assert main([*args, "--verify", "exact"]) == EXIT_OK
     exact = json.loads(capsys.readouterr().out)
     assert exact["divergences"] == [] and exact["divergence_count"] == 0
+
+
+def test_audit_axis_flags_narrow_the_matrix(capsys, pair) -> None:
+    """-k, --drafter, --batch and --verify each narrow their axis to the value given."""
+    args = ["audit", "--json", "--num-prompts", "2", "--max-new-tokens", "4", *_model_args(pair)]
+    code = main([*args, "-k", "2", "--drafter", "model", "--batch", "1", "--verify", "exact"])
+    cells = json.loads(capsys.readouterr().out)["cells"]
+    assert code == EXIT_OK
+    assert [(c["k"], c["drafter"], c["batch"], c["verify"]) for c in cells] == [
+        (2, "model", 1, "exact")
+    ]
+    no_draft = [a for a in args if a not in ("--draft", str(pair[1]))]  # ngram drafts by lookup
+    assert main([*no_draft, "--ks", "1,2", "--drafter", "ngram", "--verify", "fast"]) in (0, 1)
+    cells = json.loads(capsys.readouterr().out)["cells"]
+    assert {(c["k"], c["batch"]) for c in cells} == {(1, 1), (1, 8), (2, 1), (2, 8)}
+    assert {(c["drafter"], c["verify"]) for c in cells} == {("ngram", "fast")}
+
+
+@pytest.mark.parametrize(
+    ("flags", "message"),
+    [
+        (["--no-shadow"], "argument --no-shadow: not an audit flag: every cell is checked"),
+        (["--no-spec"], "argument --no-spec: not an audit flag"),
+        (["--trace", "t.jsonl"], "argument --trace: not an audit flag: it records no trace"),
+        (["--engine", "sglang"], "argument --engine: the audit runs the native engine only"),
+        (["-k", "3", "--ks", "1,2"], "argument -k: give -k (one k) or --ks (several), not both"),
+    ],
+)
+def test_audit_refuses_the_flags_it_cannot_honour(capsys, tmp_path, flags, message) -> None:
+    assert main(["audit", *flags]) == 2
+    err = capsys.readouterr().err
+    assert err.startswith(f"specdash: error: {message}") and "Traceback" not in err
+    assert not (tmp_path / "t.jsonl").exists()

@@ -6,17 +6,20 @@ from __future__ import annotations
 import subprocess
 import sys
 
-from fake_events import STEP_NS, fake_session, folded
+import pytest
+from fake_events import STEP_NS, fake_session, folded, with_idle_gap
 
 from specdash.events import (
     ControlChange,
     EngineError,
     GemmChoice,
+    PromptStart,
     SessionStart,
     Summary,
     TelemetrySample,
     VerifyStep,
 )
+from specdash.ui.dashboard_model import HISTORY
 
 
 def test_acceptance_numbers_match_the_steps():
@@ -100,10 +103,33 @@ def test_controls_errors_and_summary():
     assert m.finished and m.summary.new_tokens == 9
 
 
-def test_bounded_series():
-    m = folded(fake_session(prompts=1, steps_per_prompt=800))
-    assert len(m.accepted_series) == m.accepted_series.maxlen < 800
-    assert len(m.tps_series) == m.tps_series.maxlen
+def test_bounded_series_span_the_session():
+    """A long set keeps every other point, not the latest: the chart starts at its start."""
+    m = folded(fake_session(prompts=1, steps_per_prompt=2000))
+    assert len(m.accepted_series) == m.accepted_series.maxlen < 2000
+    xs = [p[0] for p in m.tps_series]
+    assert HISTORY // 2 <= len(xs) < HISTORY and xs == sorted(xs)
+    assert xs[0] < 0.1 and xs[-1] == pytest.approx(m.busy_s, abs=0.1)
+
+
+def test_idle_never_stretches_the_axes():
+    """After the set, 900 s idle, then one typed prompt: the charts' x axis is the session's
+    clock (what the session numbers use), so the gap adds nothing, and the GPU samples of the
+    idle engine are not plotted."""
+    before = fake_session(seed=7)
+    m_before = folded(before)
+    events = with_idle_gap(before, gap_s=900)
+    m = folded(events)
+    typed = next(e for e in reversed(events) if isinstance(e, PromptStart))
+    busy = (before[-1].t_ns - before[0].t_ns + events[-1].t_ns - typed.t_ns) / 1e9
+    assert m.elapsed_s > 900 and m.busy_s == pytest.approx(busy) and m.busy_s < 5
+    xs = [p[0] for p in m.tps_series]
+    assert max(xs) <= m.busy_s and xs == sorted(xs)
+    assert len(m.tps_series) == len(m_before.tps_series) + 30  # the typed prompt's 30 steps
+    gaps = [b - a for a, b in zip(xs, xs[1:], strict=False)]
+    assert max(gaps) < 0.1  # no line spans the wait
+    assert len(m.bandwidth_series) == len(m_before.bandwidth_series) + 6  # not the 899 idle ones
+    assert max(x for x, _ in m.bandwidth_series) <= m.busy_s
 
 
 def test_dashboard_core_never_imports_textual():

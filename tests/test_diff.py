@@ -180,8 +180,9 @@ def test_an_incomplete_recording_is_not_a_divergence(tmp_path, capsys):
         "prompt 0: identical (24 tokens)",
         "prompt 1: incomplete in B: the recording stops mid-prompt (A 24 tokens, B 20); "
         "the 20 tokens both hold are identical",
-        "prompt 2: incomplete in B: the recording stops mid-prompt (A 24 tokens, B 0); "
-        "no token to compare",
+        # prompt 2 never started in B: not "mid-prompt"
+        "prompt 2: incomplete in B: the recording stops before this prompt's first token "
+        "(A 24 tokens, B 0); no token to compare",
     ]
     assert out[3].startswith("summary: 0 of 3 prompts differ, 2 incomplete (a recording stops")
     assert out[3].endswith(

@@ -108,3 +108,61 @@ def test_no_spec_says_nothing_was_speculated(capsys, pair):
     text = capsys.readouterr().out
     exact = next(line for line in text.splitlines() if line.startswith("exact prompts"))
     assert "8/8 identical bits" in exact and "nothing was speculated" in exact
+    # a plain session: its rate is named plain, and there is no acceptance to report
+    assert "decode t/s, plain" in text and "plain greedy decode, no speculation" in text
+    assert "speculative" not in text.replace("nothing was speculated", "")
+    assert "acceptance rate" not in text and "mean accepted length" not in text
+    assert "verify steps" in text
+
+
+def test_fail_on_divergence_without_a_shadow_is_refused(capsys, pair):
+    """With --no-shadow nothing is compared, so --fail-on-divergence could never fail: exit 2
+    before anything loads, one line saying why."""
+    model, _, prompts = pair
+    args = ["run", "--headless", "--fail-on-divergence", "--no-shadow", "--model", str(model),
+            "--prompts", str(prompts)]  # fmt: skip
+    assert main(args) == 2
+    err = capsys.readouterr().err
+    assert err.startswith("specdash: error: argument --fail-on-divergence: nothing is checked")
+    assert "Traceback" not in err
+
+
+def test_a_cause_at_an_earlier_token_says_why():
+    from fake_events import fake_session
+
+    from specdash.events import Divergence
+
+    d = next(e for e in fake_session() if isinstance(e, Divergence))
+    d = d.model_copy(update={"root_cause": d.root_cause.model_copy(update={"origin_position": 35})})
+    summary = SessionStats().summary(at_ns=1)
+    line = format_summary(summary, [d]).splitlines()[-1]
+    assert line.startswith("DIVERGED prompt 1 at generated token 37")
+    assert "the bits first differed at token 35, an earlier row of the same verify step" in line
+    same = d.model_copy(
+        update={"root_cause": d.root_cause.model_copy(update={"origin_position": 37})}
+    )
+    assert "first differed" not in format_summary(summary, [same])
+
+
+def test_ctrl_c_prints_the_summary_of_the_prompts_done_so_far(capsys, monkeypatch, pair):
+    """An interrupted headless run still says what it decoded before the Ctrl-C, then exits
+    130 with its one line."""
+    from fake_events import fake_session
+
+    from specdash.cli import headless
+
+    def interrupted(settings, sink, options=None):
+        events = fake_session(prompts=2)
+        first_done = next(i for i, e in enumerate(events) if isinstance(e, PromptDone))
+        for event in events[: first_done + 1]:
+            sink(event)
+        raise KeyboardInterrupt
+
+    monkeypatch.setattr(headless, "run_engine", interrupted)
+    model, draft, prompts = pair
+    code = main(["run", "--headless", "--model", str(model), "--prompts", str(prompts)])
+    captured = capsys.readouterr()
+    assert code == 130 and captured.err == "specdash: interrupted\n"
+    lines = captured.out.splitlines()
+    assert lines[0] == "interrupted: the prompts done so far"
+    assert lines[1].split() == ["prompts", "1"] and "1/1 identical bits" in lines[2]

@@ -72,8 +72,8 @@ async def test_each_chart_has_a_key_with_units_outside_its_data(size):
             panel: text_of(app.query_one(f"#{panel} .chart-key")) for panel in ("throughput", "gpu")
         }
         assert "spec" in keys["throughput"] and "shadow" in keys["throughput"]
-        assert "t/s" in keys["throughput"] and "s since start" in keys["throughput"]
-        assert "GB/s" in keys["gpu"] and "s since start" in keys["gpu"]
+        assert "t/s" in keys["throughput"] and "session s" in keys["throughput"]
+        assert "GB/s" in keys["gpu"] and "session s" in keys["gpu"]
         for plot in app.query(PlotextPlot):
             if not plot.display or not plot.region.area:
                 continue
@@ -95,17 +95,36 @@ async def test_readouts_fit_their_panels_without_wrapping(size):
                 assert len(line.rstrip()) <= width, f"#{readout.id} at {size}: {line!r}"
 
 
+@pytest.mark.parametrize("k", [4, 9, 16])
 @pytest.mark.parametrize("size", SIZES, ids=lambda s: f"{s[0]}x{s[1]}")
-async def test_histogram_shows_rows_zero_to_k_and_acceptance_by_position(size):
-    app = make_app()
+async def test_histogram_rows_zero_to_k_are_each_in_view_or_a_scroll_away(size, k):
+    """Every row 0..k of the table is on screen, or is brought there by scrolling its rows
+    (shift+tab reaches them from the divergence table, then End / the arrows), and the panel's
+    border says which rows are in view while some are not."""
+    app = make_app(fake_session(seed=7, k=k))
     async with app.run_test(size=size) as pilot:
         await settle(pilot)
-        bars = app.query_one("#acceptance-bars", Readout)
-        lines = str(bars.render()).splitlines()
-        assert bars.size.height >= len(lines), "every row is inside the panel"
-        assert "kept: steps" in lines[0] and "draft i: P(kept)" in lines[0]
-        k = app.model.max_k
-        assert [line.split()[0] for line in lines[1 : k + 2]] == [str(a) for a in range(k + 1)]
+        header = text_of(app.query_one("#acceptance-header"))
+        assert "kept: steps" in header and "draft i: P(kept)" in header
+        lines = str(app.query_one("#acceptance-bars", Readout).render()).splitlines()
+        assert [line.split()[0] for line in lines] == [str(a) for a in range(k + 1)]
+        rows = app.query_one("#acceptance-rows")
+        in_view = set(range(rows.size.height))
+        subtitle = app.query_one("#acceptance").border_subtitle
+        if k + 1 <= rows.size.height:
+            assert not subtitle
+        else:
+            assert subtitle == f"rows 0–{rows.size.height - 1} of 0–{k} ↓ wheel or shift+tab"
+            await pilot.press("shift+tab")
+            assert app.focused is rows
+            while round(rows.scroll_y) < rows.max_scroll_y:
+                await pilot.press("pagedown")
+                await pilot.pause()
+                first = round(rows.scroll_y)
+                in_view |= set(range(first, first + rows.size.height))
+            subtitle = app.query_one("#acceptance").border_subtitle
+            assert subtitle == f"rows {first}–{k} of 0–{k} ↑"
+        assert in_view >= set(range(k + 1))
 
 
 @pytest.mark.parametrize("size", SIZES, ids=lambda s: f"{s[0]}x{s[1]}")
@@ -161,3 +180,48 @@ async def test_enter_is_not_offered_without_a_divergence():
     async with app.run_test(size=(120, 40)) as pilot:
         await settle(pilot)
         assert ENTER not in footer_keys(app)
+
+
+def cpu_session() -> list:
+    """The fake session as the CPU's header has it: one GEMM backend, `torch`, whose exact
+    GEMM is the compiled C loop."""
+    events = fake_session(seed=7)
+    config = events[0].config | {"gemm_backends": {"torch": None}, "gemm_kernel": "C loop"}
+    events[0] = events[0].model_copy(update={"config": config, "gemm_backend": "torch"})
+    return [e.model_copy(update={"gemm_backend": "torch"}) if hasattr(e, "gemm_backend") else e
+            for e in events]  # fmt: skip
+
+
+@pytest.mark.parametrize("size", SIZES, ids=lambda s: f"{s[0]}x{s[1]}")
+async def test_one_gemm_backend_the_footer_says_so_and_the_status_bar_names_the_kernel(size):
+    app = make_app(cpu_session())
+    async with app.run_test(size=size) as pilot:
+        await settle(pilot)
+        footer = {k.key_display or k.key: k for k in app.screen.query("FooterKey")}
+        assert "1 GEMM" in str(footer["g"].render())
+        assert footer_keys(app).get("g") and footer_keys(app).get("/")  # all still fit
+        assert "GEMM C loop (torch)" in text_of(app.query_one("#status"))
+        await pilot.press("g")
+        assert app.notes[-1] == "torch is the only GEMM backend available here"
+
+
+async def test_several_gemm_backends_keep_the_switch_in_the_footer():
+    app = make_app()
+    async with app.run_test(size=(120, 40)) as pilot:
+        await settle(pilot)
+        footer = {k.key_display or k.key: k for k in app.screen.query("FooterKey")}
+        assert "GEMM" in str(footer["g"].render()) and "only" not in str(footer["g"].render())
+        assert "GEMM rowwise " in text_of(app.query_one("#status"))
+
+
+@pytest.mark.parametrize("size", SIZES, ids=lambda s: f"{s[0]}x{s[1]}")
+async def test_a_toast_leaves_the_token_streams_border_alone(size):
+    app = SpecdashApp(ScriptedSource.live_like(fake_session(seed=7)))
+    async with app.run_test(size=size, notifications=True) as pilot:
+        await settle(pilot)
+        app.notify("k → 5 (applies at the next step)")
+        await pilot.pause(0.3)
+        (toast,) = app.screen.query("Toast")
+        tokens = app.query_one("#tokens").region
+        inside = tokens.shrink((1, 1, 1, 1))  # the panel less its border
+        assert inside.contains_region(toast.region), (toast.region, tokens)

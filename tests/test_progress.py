@@ -87,8 +87,13 @@ def test_session_progress_follows_the_events_of_a_real_session(pair) -> None:
     settings = SessionSettings(model=pair[0], draft=pair[1], prompts=pair[2], max_new_tokens=12)
     summary = run_engine(settings, sink)
     starts = [d for kind, d, _, _ in seen if kind == "prompt_start"]
-    assert starts[0].startswith("prompts 0/8 · prefill #1 (") and starts[0].endswith(" tokens)")
-    assert [d for kind, d, _, _ in seen if kind == "prefill"][0] == "prompts 0/8 · decoding #1"
+    # prompts counted from 0, as every other view and event counts them
+    assert starts[0].startswith("prompts 0/8 · prefill prompt 0 (") and starts[0].endswith(
+        " tokens)"
+    )
+    assert [d for kind, d, _, _ in seen if kind == "prefill"][
+        0
+    ] == "prompts 0/8 · decoding prompt 0"
     kind, description, completed, total = seen[-1]
     assert description == "prompts 8/8 · done"
     assert completed == total == summary.new_tokens  # early stops leave the total

@@ -186,6 +186,22 @@ async def test_engine_controls_are_read_only_in_a_replay():
     assert notes == ["read-only: this session is a replay"] * 3
 
 
+async def test_e_in_a_replay_writes_nothing(tmp_path, monkeypatch):
+    """The README's rule: replay writes nothing; `e` says so instead of exporting."""
+    monkeypatch.chdir(tmp_path)
+    events = session(Plan(prompts=1))
+    app = ReplayApp(TraceReplay(events[0], events[1:], clock=FakeClock()), name="x")
+    notes = []
+    app.notify = lambda message, **kw: notes.append(message)
+    async with app.run_test(size=SIZE) as pilot:
+        await pilot.press("e")
+    assert notes == [
+        "read-only: a replay writes nothing, the trace is the recording "
+        "(specdash export converts it)"
+    ]
+    assert list(tmp_path.iterdir()) == []
+
+
 async def test_torn_trace_replays_with_a_warning(tmp_path):
     path = tmp_path / "s.jsonl"
     with TraceWriter(path) as w:
@@ -304,14 +320,19 @@ async def test_a_dense_trace_at_a_high_speed_loses_no_event():
         assert app.model.verify_steps == sum(isinstance(e, VerifyStep) for e in events)
 
 
-async def test_e_in_a_replay_writes_nothing(tmp_path, monkeypatch):
-    monkeypatch.chdir(tmp_path)
+@pytest.mark.parametrize("cut", [False, True], ids=["finished", "cut-off"])
+async def test_the_bar_fits_100_columns_and_says_where_a_cut_off_recording_ends(cut):
     events = session(Plan(prompts=1))
-    app = ReplayApp(TraceReplay(events[0], events[1:], clock=FakeClock()), name="s.jsonl")
-    notes = []
-    app.notify = lambda message, **kw: notes.append(message)
-    async with app.run_test(size=SIZE) as pilot:
-        await pilot.press("e")
-        await settle(pilot)
-    assert notes == ["a replay writes nothing: s.jsonl is the trace"]
-    assert list(tmp_path.iterdir()) == []
+    if cut:  # killed mid-run: no summary, the last prompt unfinished
+        events = [e for e in events if e.kind not in ("summary", "prompt_done")][:-5]
+    clock = FakeClock()
+    name = "specdash-20261207-123456.jsonl"  # an exported trace's name
+    app = ReplayApp(TraceReplay(events[0], events[1:], clock=clock), name=name)
+    async with app.run_test(size=(100, 30)) as pilot:
+        clock.t += 1e6
+        app.tick()
+        await pilot.pause()
+        bar = str(app.query_one("#replay-bar", Static).render())
+    assert len(bar) <= 100 - 2 and name in bar and "recorded" in bar, bar  # (padding 0 1)
+    assert ("■ end: recording cut off here" in bar) is cut
+    assert cut or "■ end" in bar

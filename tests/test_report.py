@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import base64
+import math
 import re
 import sys
 from pathlib import Path
@@ -14,7 +15,12 @@ from specdash.cli import main
 from specdash.errors import EXIT_ENVIRONMENT, EXIT_OK, EXIT_USAGE
 from specdash.trace.export import StepRow
 from specdash.trace.jsonl import TraceWriter
-from specdash.trace.report import PLOTS, acceptance_by_position, windowed_tokens_per_s
+from specdash.trace.report import (
+    PLOTS,
+    acceptance_by_position,
+    broken_at_gaps,
+    windowed_tokens_per_s,
+)
 
 IMG = re.compile(r"<figure id='plot-([a-z-]+)'>.*?src='data:image/png;base64,([^']+)'")
 
@@ -130,3 +136,32 @@ def test_a_report_never_overwrites_its_trace(tmp_path, capsys):
     assert main(["report", trace, "-o", trace, "--overwrite"]) == EXIT_USAGE
     assert "would overwrite the trace it reads" in capsys.readouterr().err
     assert Path(trace).read_bytes() == before
+
+
+def test_rate_lines_break_where_no_step_ran():
+    """A root-cause replay (or a long prefill, or idle) between steps: the rate plot lifts its
+    pen there and shades the stretch, rather than drawing a rate across time nothing decoded."""
+    t = [0.0, 0.1, 0.2, 7.5, 7.6]
+    xs, (ys,), gaps = broken_at_gaps(t, [1.0, 2.0, 3.0, 4.0, 5.0])
+    assert gaps == [(0.2, 7.5)]
+    assert xs == [0.0, 0.1, 0.2, pytest.approx(3.85), 7.5, 7.6]
+    assert ys[:3] == [1.0, 2.0, 3.0] and math.isnan(ys[3]) and ys[4:] == [4.0, 5.0]
+    assert broken_at_gaps(t[:3], [1.0, 2.0, 3.0])[2] == []  # steady decoding: one line
+
+
+def test_summary_names_its_seconds_and_has_the_shadow_rate_and_speedup(tmp_path):
+    events = session(Plan(prompts=1))
+    summary = events[-1]
+    events[-1] = summary.model_copy(update={"shadow_tokens_per_s": summary.tokens_per_s / 2,
+                                            "wall_seconds": 9.5})  # fmt: skip
+    trace = tmp_path / "s.jsonl"
+    with TraceWriter(trace) as w:
+        for e in events:
+            w(e)
+    page = report(tmp_path, str(trace))
+    table = page[page.index("<h2>Summary</h2>") : page.index("<h2>Plots</h2>")]
+    assert f"speculative seconds (decode steps)</th><td>{summary.seconds:.3f}" in table
+    assert f"shadow (plain greedy) tokens / s</th><td>{summary.tokens_per_s / 2:.2f}" in table
+    assert "speedup (speculative / shadow)</th><td>2.00x" in table
+    assert "session wall seconds (idle and paused excluded)</th><td>9.500" in table
+    assert "<th>seconds</th>" not in table

@@ -328,3 +328,21 @@ def test_every_step_field_is_the_session_step(pair) -> None:
         assert tokens[0].source == "decode" and tokens[0].step == steps[p][0]  # the prefill's
         by_step = Counter(t.step for t in tokens[1:])
         assert by_step == {s: emitted[p, s] for s in steps[p] if emitted[p, s]}
+
+
+def test_the_header_names_the_kernel_the_cpus_gemm_runs(pair) -> None:
+    """The CPU's one GEMM backend is named `torch`, but its exact fp32 GEMM is the compiled C
+    loop: the header says so, and the dashboard's status bar shows what runs."""
+    from specdash.kernels import cpu_gemm
+
+    events: list[Event] = []
+    native_session(_settings(pair, k=2), events.append).run()
+    header = events[0]
+    assert header.gemm_backend == "torch" and [
+        (c.name, c.unavailable) for c in header.gemm_backends
+    ] == [("torch", None)]
+    compiled = cpu_gemm.load() is not None  # (no C compiler: torch's own per-row GEMM)
+    assert header.config["gemm_kernel"] == ("C loop" if compiled else "torch")
+    model = folded(events)
+    assert model.gemm_kernel == ("C loop" if compiled else None)
+    assert model.gemm_backends == ["torch"]

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import contextlib
 import os
+import re
 import shutil
 import signal
 import subprocess
@@ -36,9 +37,11 @@ def tmux(*args: str) -> str:
     return subprocess.run(command, check=True, capture_output=True, text=True, env=env).stdout
 
 
-def start_session(session: str, cwd: Path, command: str) -> None:
-    size = ("-x", str(COLUMNS), "-y", str(LINES))
-    tmux("new-session", "-d", "-s", session, *size, "-c", str(cwd), command)
+def start_session(
+    session: str, cwd: Path, command: str, size: tuple[int, int] = (COLUMNS, LINES)
+) -> None:
+    tmux("new-session", "-d", "-s", session, "-x", str(size[0]), "-y", str(size[1]),
+         "-c", str(cwd), command)  # fmt: skip
 
 
 def wait_for(session: str, predicate, timeout: float = 90) -> str:
@@ -53,15 +56,17 @@ def wait_for(session: str, predicate, timeout: float = 90) -> str:
 
 
 @contextlib.contextmanager
-def specdash_in_tmux(cwd: Path, flags: str) -> Iterator[tuple[str, Path]]:
+def specdash_in_tmux(
+    cwd: Path, flags: str, size: tuple[int, int] = (COLUMNS, LINES)
+) -> Iterator[tuple[str, Path]]:
     """`specdash FLAGS` in a tmux pane, running once its first steps are on screen: the
     session's name and the file its exit status goes to. The pane stays open after the exit,
     so its last lines can be read."""
     session = f"specdash-test-{uuid.uuid4().hex[:8]}"
     status = cwd / "exit_status"
-    start_session(session, cwd, f"{SPECDASH} {flags}; echo $? > {status}; sleep 60")
+    start_session(session, cwd, f"{SPECDASH} {flags}; echo $? > {status}; sleep 60", size)
     try:
-        wait_for(session, lambda s: "steps " in s and "steps 0" not in s)
+        wait_for(session, lambda s: re.search(r"verify steps [1-9]", s) is not None)
         yield session, status
     finally:
         subprocess.run(["tmux", "-L", SOCKET, "kill-server"], capture_output=True)
@@ -93,6 +98,9 @@ def test_specdash_in_a_real_terminal(tmp_path):
         wait_for(session, lambda s: "specdash help" not in s, timeout=10)
         tmux("send-keys", "-t", session, "q")
         assert exit_status(status) == "0"
+        # the session's summary, as headless prints it, is left on the terminal
+        screen = wait_for(session, lambda s: "exact prompts" in s, timeout=10)
+        assert "new tokens" in screen and "divergences" in screen
 
 
 def test_ctrl_c_in_a_real_terminal_exits_130_and_keeps_the_trace(tmp_path):
@@ -140,3 +148,87 @@ def test_a_prompt_typed_after_the_shipped_set_is_decoded(tmp_path):
     assert typed and typed[0].text == "def typed_by_hand(x):"
     assert [e.kind for e in events].count("idle") == 2 and events[-1].kind == "summary"
     assert events[-1].prompts == 25
+
+
+def acceptance_rows(screen: str) -> set[int]:
+    """The histogram rows (drafts kept) on screen: the acceptance panel's lines (the right
+    half of the screen, inside its border) that start with a row number."""
+    rows = set()
+    lines = screen.splitlines()
+    middle = max(len(line) for line in lines) // 2
+    for line in lines:
+        right = line[middle + 1 :]
+        if line[middle : middle + 1] == "│" and right[:2].strip().isdigit() and right[2:3] == " ":
+            rows.add(int(right[:2]))
+    return rows
+
+
+def rows_reachable(session: str, k: int) -> set[int]:
+    """Every histogram row seen while scrolling the table from its top to its end as a user
+    would: shift+tab from the divergence table to the rows, then PgDn until the border says
+    the last row is in view."""
+    screen = wait_for(
+        session, lambda s: f"0–{k} " in s or acceptance_rows(s) == set(range(k + 1)), timeout=10
+    )
+    seen = acceptance_rows(screen)
+    if f"of 0–{k}" not in screen:
+        return seen  # every row fits
+    tmux("send-keys", "-t", session, "BTab")
+    for _ in range(k):
+        tmux("send-keys", "-t", session, "PageDown")
+        time.sleep(0.5)
+        screen = tmux("capture-pane", "-p", "-t", session)
+        seen |= acceptance_rows(screen)
+        if f"–{k} of 0–{k}" in screen:
+            break
+    tmux("send-keys", "-t", session, "Home", "Tab")  # back to the top, focus back on the table
+    return seen
+
+
+def last_x_tick(screen: str) -> float:
+    """The largest x tick number of the throughput chart: the last line of numbers alone in
+    the left (throughput) panel, above the GPU panel."""
+    ticks: list[float] = []
+    for line in screen.splitlines():
+        if "GPU" in line:
+            break
+        left = line.split("││")[0].strip("│ ")
+        words = left.split()
+        if len(words) > 1 and all(w.replace(".", "", 1).isdigit() for w in words):
+            ticks = [float(w) for w in words]
+    return max(ticks)
+
+
+IDLE_S = 20
+
+
+@pytest.mark.parametrize("size", [(100, 30), (160, 48)], ids=lambda s: f"{s[0]}x{s[1]}")
+def test_acceptance_rows_for_k_9_and_16_and_the_axis_after_idle(tmp_path, size):
+    """At k = 9 and then (`+` seven times) k = 16 every histogram row 0..k is on screen or a
+    scroll away, and {IDLE_S} s idle before a typed prompt adds nothing to the throughput
+    chart's x axis (the session's clock stops while idle)."""
+    prompts = tmp_path / "p.jsonl"
+    prompts.write_text('{"prompt": "def add(a, b):"}\n{"prompt": "import os"}\n')
+    flags = f"-k 9 --max-new-tokens 24 --prompts {prompts}"
+    with specdash_in_tmux(tmp_path, flags, size) as (session, status):
+        wait_for(session, lambda s: "IDLE" in s and "2 done" in s, timeout=120)
+        time.sleep(2.5)  # the plots redraw every 2 s
+        before = tmux("capture-pane", "-p", "-t", session)
+        axis_before = last_x_tick(before)
+        assert rows_reachable(session, 9) == set(range(10))
+        time.sleep(IDLE_S)
+        for _ in range(7):
+            tmux("send-keys", "-t", session, "+")
+        wait_for(session, lambda s: " k 9→16 " in s, timeout=10)  # asked, for the next step
+        tmux("send-keys", "-t", session, "/")
+        tmux("send-keys", "-t", session, "-l", "def typed_by_hand(x):")
+        tmux("send-keys", "-t", session, "Enter")
+        wait_for(session, lambda s: "3 done" in s and "IDLE" in s, timeout=60)
+        time.sleep(2.5)
+        assert " k 16 " in tmux("capture-pane", "-p", "-t", session)  # applied
+        after = tmux("capture-pane", "-p", "-t", session)
+        assert rows_reachable(session, 16) == set(range(17)), after
+        axis_after = last_x_tick(after)
+        assert axis_before <= axis_after < axis_before + IDLE_S / 4, (before, after)
+        tmux("send-keys", "-t", session, "q")
+        assert exit_status(status) == "0"

@@ -296,10 +296,14 @@ def build_parser() -> argparse.ArgumentParser:
         "audit",
         help="exactness matrix: k x drafter x batch x verify mode",
         usage="specdash audit [--json] [--ks K,K,...] [--num-prompts N] [session flags]",
+        description="-k, --drafter, --batch and --verify narrow their axis of the matrix to the "
+        "value given; --no-shadow, --no-spec, --trace and --engine sglang are refused.",
     )
     _add_session_flags(audit)
+    # given, -k / --drafter / --batch / --verify narrow their axis of the matrix to that value
+    audit.set_defaults(k=None, drafter=None, batch=None, verify=None)
     audit.add_argument("--json", action="store_true", help="print the cells as one JSON object")
-    audit.add_argument("--ks", default="1,3,5,9", metavar="K,K,...", help="the k values")
+    audit.add_argument("--ks", metavar="K,K,...", help="the k values (default: 1,3,5,9)")
     audit.add_argument(
         "--num-prompts",
         type=whole_number(1),

@@ -6,9 +6,10 @@ import argparse
 import asyncio
 import sys
 
+from specdash.cli.headless import format_summary
 from specdash.cli.session_args import describe, open_trace, session_options, settings_from_args
 from specdash.cli.signals import Terminated, on_termination
-from specdash.errors import EXIT_INTERRUPTED
+from specdash.errors import EXIT_INTERRUPTED, FlagError
 from specdash.ui.app import SpecdashApp
 from specdash.ui.sources import LiveSession
 
@@ -26,8 +27,12 @@ def dashboard_app(args: argparse.Namespace) -> SpecdashApp:
 
 
 def run_dashboard(args: argparse.Namespace) -> int:
-    """The dashboard until `q`; the exit code (and one line on stderr) says how the session
-    ended (`SpecdashApp.exit_code`)."""
+    """The dashboard until `q`, then the session's summary as headless prints it; the exit
+    code (and one line on stderr) says how the session ended (`SpecdashApp.exit_code`)."""
+    for flag in ("json", "fail_on_divergence"):  # `run`'s headless flags
+        if getattr(args, flag, False):
+            name = "--" + flag.replace("_", "-")
+            raise FlagError(f"argument {name}: only with --headless (the dashboard shows it)")
     app = dashboard_app(args)
     terminated: list[Terminated] = []
 
@@ -46,6 +51,8 @@ def run_dashboard(args: argparse.Namespace) -> int:
     if terminated:
         print(terminated[-1].line, file=sys.stderr)
         return terminated[-1].exit_code
+    if app.model.summary is not None:
+        print(format_summary(app.model.summary, list(app.model.divergences)))
     if code == EXIT_INTERRUPTED:
         print("specdash: interrupted", file=sys.stderr)
     elif code and app.exit_message:

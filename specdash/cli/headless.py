@@ -12,10 +12,11 @@ from contextlib import ExitStack
 from specdash.cli.progress import SessionProgress, make_progress
 from specdash.cli.session_args import open_trace, session_options, settings_from_args
 from specdash.cli.stdout import print_stdout
-from specdash.errors import EXIT_DIVERGED, EXIT_OK
+from specdash.errors import EXIT_DIVERGED, EXIT_OK, FlagError
 from specdash.events import Divergence, Event, SessionStart, Summary
 from specdash.prompts import load_prompts
 from specdash.runs.runner import run_engine
+from specdash.stats import SessionStats
 from specdash.trace.recorder import TraceRecorder
 
 
@@ -25,6 +26,7 @@ def _rate(value: float | None, spec: str = ".1f") -> str:
 
 def format_summary(summary: Summary, divergences: list[Divergence]) -> str:
     s = summary
+    speculated = s.verify_steps > 0 or not s.new_tokens
     if s.rate_includes_prefill:  # the engine times whole requests (SGLang): no decode-only time
         rate, basis = "t/s, {} requests", "requests"
         spec_parts, shadow_what = (
@@ -34,11 +36,16 @@ def format_summary(summary: Summary, divergences: list[Divergence]) -> str:
     else:
         rate, basis = "decode t/s, {}", "decode"
         spec_parts, shadow_what = "draft + verify + rollback", "the same tokens, no speculation"
+    if not speculated:  # --no-spec: plain decode, nothing drafted, nothing accepted
+        spec_parts = "plain greedy decode, no speculation"
     rows = [
         ("prompts", f"{s.prompts}"),
         ("exact prompts", s.exact_text),
         ("new tokens", f"{s.new_tokens}"),
-        (rate.format("speculative"), f"{s.tokens_per_s:.1f}  ({spec_parts})"),
+        (
+            rate.format("speculative" if speculated else "plain"),
+            f"{s.tokens_per_s:.1f}  ({spec_parts})",
+        ),
         (
             rate.format("shadow (plain greedy)"),
             f"{_rate(s.shadow_tokens_per_s)}  ({shadow_what})"
@@ -48,7 +55,8 @@ def format_summary(summary: Summary, divergences: list[Divergence]) -> str:
         (f"speculative / shadow {basis}", f"{_rate(s.speedup, '.2f')}x" if s.speedup else "–"),
         (
             "wall t/s",
-            f"{_rate(s.wall_tokens_per_s)}  (the whole session: prefill, speculative"
+            f"{_rate(s.wall_tokens_per_s)}  (the whole session: prefill, "
+            f"{'speculative' if speculated else 'plain'}"
             f"{' and shadow' if s.checked else ''} decode; loading excluded)",
         ),
         ("mean accepted length", f"{s.mean_accepted_length:.2f} tokens/step"),
@@ -56,10 +64,16 @@ def format_summary(summary: Summary, divergences: list[Divergence]) -> str:
         ("verify steps", f"{s.verify_steps}"),
         ("divergences", f"{s.divergences}"),
     ]
+    if not speculated:
+        rows = [r for r in rows if r[0] not in ("mean accepted length", "acceptance rate")]
+        rows = [(f"plain / shadow {basis}", v) if r.startswith("speculative /") else (r, v)
+                for r, v in rows]  # fmt: skip
     width = max(len(r[0]) for r in rows)
     lines = [f"{name:<{width}}  {value}" for name, value in rows]
     for d in divergences:
         cause = f"; root cause: {d.root_cause.detail}" if d.root_cause else ""
+        if d.root_cause is not None and (origin := d.root_cause.origin_text(d.position)):
+            cause += f" ({origin})"
         if d.shadow_margin is not None:
             cause += f"; {d.shadow_margin.text(flipped=d.what == 'token')}"
         lines.append(
@@ -126,6 +140,11 @@ def run_headless(args: argparse.Namespace) -> int:
 
 def _run_headless(args: argparse.Namespace, recorders: list[TraceRecorder]) -> int:
     settings = settings_from_args(args)
+    if args.fail_on_divergence and not settings.shadow:
+        raise FlagError(
+            "argument --fail-on-divergence: nothing is checked with --no-shadow, so no "
+            "divergence could fail the run; leave out one of the two"
+        )
     # read once, before the load: a bad prompt file fails first, and a FIFO or a pipe has
     # nothing left for a second read
     prompts = load_prompts(settings.prompts)
@@ -133,8 +152,10 @@ def _run_headless(args: argparse.Namespace, recorders: list[TraceRecorder]) -> i
     recorder = None
     with ExitStack() as stack:
         progress = stack.enter_context(make_progress())
+        so_far = SessionStats()  # what an interrupted run prints
         sinks: list[Callable[[Event], object]] = [
-            SessionProgress(progress, len(prompts), settings.max_new_tokens)
+            SessionProgress(progress, len(prompts), settings.max_new_tokens),
+            so_far.consume,
         ]
         sampler = None
 
@@ -159,9 +180,18 @@ def _run_headless(args: argparse.Namespace, recorders: list[TraceRecorder]) -> i
             sampler = GpuSampler(sink, index=device_index(settings.device) or 0)
             stack.callback(sampler.stop)
 
-        summary = run_engine(
-            settings, sink, options=session_options(settings, args), prompts=prompts
-        )
+        try:
+            summary = run_engine(
+                settings, sink, options=session_options(settings, args), prompts=prompts
+            )
+        except KeyboardInterrupt:  # Ctrl-C: the prompts done so far, then exit 130 (`main`)
+            partial = so_far.summary()
+            print_stdout(
+                summary_json(partial, divergences)
+                if args.json
+                else "interrupted: the prompts done so far\n" + format_summary(partial, divergences)
+            )
+            raise
     print_stdout(
         summary_json(summary, divergences) if args.json else format_summary(summary, divergences)
     )

@@ -92,9 +92,9 @@ class SessionProgress:
             self._describe("starting")
         elif isinstance(event, PromptStart):
             n = event.prompt_tokens
-            self._describe(f"prefill #{event.prompt_index + 1} ({n:,} tokens)")
+            self._describe(f"prefill prompt {event.prompt_index} ({n:,} tokens)")
         elif isinstance(event, Prefill):
-            self._describe(f"decoding #{event.prompt_index + 1}")
+            self._describe(f"decoding prompt {event.prompt_index}")
         elif isinstance(event, Token):
             self.tokens += 1
             rate = self.tokens / max(time.perf_counter() - self.t0, 1e-9)

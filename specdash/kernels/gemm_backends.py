@@ -189,6 +189,20 @@ def build_deepgemm() -> GemmBackend:
 
 CPU_BACKENDS = {e.name: e.load()() for e in registry.on("cpu")}
 
+
+def exact_kernel(backend: GemmBackend, dtype: torch.dtype) -> str:
+    """What `backend`'s exact GEMM runs for `dtype`, for the status line: the CPU's `torch`
+    backend hands fp32 to the compiled C loop (`_cpu_exact`), every other pairing runs what
+    its name says."""
+    if (
+        backend is CPU_BACKENDS.get("torch")
+        and dtype == torch.float32
+        and cpu_gemm.load() is not None
+    ):
+        return "C loop"
+    return backend.name
+
+
 _gpu_backends: dict[str, GemmBackend] = {}
 
 

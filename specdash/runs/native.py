@@ -108,7 +108,10 @@ class NativeBackend:
             checked=s.shadow,
             versions=versions(),
             device=device_name(target.device),
-            config={"loaded": self.loaded.description},
+            config={
+                "loaded": self.loaded.description,
+                "gemm_kernel": gemm_backends.exact_kernel(target.gemm, target.dtype),
+            },
         )
         return header, encoded
 

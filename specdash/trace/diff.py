@@ -166,9 +166,12 @@ def format_diff(d: PromptDiff) -> str:
     if d.incomplete:
         held = min(d.tokens_a, d.tokens_b)
         same = f"the {held} tokens both hold are identical" if held else "no token to compare"
+        counts = {"A": d.tokens_a, "B": d.tokens_b}
+        never = all(counts[side] == 0 for side in d.incomplete.split(" and "))
+        where = "before this prompt's first token" if never else "mid-prompt"
         return (
             f"prompt {d.prompt_index}: incomplete in {d.incomplete}: the recording stops "
-            f"mid-prompt (A {d.tokens_a} tokens, B {d.tokens_b}); {same}"
+            f"{where} (A {d.tokens_a} tokens, B {d.tokens_b}); {same}"
         )
     if d.capped:
         return (

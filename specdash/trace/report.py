@@ -11,6 +11,7 @@ from __future__ import annotations
 import base64
 import html
 import io
+import math
 from collections import Counter
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -47,6 +48,27 @@ def windowed_tokens_per_s(rows: list[StepRow]) -> tuple[list[float], list[float]
     return spec, shadow
 
 
+def broken_at_gaps(
+    t: list[float], *series: list[float]
+) -> tuple[list[float], list[list[float]], list[tuple[float, float]]]:
+    """The series with a NaN (where matplotlib lifts the pen) in every stretch longer than
+    `WINDOW_S` without a step, and those stretches: a root-cause replay, a long prefill or an
+    idle wait ran no decode, so no rate is drawn across them."""
+    xs: list[float] = []
+    ys: list[list[float]] = [[] for _ in series]
+    gaps = []
+    for i, x in enumerate(t):
+        if i and x - t[i - 1] > WINDOW_S:
+            gaps.append((t[i - 1], x))
+            xs.append((t[i - 1] + x) / 2)
+            for y in ys:
+                y.append(math.nan)
+        xs.append(x)
+        for y, values in zip(ys, series, strict=True):
+            y.append(values[i])
+    return xs, ys, gaps
+
+
 def _no_data(ax: Axes, what: str) -> None:
     ax.text(0.5, 0.5, what, ha="center", va="center", transform=ax.transAxes, color="gray")
     ax.set_xticks([])
@@ -64,10 +86,12 @@ def _plot_throughput(ax: Axes, data: ReportData) -> None:
     rows = data.rows
     if not rows:
         return _no_data(ax, "no verify steps recorded")
-    t = [r.t_s for r in rows]
     spec, shadow = windowed_tokens_per_s(rows)
+    t, (spec, shadow), gaps = broken_at_gaps([r.t_s for r in rows], spec, shadow)
+    for i, (start, end) in enumerate(gaps):
+        ax.axvspan(start, end, color="0.92", label=None if i else "no decode step (> 1 s)")
     ax.plot(t, spec, color=COLORS["spec"], label="speculative (1 s window)")
-    if any(shadow):
+    if any(y > 0 for y in shadow):  # (NaN > 0 is False)
         ax.plot(t, shadow, color=COLORS["shadow"], label="shadow greedy (1 s window)")
     ax.set_xlabel("seconds since session start")
     ax.set_ylabel("tokens / s")
@@ -244,16 +268,27 @@ def _summary(summary: Summary | None, rows: list[StepRow]) -> list[tuple[str, ob
             ("mean accepted length", "-" if length is None else f"{length:.3f}"),
         ]
     s = summary
-    return [
+    timed = "requests, prefill included" if s.rate_includes_prefill else "decode steps"
+    shadow = "– (no shadow ran)" if not s.checked else _fixed(s.shadow_tokens_per_s, ".2f")
+    rows_out: list[tuple[str, object]] = [
         ("exact prompts", s.exact_text),
         ("new tokens", s.new_tokens),
-        ("seconds", f"{s.seconds:.3f}"),
-        ("tokens / s", f"{s.tokens_per_s:.2f}"),
-        ("mean accepted length", f"{s.mean_accepted_length:.3f}"),
-        ("acceptance rate", f"{s.acceptance_rate:.3f}"),
-        ("verify steps", s.verify_steps),
-        ("divergences", s.divergences),
+        (f"speculative seconds ({timed})", f"{s.seconds:.3f}"),
+        ("speculative tokens / s", f"{s.tokens_per_s:.2f}"),
+        ("shadow (plain greedy) tokens / s", shadow),
+        ("speedup (speculative / shadow)", _fixed(s.speedup, ".2f", "x")),
+        ("session wall seconds (idle and paused excluded)", _fixed(s.wall_seconds, ".3f")),
     ]
+    if s.verify_steps:  # nothing was speculated: no acceptance to speak of
+        rows_out += [
+            ("mean accepted length", f"{s.mean_accepted_length:.3f}"),
+            ("acceptance rate", f"{s.acceptance_rate:.3f}"),
+        ]
+    return [*rows_out, ("verify steps", s.verify_steps), ("divergences", s.divergences)]
+
+
+def _fixed(value: float | None, spec: str, unit: str = "") -> str:
+    return "–" if value is None else f"{value:{spec}}{unit}"
 
 
 def _settings(header: SessionStart) -> list[tuple[str, object]]:
@@ -281,6 +316,7 @@ figure { margin: 1em 0; } figcaption { font-weight: bold; } img { max-width: 100
 table { border-collapse: collapse; font-size: 90%; margin: 0.5em 0 1.5em; }
 th, td { border: 1px solid #ccc; padding: 0.2em 0.5em; text-align: left; vertical-align: top; }
 td { overflow-wrap: anywhere; } .wide { overflow-x: auto; }
+.grid td { overflow-wrap: break-word; } .grid td:nth-child(10) { overflow-wrap: anywhere; }
 .grid td:nth-child(-n+7) { white-space: nowrap; }
 .kv th { background: #f4f4f4; } .grid th { background: #f4f4f4; }
 .warning { color: #a60; }

@@ -14,6 +14,7 @@ command line.
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import time
 from collections.abc import Iterable
 from pathlib import Path
@@ -41,7 +42,9 @@ from specdash.ui.widgets.divergence import DivergenceDetail, DivergencePanel
 from specdash.ui.widgets.error_panel import ErrorPanel
 from specdash.ui.widgets.gpu import GpuPanel
 from specdash.ui.widgets.help_screen import HelpScreen
-from specdash.ui.widgets.status_bar import StatusBar
+from specdash.ui.widgets.panel import Panel
+from specdash.ui.widgets.prompt_input import PromptInput
+from specdash.ui.widgets.status_bar import StatusBar, changes_text, still_asked
 from specdash.ui.widgets.throughput import ThroughputPanel
 from specdash.ui.widgets.token_stream import TokenStream
 
@@ -49,6 +52,14 @@ UI_HZ = 1
 PLOT_HZ = 0.5
 TEARDOWN = contextlib.suppress(NoMatches)
 """A timer tick while the app quits finds the panels gone: nothing left to draw."""
+PANELS: tuple[type[Panel], ...] = (
+    ThroughputPanel,
+    AcceptancePanel,
+    GpuPanel,
+    DivergencePanel,
+    TokenStream,
+)
+"""The grid's panels in reading order (app.tcss places them): each redraws itself."""
 MIN_SIZE = (100, 30)
 """Below this the panels cannot show their numbers; the app says so instead of drawing."""
 
@@ -79,36 +90,6 @@ FOOTER_SHOWS: dict[str, dict] = {
 """`+` and `-` share one footer entry. `/` is handled before the key after it is passed on,
 so text typed right behind it lands in the prompt line (a non-priority binding runs only
 once the focused widget has passed `/` back, by when the next keys have gone there too)."""
-
-CONTROL_NAMES = {
-    "gemm_backend": "GEMM backend",
-    "speculation": "speculation",
-    "k": "k",
-    "verify_mode": "verify mode",
-    "paused": "pause",
-}
-
-
-def _said(value: object) -> str:
-    """A control's new value as the status bar would say it (no Python True/False)."""
-    if value is True:
-        return "on"
-    if value is False:
-        return "off"
-    return f"→ {value}"
-
-
-class PromptInput(Input):
-    """The prompt line: Enter queues the prompt, Esc leaves it (both in the footer)."""
-
-    BINDINGS = [
-        Binding("enter", "submit", "queue prompt"),
-        Binding("escape", "leave", "leave"),
-    ]
-
-    def action_leave(self) -> None:
-        self.clear()
-        self.screen.query_one(DataTable).focus()
 
 
 class SpecdashApp(App[int]):
@@ -155,6 +136,9 @@ class SpecdashApp(App[int]):
         s" and "prefill … N s"; a replay's is the trace's (tests replace it)."""
         self._phase: tuple[str | None, float] = ("loading", self.clock())
         """What the status bar counts seconds for (loading, a prefill; None: nothing), since."""
+        self._gemm_offered = False
+        self._asked: tuple[dict[str, object], int] = ({}, 0)
+        """Control changes not yet applied (`still_asked`), and the errors seen when asked."""
 
     @property
     def event_log(self) -> EventLog:
@@ -176,11 +160,7 @@ class SpecdashApp(App[int]):
         yield StatusBar(id="status")
         yield ErrorPanel(id="error")
         with Grid(id="main"):
-            yield ThroughputPanel(id="throughput")
-            yield AcceptancePanel(id="acceptance")
-            yield GpuPanel(id="gpu")
-            yield DivergencePanel(id="divergence")
-            yield TokenStream(id="tokens")
+            yield from (panel() for panel in PANELS)
         yield Static(id="too-small")
         yield PromptInput(placeholder="/ to type a prompt, Enter queues it, Esc leaves",
                           id="prompt")  # fmt: skip
@@ -192,15 +172,6 @@ class SpecdashApp(App[int]):
         return self.screen_stack[0]
 
     def on_mount(self) -> None:
-        titles = {
-            "#throughput": "throughput",
-            "#acceptance": "acceptance",
-            "#gpu": "GPU",
-            "#divergence": "divergence",
-            "#tokens": "token stream",
-        }
-        for selector, title in titles.items():
-            self.dashboard.query_one(selector).border_title = title
         self._fit_to_terminal(self.size.width, self.size.height)
         self.set_interval(1 / self._ui_hz, self.refresh_numbers)
         self.set_interval(1 / self._plot_hz, self.refresh_plots)
@@ -241,20 +212,25 @@ class SpecdashApp(App[int]):
         self._shown_revision = m.revision
         controls = self.source.controls
         paused = m.paused if controls is None else controls.snapshot().paused
+        if m.started and not self._gemm_offered:
+            self._offer_gemm()
+        asked = still_asked(m, *self._asked)
+        self._asked = (asked, self._asked[1])
+        recording, writer = self.recorder.note, self.recorder.writer
+        if writer is not None and writer.path is not None:  # its name fits 100 columns; the
+            recording = recording.replace(str(writer.path), writer.path.name)  # toast: its path
         with self.batch_update(), TEARDOWN:
             screen.query_one(StatusBar).show(
                 m,
                 paused,
-                self.recorder.note,
+                recording,
                 loading=getattr(self.source, "loading", "waiting for the first event"),
                 phase_s=max(0.0, self.clock() - self._phase[1]),
+                asked=asked,
             )
             screen.query_one(ErrorPanel).show(m.errors, self.recorder.note)
-            screen.query_one(ThroughputPanel).show_numbers(m)
-            screen.query_one(AcceptancePanel).show_numbers(m)
-            screen.query_one(GpuPanel).show_numbers(m)
-            screen.query_one(DivergencePanel).show(m)
-            screen.query_one(TokenStream).show(m)
+            for panel in screen.query(Panel):
+                panel.show_numbers(m)
 
     def _consume(self, events: list[Event]) -> None:
         for event in events:
@@ -271,9 +247,8 @@ class SpecdashApp(App[int]):
             if m.revision == self._plotted_revision or not screen.query_one("#main").display:
                 return
             self._plotted_revision = m.revision
-            screen.query_one(ThroughputPanel).show_plot(m)
-            screen.query_one(AcceptancePanel).show_plot(m)
-            screen.query_one(GpuPanel).show_plot(m)
+            for panel in screen.query(Panel):
+                panel.show_plot(m)
 
     # -- controls ----------------------------------------------------------------------
 
@@ -295,10 +270,20 @@ class SpecdashApp(App[int]):
         if controls is None:
             return
         controls.update(**changes)
+        self._asked = (self._asked[0] | changes, len(self.model.errors))
         self._shown_revision = -1  # the status bar says it now, not at the next tick
         self.refresh_numbers()
-        said = ", ".join(f"{CONTROL_NAMES[name]} {_said(value)}" for name, value in changes.items())
-        self.notify(f"{said} (applies at the next step)")
+        self.notify(f"{changes_text(changes)} (applies at the next step)")
+
+    def _offer_gemm(self) -> None:
+        """With a single GEMM backend (the CPU's) `g` has nothing to cycle: its footer entry
+        says so ("1 GEMM", short enough for the 100-column footer) instead of offering a switch."""
+        self._gemm_offered = True
+        if self.source.controls is None or len(self.model.gemm_backends) > 1:
+            return
+        table = self._bindings.key_to_bindings
+        table["g"] = [dataclasses.replace(b, description="1 GEMM") for b in table.get("g", [])]
+        self.refresh_bindings()
 
     def action_cycle_gemm(self) -> None:
         controls = self._controls()

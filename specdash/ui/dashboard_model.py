@@ -2,7 +2,7 @@
 
 No Textual here, so a live session, a trace replay and the tests all compute the same
 numbers. Windows are measured in event time (`t_ns`), never the wall clock, so replaying a
-trace shows what the live run showed. Every series is a bounded deque.
+trace shows what the live run showed. Every series is bounded.
 """
 
 from __future__ import annotations
@@ -33,7 +33,7 @@ from specdash.stats import BusyClock
 WINDOW_NS = 1_000_000_000
 """Windowed numbers cover the last second of event time (labelled "1 s")."""
 HISTORY = 600
-"""Points kept per plotted series."""
+"""Points kept per plotted series: a longer one keeps every other point (`Series`)."""
 STREAM_TOKENS = 4000
 """Tokens of the current prompt kept for the token stream."""
 MAX_DIVERGENCES = 1000
@@ -67,6 +67,33 @@ class StepTimes:
         return metrics.tokens_per_s(self.tokens, self.shadow_s)
 
 
+class Series:
+    """A plotted series of (x, *ys) points over the whole session, bounded: once it holds
+    HISTORY points it keeps every other one and from then on samples half as often, so the
+    chart still spans the session from its start (a deque of the latest points would show only
+    the end of a long set, and after idle only the idle samples)."""
+
+    def __init__(self) -> None:
+        self.points: list[tuple[float, ...]] = []
+        self._stride = 1
+        self._offered = 0
+
+    def append(self, point: tuple[float, ...]) -> None:
+        self._offered += 1
+        if self._offered % self._stride:
+            return
+        self.points.append(point)
+        if len(self.points) >= HISTORY:
+            del self.points[1::2]
+            self._stride *= 2
+
+    def __iter__(self):
+        return iter(self.points)
+
+    def __len__(self) -> int:
+        return len(self.points)
+
+
 @dataclass(slots=True)
 class StreamToken:
     position: int
@@ -96,6 +123,9 @@ class DashboardModel:
     prefill_t_ns: int = 0
     """When that prefill began (event time)."""
     shadow: bool = True
+    per_request: bool = False
+    """The engine times whole requests, not verify steps (SGLang: the header's
+    `rate_includes_prefill`): the spec and shadow rates come from each finished request."""
     engine: str = "?"
     model: str = "?"
     drafter: str = "?"
@@ -104,6 +134,9 @@ class DashboardModel:
     verify_mode: str = "?"
     gemm_backend: str = "?"
     gemm_backends: list[str] = field(default_factory=list)
+    gemm_kernel: str | None = None
+    """What the session's GEMM backend runs in exact mode where its name does not say it (the
+    CPU's `torch` backend: the compiled C loop); None: its name says it."""
     speculation: bool = True
     paused: bool = False
     idle: bool = False
@@ -121,10 +154,12 @@ class DashboardModel:
     session_tokens: int = 0
     session_steps: StepTimes = field(default_factory=StepTimes)
     window_steps: StepTimes = field(default_factory=StepTimes)
-    tps_series: deque[tuple[float, float, float]] = field(
-        default_factory=lambda: deque(maxlen=HISTORY)
-    )
-    """(seconds since start, spec t/s 1 s, shadow t/s 1 s), one point per verify step."""
+    session_requests: StepTimes = field(default_factory=StepTimes)
+    """Every finished request's new tokens, seconds and shadow seconds (`PromptDone`)."""
+    last_request: StepTimes = field(default_factory=StepTimes)
+    tps_series: Series = field(default_factory=Series)
+    """(busy seconds, spec t/s, shadow t/s): one point per verify step, over the last 1 s, or
+    per finished request where the engine times requests (`per_request`)."""
     steps: int = 0
     """Every step, plain decode steps (speculation off) included."""
     next_step: int = 0
@@ -142,10 +177,9 @@ class DashboardModel:
     max_k: int = 0
     # gpu
     telemetry: TelemetrySample | None = None
-    bandwidth_series: deque[tuple[float, float]] = field(
-        default_factory=lambda: deque(maxlen=HISTORY)
-    )
-    """(seconds since start, DRAM GB/s or mem busy %), one point per sample."""
+    bandwidth_series: Series = field(default_factory=Series)
+    """(busy seconds, DRAM GB/s or mem busy %), one point per sample taken while the engine
+    worked: the samples of an idle or paused engine show in the numbers, not the chart."""
     # divergence and stream
     divergences: deque[Divergence] = field(default_factory=lambda: deque(maxlen=MAX_DIVERGENCES))
     divergence_count: int = 0
@@ -199,6 +233,20 @@ class DashboardModel:
         return 0.0 if self.t0_ns is None else (self.now_ns - self.t0_ns) / 1e9
 
     @property
+    def busy_s(self) -> float:
+        """Seconds of session time: the clock the session numbers use, stopped while the engine
+        is idle or paused, so the charts' x axis never stretches across time nothing ran."""
+        return self.clock.seconds(self.now_ns)
+
+    @property
+    def rate_steps(self) -> tuple[StepTimes, StepTimes]:
+        """(latest, session) spec vs shadow timings: the last second's verify steps and all of
+        them, or the last finished request and all of them (`per_request`)."""
+        if self.per_request:
+            return self.last_request, self.session_requests
+        return self.window_steps, self.session_steps
+
+    @property
     def acceptance_rate(self) -> float | None:
         return metrics.acceptance_rate(self.accepted_drafts, self.proposed_drafts)
 
@@ -241,16 +289,19 @@ class DashboardModel:
     def _on_session_start(self, e: SessionStart) -> None:
         c = e.config
         self.started = True
-        self.t0_ns = e.t_ns  # "s since start": since the header, live and in a trace alike
+        self.t0_ns = e.t_ns  # elapsed time counts from the header, live and in a trace alike
         self.shadow = e.shadow
+        self.per_request = e.rate_includes_prefill
         self.engine = e.engine
-        self.model = str(c.get("model") or c.get("preset") or "embedded default")
+        self.model = str(c.get("model") or c.get("preset") or "embedded")
         self.drafter = str(c.get("drafter", self.drafter))
         self.k = int(c.get("k", self.k))
         self.verify_mode = str(c.get("verify_mode", c.get("verify", self.verify_mode)))
         self.speculation = bool(c.get("speculation", True))
         self.gemm_backend = e.gemm_backend
         self.gemm_backends = e.usable_gemm_backends  # what `g` cycles
+        kernel = c.get("gemm_kernel")
+        self.gemm_kernel = None if kernel in (None, e.gemm_backend) else str(kernel)
         self.device = e.device
 
     def _on_idle(self, e: Idle) -> None:
@@ -295,9 +346,11 @@ class DashboardModel:
         self.window_steps.add(e)
         self._window.append(e)
         self._expire_window()
-        self.tps_series.append(
-            (self.elapsed_s, self.window_steps.spec_tps or 0.0, self.window_steps.shadow_tps or 0.0)
-        )
+        if not self.per_request:
+            self._plot_rates(self.window_steps)
+
+    def _plot_rates(self, times: StepTimes) -> None:
+        self.tps_series.append((self.busy_s, times.spec_tps or 0.0, times.shadow_tps or 0.0))
 
     def _on_token(self, e: Token) -> None:
         self.prefill = None  # a source without Prefill events: the first token ends it
@@ -326,12 +379,19 @@ class DashboardModel:
         self.exact_prompts += e.exact
         verdict: Verdict = "unchecked" if not self.shadow else "exact" if e.exact else "diverged"
         self.requests[e.prompt_index] = verdict
+        shadow_s = e.shadow_seconds if self.shadow else 0.0
+        self.last_request = StepTimes(e.new_tokens, e.seconds, shadow_s)
+        self.session_requests.tokens += e.new_tokens
+        self.session_requests.spec_s += e.seconds
+        self.session_requests.shadow_s += shadow_s
+        if self.per_request:
+            self._plot_rates(self.last_request)
 
     def _on_telemetry(self, e: TelemetrySample) -> None:
         self.telemetry = e
         value = e.dram_gbps if e.source == "gpm" else e.mem_busy_pct
-        if value is not None:
-            self.bandwidth_series.append((self.elapsed_s, value))
+        if value is not None and self.clock.running:
+            self.bandwidth_series.append((self.busy_s, value))
 
     def _on_control(self, e: ControlChange) -> None:
         if e.name == "k":
@@ -339,7 +399,7 @@ class DashboardModel:
         elif e.name == "verify_mode":
             self.verify_mode = e.new
         elif e.name == "gemm_backend":
-            self.gemm_backend = e.new
+            self.gemm_backend, self.gemm_kernel = e.new, None  # the kernel was the old one's
         elif e.name == "speculation":
             self.speculation = e.new.lower() in ("true", "on", "1")
         elif e.name == "paused":

@@ -2,7 +2,8 @@
 
 Only playback is added: engine control keys stay and say "read-only". Space plays and
 pauses, `.` steps one verify step, `,` steps back, `[` / `]` seek 10 s, `<` / `>` halve or
-double the speed, `0` restarts, `n` jumps to the next prompt.
+double the speed, `0` restarts, `n` jumps to the next prompt. The bar above the footer says
+where in the recording the replay is (recorded seconds), and where a cut-off recording ends.
 """
 
 from __future__ import annotations
@@ -13,7 +14,7 @@ from textual.app import ComposeResult
 from textual.binding import Binding
 from textual.widgets import Static
 
-from specdash.events import Event
+from specdash.events import Event, Summary
 from specdash.trace.event_log import EventLog
 from specdash.trace.replay import TraceReplay
 from specdash.ui.app import CONTROL_ACTIONS, TEARDOWN, SpecdashApp
@@ -25,8 +26,18 @@ REFUSED = [
     c
     for c in CONTROL_ACTIONS
     if c[1]
-    in ("cycle_gemm", "toggle_speculation", "k_up", "k_down", "toggle_verify", "type_prompt")
+    in (
+        "cycle_gemm",
+        "toggle_speculation",
+        "k_up",
+        "k_down",
+        "toggle_verify",
+        "type_prompt",
+        "export_trace",
+    )
 ]
+"""Keys a replay answers with a note: the engine controls, and `e` (a replay writes nothing:
+the trace it plays is already the recording)."""
 
 
 class ReplayApp(SpecdashApp):
@@ -75,13 +86,17 @@ class ReplayApp(SpecdashApp):
 
     def _show_position(self) -> None:
         r = self.replay
-        state = "▶" if r.playing else ("■ end" if r.finished else "❚❚")
-        share = r.position_s / r.duration_s if r.duration_s else 1.0
-        text = (
-            f"REPLAY {self.trace_name}  {state}  {r.position_s:7.2f} s / {r.duration_s:.2f} s "
-            f"({share:4.0%})  {r.speed:g}x  event {r.cursor}/{len(r.events)}  "
-            "space play/pause · . step · , back · [ ] seek · < > speed · 0 restart"
-        )
+        # the keys are in the footer: the bar fits 100 columns beside a trace's name
+        if r.finished:
+            cut = "" if isinstance(r.events[-1], Summary) else ": recording cut off here"
+            where = f"■ end{cut}  {r.duration_s:.2f} s recorded  {len(r.events)} events"
+        else:
+            share = r.position_s / r.duration_s if r.duration_s else 1.0
+            where = (
+                f"{'▶' if r.playing else '❚❚'}  {r.position_s:.2f}/{r.duration_s:.2f} s "
+                f"recorded ({share:.0%})  {r.speed:g}x  event {r.cursor}/{len(r.events)}"
+            )
+        text = f"REPLAY {self.trace_name}  {where}"
         if text != self._bar_text and self.screen_stack:
             with TEARDOWN:  # a tick while the app quits finds the bar gone
                 self.dashboard.query_one("#replay-bar", Static).update(text)
@@ -98,6 +113,13 @@ class ReplayApp(SpecdashApp):
         self.refresh_numbers()
         self.refresh_plots()
         self._show_position()
+
+    def action_export_trace(self) -> None:
+        self.notify(
+            "read-only: a replay writes nothing, the trace is the recording "
+            "(specdash export converts it)",
+            severity="warning",
+        )
 
     # -- playback keys (the live app's pause and next-prompt keys drive the replay) ----
 
@@ -124,10 +146,6 @@ class ReplayApp(SpecdashApp):
 
     def action_next_prompt(self) -> None:
         self.show_history(self.replay.seek(self.replay.next_prompt_s()))
-
-    def action_export_trace(self) -> None:
-        """A replay writes nothing (README): the recording it plays is the trace already."""
-        self.notify(f"a replay writes nothing: {self.trace_name} is the trace", severity="warning")
 
     def action_speed(self, factor: float) -> None:
         self.replay.set_speed(min(64.0, max(1 / 64, self.replay.speed * factor)))

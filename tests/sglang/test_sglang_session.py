@@ -13,7 +13,7 @@ import standin_engine
 
 from specdash.cli.headless import divergence_record
 from specdash.errors import UsageError
-from specdash.events import EVENT_ADAPTER, Divergence
+from specdash.events import EVENT_ADAPTER, Divergence, PromptDone
 from specdash.metrics import fp32_ulps
 from specdash.runs.sglang import args, process
 from specdash.runs.sglang.backend import WARM_UP_PHASE, WARM_UP_TEXT, warm_up_texts
@@ -435,3 +435,62 @@ def test_dashboard_cost_bench_runs_the_sglang_session_of_its_flags(run_sglang, t
     (run,) = record["runs"]
     assert run["mode"] == "headless" and run["tokens"] == len(TOKENS) and run["engine_tps"] > 0
     assert 0 < run["start_s"] < run["wall_s"]
+
+
+class _Events:
+    """The stand-in session's events as the dashboard's event source, pushed at once."""
+
+    controls = None
+
+    def __init__(self, events: list) -> None:
+        self.events = events
+
+    def start(self, sink) -> None:
+        for event in self.events:
+            sink(event)
+
+    def stop(self) -> None:
+        pass
+
+
+@pytest.mark.parametrize("shadow_mode", ["split", "sequential"])
+async def test_dashboard_shows_sglangs_rates_per_request(run_sglang, tmp_path, shadow_mode) -> None:
+    """SGLang times whole requests, not verify steps: the throughput panel shows each finished
+    request's spec and shadow t/s and the session's speedup (the summary's), and its chart one
+    point per request, with the shadow's rate beside the speculative one."""
+    from specdash.ui.app import SpecdashApp
+    from specdash.ui.widgets.throughput import REQUEST_UNITS
+
+    proc = run_sglang(SESSION_SCRIPT, env={"WORKDIR": str(tmp_path), "SHADOW_MODE": shadow_mode})
+    r = json.loads(next(x for x in proc.stdout.splitlines() if x.startswith("RESULT "))[7:])
+    events = [EVENT_ADAPTER.validate_python(e) for e in r["events"]]
+    done = [e for e in events if isinstance(e, PromptDone)]
+    app = SpecdashApp(_Events(events))
+    async with app.run_test(size=(100, 30)) as pilot:
+        await pilot.pause()
+        app.refresh_numbers()
+        app.refresh_plots()
+        await pilot.pause()
+        numbers = str(app.query_one("#throughput-numbers").render()).splitlines()
+        key = str(app.query_one("#throughput .chart-key").render())
+    last, session = done[-1], r["summary"]
+    cells = numbers[1].split()
+    assert cells[:2] == ["last", "req"]
+    spec, shadow = last.new_tokens / last.seconds, last.new_tokens / last.shadow_seconds
+    assert [float(c) for c in cells[3:5]] == [
+        pytest.approx(spec, abs=0.5),
+        pytest.approx(shadow, abs=0.5),
+    ]
+    assert cells[5] == f"{spec / shadow:.2f}x"
+    spec, shadow = session["tokens_per_s"], session["shadow_tokens_per_s"]
+    cells = numbers[2].split()
+    assert cells[0] == "session" and cells[-1] == f"{spec / shadow:.2f}x"
+    assert [float(c) for c in cells[2:4]] == [
+        pytest.approx(spec, abs=0.5),
+        pytest.approx(shadow, abs=0.5),
+    ]
+    points = app.model.tps_series.points
+    assert [p[1:] for p in points] == [
+        pytest.approx((e.new_tokens / e.seconds, e.new_tokens / e.shadow_seconds)) for e in done
+    ]
+    assert all(p[2] > 0 for p in points) and REQUEST_UNITS in key

@@ -12,12 +12,13 @@ from rich.markup import escape
 from rich.text import Text
 from textual.app import ComposeResult
 from textual.binding import Binding
-from textual.containers import Vertical, VerticalScroll
+from textual.containers import VerticalScroll
 from textual.screen import ModalScreen
 from textual.widgets import DataTable, Static
 
 from specdash.events import Divergence
 from specdash.ui.dashboard_model import DashboardModel, Verdict
+from specdash.ui.widgets.panel import Panel
 from specdash.ui.widgets.readout import Readout
 
 COLUMNS = ("p", "tok", "what", "spec", "shadow", "k", "verify", "GEMM", "gap", "root cause")
@@ -128,7 +129,8 @@ class DivergenceTable(DataTable):
         return self.row_count > 0 if action == "select_cursor" else True
 
 
-class DivergencePanel(Vertical):
+class DivergencePanel(Panel):
+    TITLE, ID = "divergence", "divergence"
     _shown = 0
     """Divergences ever added to the table (its row keys are 0.._shown-1)."""
     _narrow = False
@@ -154,9 +156,9 @@ class DivergencePanel(Vertical):
         self._shown = 0
         if self._model is not None:
             self._shown = self._model.divergence_count - len(self._model.divergences)
-            self.show(self._model)
+            self.show_numbers(self._model)
 
-    def show(self, m: DashboardModel) -> None:
+    def show_numbers(self, m: DashboardModel) -> None:
         """Append rows for new divergences; start over when the model did (a replay seek).
 
         Row i is always `m.divergences[i]`: rows the model evicted are removed too.
@@ -205,6 +207,8 @@ class DivergenceDetail(ModalScreen[None]):
             found = f"layer {rc.layer}, {escape(rc.sub_op)}, max |diff| {rc.max_abs_diff:.3g}"
             cause = root_cause_label(d) if rc.reproduced is False else found
             cause += f"\n  {escape(rc.detail)}" if rc.detail else ""
+            origin = rc.origin_text(d.position)
+            cause += f"\n  {escape(origin)}" if origin else ""
         lines = [
             f"[b]Divergence[/b] prompt {d.prompt_index}, token {d.position}, step {d.step} "
             f"({d.what} differs)",

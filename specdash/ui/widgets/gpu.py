@@ -8,20 +8,22 @@ from __future__ import annotations
 
 from rich.markup import escape
 from textual.app import ComposeResult
-from textual.containers import Vertical
 
 from specdash.ui.dashboard_model import DashboardModel
 from specdash.ui.widgets.numbers import num
+from specdash.ui.widgets.panel import Panel
 from specdash.ui.widgets.readout import Readout
 from specdash.ui.widgets.series_plot import SeriesPlot
 
 BANDWIDTH_COLOUR = "magenta"
 
 
-class GpuPanel(Vertical):
+class GpuPanel(Panel):
+    TITLE, ID = "GPU", "gpu"
+
     def compose(self) -> ComposeResult:
         yield Readout("GPU: waiting for the first sample", id="gpu-numbers")
-        yield SeriesPlot("vs s since start", id="gpu-plot")
+        yield SeriesPlot("vs session s", id="gpu-plot")
 
     def show_numbers(self, m: DashboardModel) -> None:
         t = m.telemetry

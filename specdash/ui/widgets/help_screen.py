@@ -14,7 +14,7 @@ GLOSSARY = """\
 ## Keys (also in the command palette, Ctrl+P)
 | key | action |
 |---|---|
-| `g` | cycle the GEMM backend |
+| `g` | cycle the GEMM backend (the footer says *1 GEMM* where there is one to use) |
 | `s` | speculation on / off |
 | `+` / `-` | k (draft tokens per verify step) up / down |
 | `v` | verify mode exact / fast |
@@ -40,13 +40,17 @@ session started, **now** = the latest sample, **N ms** = the GPU sampler's windo
   (prefill, drafting, verifying, the shadow run, rollback); the session's clock stops while
   the engine is paused or idle. While paused the "1 s" row says so instead of a rate.
 - **spec t/s**: emitted tokens / (draft + verify + rollback seconds) of those steps: the speed of
-  speculative decoding alone.
+  speculative decoding alone. Where the engine times whole requests (SGLang) the row **last
+  req** is the latest finished request, prefill included, and the session row all of them.
 - **shadow t/s**: the same tokens / seconds the shadow decode spent on them: the speed of plain
   greedy decoding.
 - **speedup**: spec t/s / shadow t/s.
+- **session s** (the charts' x axis): the session's clock, which stops while the engine is idle
+  or paused, so a wait never stretches the axis and no line is drawn across it.
 - **accepted drafts per verify step**: how many of the k drafted tokens the target kept (0..k).
 - **kept: steps** (the histogram): verify steps by number of accepted drafts, one row per
-  0..k (session).
+  0..k (session). Rows that do not fit scroll (the wheel, or shift+tab then the arrows); the
+  panel's bottom border says which are in view.
 - **draft i: P(kept)**: P(draft i is accepted) among steps that drafted at least i tokens
   (session).
 - **mean accepted length**: tokens emitted per verify step, the bonus token included.

@@ -75,7 +75,7 @@ class _Canvas(PlotextPlot):
 
 class SeriesPlot(Vertical):
     """A plot under its key: each series' colour and name, then what the axes measure
-    (`units`, e.g. "t/s vs s since start"). The key is one line, cut rather than wrapped."""
+    (`units`, e.g. "t/s vs session s"). The key is one line, cut rather than wrapped."""
 
     DEFAULT_CSS = """
     SeriesPlot { height: 1fr; }

@@ -1,5 +1,6 @@
 """Throughput panel: emitted tokens per second (last 1 s and session), and the speculative
-path against the shadow (plain greedy decode of the same tokens) from per-step timings.
+path against the shadow (plain greedy decode of the same tokens) from per-step timings, or
+from each finished request where the engine times whole requests (SGLang).
 
 The numbers are a small table, one column per rate and one row per window, so each window is
 named once and no line outgrows a 100-column terminal's panel."""
@@ -7,16 +8,25 @@ named once and no line outgrows a 100-column terminal's panel."""
 from __future__ import annotations
 
 from textual.app import ComposeResult
-from textual.containers import Vertical
 
 from specdash.ui.dashboard_model import DashboardModel, StepTimes
 from specdash.ui.widgets.numbers import num
+from specdash.ui.widgets.panel import Panel
 from specdash.ui.widgets.readout import Readout
 from specdash.ui.widgets.series_plot import SeriesPlot
 
 SPEC_COLOUR = "cyan"
 SHADOW_COLOUR = "orange"
 ROW = "{:<8}{:>8}{:>8}{:>8}{:>9}"
+STEP_UNITS = "t/s (1 s) vs session s"
+REQUEST_UNITS = "t/s per request vs session s"
+"""Session seconds: the session's clock, stopped while the engine is idle or paused, so idle
+time never stretches the axis, and no line is drawn across it."""
+
+
+def _rate(value: float | None) -> str:
+    """A rate in its 8-column cell: whole numbers from 1000 t/s on (a tiny model's)."""
+    return num(value, ".0f" if value is not None and value >= 1000 else ".1f")
 
 
 def _speedup(spec: float | None, shadow: float | None) -> str:
@@ -26,13 +36,15 @@ def _speedup(spec: float | None, shadow: float | None) -> str:
 def _rates(wall: float | None, steps: StepTimes, shadow_ran: bool) -> tuple[str, ...]:
     """The row's cells; without a shadow there is no plain rate and no speedup (–)."""
     spec, shadow = steps.spec_tps, steps.shadow_tps if shadow_ran else None
-    return num(wall), num(spec), num(shadow), _speedup(spec, shadow)
+    return _rate(wall), _rate(spec), _rate(shadow), _speedup(spec, shadow)
 
 
-class ThroughputPanel(Vertical):
+class ThroughputPanel(Panel):
+    TITLE, ID = "throughput", "throughput"
+
     def compose(self) -> ComposeResult:
         yield Readout(id="throughput-numbers")
-        yield SeriesPlot("t/s (1 s) vs s since start", id="throughput-plot")
+        yield SeriesPlot(STEP_UNITS, id="throughput-plot")
 
     def show_numbers(self, m: DashboardModel) -> None:
         header = ROW.format("t/s", "wall", "spec", "shadow", "speedup")
@@ -41,12 +53,15 @@ class ThroughputPanel(Vertical):
             header = header.replace("shadow", f"[{SHADOW_COLOUR}]shadow[/]", 1)
         else:  # nothing to compare with: no rate, no speedup, and why
             header = header.replace("shadow", "–     ").replace("speedup", "(--no-shadow)")
-        if m.idle_reason is not None:  # no step in the last second is not a rate of zero
+        latest, whole = m.rate_steps
+        if m.per_request:  # a finished request's rate holds while the engine rests
+            wall = None if m.idle_reason else m.tokens_per_s_window
+            window = ROW.format("last req", *_rates(wall, latest, m.shadow))
+        elif m.idle_reason is not None:  # no step in the last second is not a rate of zero
             window = ROW.format("1 s", m.idle_reason, "", "", "")
         else:
-            window = ROW.format("1 s", *_rates(m.tokens_per_s_window, m.window_steps, m.shadow))
-        rates = _rates(m.tokens_per_s_session, m.session_steps, m.shadow)
-        session = ROW.format("session", *rates)
+            window = ROW.format("1 s", *_rates(m.tokens_per_s_window, latest, m.shadow))
+        session = ROW.format("session", *_rates(m.tokens_per_s_session, whole, m.shadow))
         self.query_one("#throughput-numbers", Readout).show_text(
             f"[dim]{header}[/dim]\n{window}\n{session}"
         )
@@ -56,4 +71,6 @@ class ThroughputPanel(Vertical):
         series = [("spec", [p[1] for p in points], SPEC_COLOUR)]
         if m.shadow:
             series.append(("shadow", [p[2] for p in points], SHADOW_COLOUR))
-        self.query_one(SeriesPlot).show([p[0] for p in points], series)
+        plot = self.query_one(SeriesPlot)
+        plot.units = REQUEST_UNITS if m.per_request else STEP_UNITS
+        plot.show([p[0] for p in points], series)

@@ -9,10 +9,10 @@ from __future__ import annotations
 
 from rich.text import Text
 from textual import events
-from textual.containers import Vertical
 from textual.widgets import Static
 
 from specdash.ui.dashboard_model import DashboardModel
+from specdash.ui.widgets.panel import Panel
 from specdash.ui.widgets.readout import Readout
 
 STYLES = {"draft": "green", "bonus": "bold cyan", "decode": "default"}
@@ -32,14 +32,15 @@ def legend() -> Text:
     return text
 
 
-class TokenStream(Vertical):
+class TokenStream(Panel):
+    TITLE, ID = "token stream", "tokens"
     _text = Text()
 
     def compose(self):
         yield Static(legend(), id="token-legend")
         yield Readout(id="token-text")
 
-    def show(self, m: DashboardModel) -> None:
+    def show_numbers(self, m: DashboardModel) -> None:
         text = Text()
         if m.prompt_index is not None:
             prompt = m.prompt_text[-PROMPT_CHARS:]
