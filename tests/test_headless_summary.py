@@ -151,7 +151,7 @@ def test_ctrl_c_prints_the_summary_of_the_prompts_done_so_far(capsys, monkeypatc
 
     from specdash.cli import headless
 
-    def interrupted(settings, sink, options=None):
+    def interrupted(settings, sink, options=None, prompts=None):
         events = fake_session(prompts=2)
         first_done = next(i for i, e in enumerate(events) if isinstance(e, PromptDone))
         for event in events[: first_done + 1]:

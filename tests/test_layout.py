@@ -10,7 +10,7 @@ from rich.text import Text
 from textual.widgets import Footer
 from textual_plotext import PlotextPlot
 
-from specdash.events import ControlChange
+from specdash.events import ControlChange, GemmChoice
 from specdash.ui.app import SpecdashApp
 from specdash.ui.widgets.divergence import DivergenceDetail
 from specdash.ui.widgets.readout import Readout
@@ -186,8 +186,11 @@ def cpu_session() -> list:
     """The fake session as the CPU's header has it: one GEMM backend, `torch`, whose exact
     GEMM is the compiled C loop."""
     events = fake_session(seed=7)
-    config = events[0].config | {"gemm_backends": {"torch": None}, "gemm_kernel": "C loop"}
-    events[0] = events[0].model_copy(update={"config": config, "gemm_backend": "torch"})
+    config = events[0].config | {"gemm_kernel": "C loop"}
+    torch_only = [GemmChoice(name="torch")]
+    events[0] = events[0].model_copy(
+        update={"config": config, "gemm_backend": "torch", "gemm_backends": torch_only}
+    )
     return [e.model_copy(update={"gemm_backend": "torch"}) if hasattr(e, "gemm_backend") else e
             for e in events]  # fmt: skip
 

@@ -68,7 +68,8 @@ def test_real_engine_class_and_scheduler_entry(run_each_sglang) -> None:
     assert r["entry_returns"] == "ran"
     always = ["lazy_dsa_import", "memory_pools_in_turn"]  # start-up fixes, always applied
     left_on = sorted(
-        ["dflash_logprobs", "gemm_routing", *always, "verify_attention_as_decode_rows"]
+        ["dflash_logprobs", "fp8_routing", "gemm_routing", *always]
+        + ["verify_attention_as_decode_rows"]
     )
     assert r["applied"] == [left_on, always]
 

@@ -99,9 +99,10 @@ def check_startable(options: SGLangOptions, engines: list[dict[str, Any]]) -> st
             "the SGLang engine needs a CUDA GPU; none is visible to torch", setting="engine"
         )
     row = ensure_patchable(options.force_patches)
-    card = torch.cuda.get_device_capability(), torch.cuda.get_device_name()
     for kwargs in engines:
-        quantization.check_card(kwargs, *card)
+        if quantization.uses_fp8(kwargs):  # the card is asked only when it matters
+            card = torch.cuda.get_device_capability(), torch.cuda.get_device_name()
+            quantization.check_card(kwargs, *card)
         check_can_start(kwargs, torch.cuda.device_count())
     return row
 

@@ -183,8 +183,8 @@ def check(kwargs: dict[str, Any]) -> None:
 
 
 def check_card(kwargs: dict[str, Any], capability: tuple[int, int], name: str) -> None:
-    """EnvironmentProblem (exit 4) for FP8 on a card without FP8 tensor cores."""
-    if uses_fp8(kwargs) and capability < FP8_MIN_CAPABILITY:
+    """EnvironmentProblem (exit 4) for FP8 (`uses_fp8`) on a card without FP8 tensor cores."""
+    if capability < FP8_MIN_CAPABILITY:
         major, minor = capability
         raise EnvironmentProblem(
             f"FP8 needs a GPU of compute capability 8.9 or newer (Ada, Hopper); {name} is "
