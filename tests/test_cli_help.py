@@ -41,8 +41,9 @@ def test_help_shows_defaults_and_choices(capsys) -> None:
         main(["run", "--help"])
     text = " ".join(capsys.readouterr().out.split())  # unwrapped
     for expected in (
-        "--gemm-backend {auto,torch,cublas,triton,triton-fused,deepgemm}",
-        "auto: torch on the CPU, triton on CUDA (default: auto)",
+        "--gemm-backend {auto,torch,cublas,triton,triton-fused,triton-fp8,deepgemm}",
+        "auto: torch on the CPU, triton on CUDA (triton-fp8 for a block-FP8 model: the FP8 tile "
+        "for its FP8 weights, triton for the rest) (default: auto)",
         "--verify {exact,fast}",
         "(default: exact)",
         "--max-new-tokens N tokens generated per prompt (default: 64)",

@@ -25,7 +25,7 @@ checked bit for bit (the session flags below apply to it).
 """
 
 # the names specdash.kernels.gemm_backends knows, without importing torch for --help
-GEMM_BACKENDS = ("auto", "torch", "cublas", "triton", "triton-fused", "deepgemm")
+GEMM_BACKENDS = ("auto", "torch", "cublas", "triton", "triton-fused", "triton-fp8", "deepgemm")
 
 
 class _Formatter(argparse.RawDescriptionHelpFormatter):
@@ -104,7 +104,10 @@ def _add_session_flags(p: argparse.ArgumentParser) -> None:
         help="draft checkpoint, same tokenizer (--drafter model); default: the embedded one",
     )
     p.add_argument(
-        "--preset", metavar="NAME", help="random weights of a named shape: qwen3.5-27b-shape"
+        "--preset",
+        metavar="NAME",
+        help="random weights of a named shape: qwen3.5-27b-shape, or qwen3.5-27b-shape-fp8 "
+        "(block-FP8, for CUDA)",
     )
     p.add_argument(
         "--drafter",
@@ -129,7 +132,8 @@ def _add_session_flags(p: argparse.ArgumentParser) -> None:
         "--gemm-backend",
         choices=GEMM_BACKENDS,
         default="auto",
-        help="GEMM implementation; auto: torch on the CPU, triton on CUDA",
+        help="GEMM implementation; auto: torch on the CPU, triton on CUDA (triton-fp8 for a "
+        "block-FP8 model: the FP8 tile for its FP8 weights, triton for the rest)",
     )
     p.add_argument(
         "--batch",
