@@ -6,15 +6,12 @@ Skipped without a CUDA device (CI has none); run on a GPU machine with `pytest -
 
 from __future__ import annotations
 
-from dataclasses import replace
-
 import pytest
 import torch
-from test_batch_exact import MAX_NEW, assert_same, decode
-from tiny_models import plain_greedy
+from test_batch_exact import MAX_NEW, decode, runs_by_batch, spoiled_replay
+from tiny_models import kernel_sized, plain_greedy
 
-from specdash.engine.config import preset
-from specdash.engine.drafters import ModelDrafter, RandomDrafter, ReplayDrafter
+from specdash.engine.drafters import ModelDrafter, RandomDrafter
 from specdash.engine.engine import Engine
 from specdash.engine.model import Model
 from specdash.kernels import gemm_backends
@@ -30,15 +27,8 @@ pytestmark = [
 
 
 def _fp8_model(seed: int) -> Model:
-    """A small block-FP8 model inside the kernels' shapes: every GEMM's K a multiple of 128."""
-    cfg = replace(
-        preset("tiny-hybrid-fp8"),
-        hidden_size=256,
-        intermediate_size=512,
-        head_dim=64,
-        linear_key_head_dim=32,
-        linear_value_head_dim=32,
-    )
+    """A small block-FP8 model inside the kernels' shapes."""
+    cfg = kernel_sized("tiny-hybrid-fp8")
     dev = torch.device("cuda")
     return Model.random(cfg, seed, torch.bfloat16, dev, gemm_backends.resolve("triton-fp8", dev))
 
@@ -66,32 +56,16 @@ def test_graphed_fp8_spec_equals_eager_plain_greedy(k: int) -> None:
 @pytest.mark.parametrize("k", [0, 3])
 def test_fp8_batches_equal_one_at_a_time(k: int) -> None:
     """B = 1, 8 and 32 sequences per forward (graphed, and B = 32 eagerly too): every
-    sequence's ids and fp32 logprob bits equal, and no shadow diverges. The drafts replay the
-    plain output, every fifth token spoiled on odd prompts, so rows of one batch commit
-    different lengths."""
+    sequence's ids and fp32 logprob bits equal, no shadow diverges, and they are plain greedy
+    decoding's. k = 3: the drafts replay the plain output, spoiled on odd prompts."""
     target = _fp8_model(0)
     vocab = target.cfg.vocab_size
     gen = torch.Generator().manual_seed(13)
     prompts = [torch.randint(0, vocab, (4 + 3 * i,), generator=gen).tolist() for i in range(32)]
     make = lambda: RandomDrafter(vocab)  # noqa: E731
     if k:
-        plain = decode(Engine(target, make, []), prompts, 32, 0)
-        continuation = {}
-        for i, p in enumerate(prompts):
-            ids = list(plain[i].ids)
-            if i % 2:
-                ids = [(t + 1) % vocab if j % 5 == 4 else t for j, t in enumerate(ids)]
-            continuation[tuple(p)] = ids[:MAX_NEW]
-        make = lambda: ReplayDrafter(continuation)  # noqa: E731
-    runs = {}
-    for batch, graphed in ((1, True), (8, True), (32, True), (32, False)):
-        engine = Engine(target, make, [])
-        engine.cuda_graphs = graphed
-        if batch > 1:
-            engine.reserve(max(map(len, prompts)), MAX_NEW, 5, sequences=batch, shadow=True)
-        runs[batch, graphed] = decode(engine, prompts, batch, k)
-        assert all(s.diverged_at is None for s in runs[batch, graphed].values()), batch
-        assert_same(runs[1, True], runs[batch, graphed])
+        make = spoiled_replay(decode(Engine(target, make, []), prompts, 32, 0), prompts, vocab)
+    runs = runs_by_batch(target, make, prompts, k)
     for i in (0, 7):
         ids, lps = plain_greedy(target, prompts[i], MAX_NEW)
         assert runs[8, True][i].ids == ids.tolist()

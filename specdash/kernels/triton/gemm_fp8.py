@@ -37,7 +37,7 @@ from specdash.kernels.triton.pdl import (
     prefetch_rows_to_l2,
     wait_for_predecessor,
 )
-from specdash.kernels.triton.tickets import counters
+from specdash.kernels.triton.tickets import counters, sum_splits_in_order
 
 BLOCK_M = 16
 _FP8_MAX = tl.constexpr(FP8_MAX)  # a kernel reads module globals only as constexprs
@@ -221,17 +221,12 @@ def _fp8_gemm_kernel(
     else:  # fp32 partials [SPLIT_K, M, N]; the last to arrive sums them in split order
         tile = offs_m[:, None] * N + offs_n[None, :]
         mask = m_mask & n_valid[None, :]
-        tl.store(part_ptr + pid_s * M * N + tile, acc, mask=mask)
-        tl.debug_barrier()  # every thread's partial is written before the ticket is taken
-        ticket_at = ticket_ptr + pid_m * tl.num_programs(1) + pid_n
-        if tl.atomic_add(ticket_at, 1, sem="acq_rel") == SPLIT_K - 1:
-            total = tl.load(part_ptr + tile, mask=mask, other=0.0, cache_modifier=".cg")
-            for s in tl.static_range(1, SPLIT_K):
-                total += tl.load(
-                    part_ptr + s * M * N + tile, mask=mask, other=0.0, cache_modifier=".cg"
-                )
+        group = pid_m * tl.num_programs(1) + pid_n
+        last, total = sum_splits_in_order(
+            part_ptr, ticket_ptr, acc, tile, mask, group, M * N, SPLIT_K
+        )
+        if last:
             _finish(out_ptr, total, xs_ptr, ws_ptr, offs_m, offs_n, M, N, BLOCKWISE)
-            tl.atomic_xchg(ticket_at, 0)  # ready for the next launch (and CUDA graph replays)
 
 
 def _aligned(t: torch.Tensor) -> torch.Tensor:
