@@ -5,7 +5,8 @@ In one run:
 
 1. each Qwen3.5-27B FP8 GEMM (N, K) at M = 1 and 16 inside a CUDA graph, the weight rotated
    over copies larger than L2 together: µs per call and GB/s of FP8 weight and scales;
-2. the FP8 preset (random weights block-quantized, bf16 embedding, lm_head and GDN b|a), its
+2. the FP8 preset as `specdash run --preset` loads it (random weights block-quantized, bf16
+   embedding, lm_head and GDN b|a; `--gemm-backend auto` picks triton-fp8), its
    bytes per decode step (FP8 weights + scales + bf16 rows) and the limit they set, bytes /
    the card's HBM bandwidth (H100 SXM 3.35 TB/s, H200 4.8 TB/s; a device-to-device copy's rate
    is printed beside it);
@@ -13,7 +14,8 @@ In one run:
    the device time by kernel of one eager decode step;
 4. speculative decoding with drafts replaying the plain output (k = 3, every fifth token
    spoiled on odd prompts) at `--batch` 1 and 8: prompts whose ids and fp32 logprob bits equal
-   the lockstep shadow, and whether batch 8 gives every prompt batch 1's bits.
+   the lockstep shadow, and whether batch 8 gives every prompt batch 1's bits;
+5. with `--sweep`, other tile configs per shape at M = 1 (last: the numbers above come first).
 
     python benchmarks/bench_fp8_gpu.py --json out.json
 """
@@ -25,18 +27,19 @@ import datetime
 import json
 import sys
 import time
+from dataclasses import replace
 
 import torch
 from bench_spec_gpu import plain_decode, profile_step
 from cuda_timing import graph_us
 
-from specdash.engine.config import preset
 from specdash.engine.drafters import RandomDrafter, ReplayDrafter
 from specdash.engine.engine import Engine
+from specdash.engine.loader import load_models
 from specdash.engine.model import Model
-from specdash.kernels import gemm_backends
 from specdash.kernels.fp8 import Fp8Weight, quantize_blocks
-from specdash.kernels.triton.gemm_fp8 import fp8_gemm_config, linear
+from specdash.kernels.triton.gemm_fp8 import Fp8GemmConfig, fp8_gemm_config, matmul
+from specdash.settings import SessionSettings
 
 SHAPES = {
     "attn qkv": (14336, 5120),
@@ -55,30 +58,44 @@ def card_tbps() -> float | None:
 
 def copy_tbps() -> float:
     """Bytes read + written per second by a 2 GB device-to-device copy."""
-    a = torch.empty(2 << 30, dtype=torch.uint8, device="cuda")
+    a_bytes = 2 << 30
+    a = torch.empty(a_bytes, dtype=torch.uint8, device="cuda")
     b = torch.empty_like(a)
     us = graph_us(lambda: b.copy_(a), reps=5)
-    return 2 * a.numel() / us / 1e6
+    return 2 * a_bytes / us / 1e6
 
 
-def gemm_rows(ms: list[int]) -> list[dict]:
+SWEEP = [(64, 256, 4, 3), (64, 128, 4, 6), (128, 256, 8, 3), (32, 256, 4, 4)]
+"""(block_n, block_k, num_warps, num_stages) tried beside the shipped config with `--sweep`."""
+
+
+def gemm_rows(ms: list[int], shapes: dict[str, tuple[int, int]], sweep: bool) -> list[dict]:
     rows = []
-    for what, (n, k) in SHAPES.items():
+    for what, (n, k) in shapes.items():
         q, s = quantize_blocks(torch.randn(n, k, device="cuda") * k**-0.5)
         per = q.numel() + s.numel() * 4
         copies = [Fp8Weight(q.clone(), s.clone()) for _ in range(max(2, -(-150_000_000 // per)))]
-        for m in ms:
+        shipped = fp8_gemm_config(n, k, "block")
+        configs = [shipped]
+        if sweep:  # the same split-K (programs), other tiles; and the split doubled
+            configs += [Fp8GemmConfig(bn, bk, shipped.split_k, w, st) for bn, bk, w, st in SWEEP]
+            configs.append(replace(shipped, split_k=2 * shipped.split_k))
+        for m, cfg in [(m, shipped) for m in ms] + [(ms[0], c) for c in configs[1:]]:
             x = torch.randn(m, k, device="cuda", dtype=torch.bfloat16)
             at = [0]
 
-            def call(x: torch.Tensor = x, at: list[int] = at, copies: list = copies) -> None:
-                linear(x, copies[at[0] % len(copies)])
+            def call(x=x, at=at, copies=copies, cfg=cfg) -> None:  # noqa: ANN001
+                w = copies[at[0] % len(copies)]
+                matmul(x, None, w.q, w.scale, "block", config=cfg)
                 at[0] += 1
 
-            us = graph_us(call, reps=len(copies) * 4)
-            cfg = fp8_gemm_config(n, k, "block")
+            try:
+                us = graph_us(call, reps=len(copies) * 4)
+            except Exception as e:  # a swept config the compiler refuses: say so, go on
+                print({"gemm": what, "config": cfg.__dict__, "error": str(e)[:200]}, flush=True)
+                continue
             row = {"gemm": what, "n": n, "k": k, "m": m, "us": us, "GBps": per / us / 1e3,
-                   "config": cfg.__dict__}  # fmt: skip
+                   "shipped": cfg == shipped, "config": cfg.__dict__}  # fmt: skip
             rows.append(row)
             print(row, flush=True)
         del copies, q, s
@@ -139,9 +156,9 @@ def main() -> int:
     ap.add_argument("--spec-prompts", type=int, default=8)
     ap.add_argument("--spec-tokens", type=int, default=24)
     ap.add_argument("--skip-gemms", action="store_true")
+    ap.add_argument("--sweep", action="store_true", help="other tile configs, after the rest")
     ap.add_argument("--json")
     args = ap.parse_args()
-    dev = torch.device("cuda")
     out: dict = {
         "date": datetime.datetime.now(datetime.UTC).isoformat(timespec="seconds"),
         "device": torch.cuda.get_device_name(),
@@ -150,6 +167,7 @@ def main() -> int:
         "card_TBps": card_tbps(),
         "copy_TBps": copy_tbps(),
     }
+    torch.cuda.empty_cache()
     print(out, flush=True)
 
     def finish() -> int:
@@ -159,11 +177,13 @@ def main() -> int:
         return 0
 
     if not args.skip_gemms:
-        out["gemms"] = gemm_rows([1, 16])
+        out["gemms"] = gemm_rows([1, 16], SHAPES, sweep=False)
         finish()
-    t0 = time.perf_counter()
-    cfg = preset(args.preset)
-    model = Model.random(cfg, 0, torch.bfloat16, dev, gemm_backends.resolve("triton-fp8", dev))
+    t0 = time.perf_counter()  # the CLI's loading: memory check, `auto` picking triton-fp8
+    settings = SessionSettings(preset=args.preset, device="cuda", drafter="ngram")
+    model = load_models(settings).target
+    cfg = model.cfg
+    out["gemm_backend"] = model.gemm.name
     step_bytes = model.step_weight_bytes
     out |= {"build_s": round(time.perf_counter() - t0, 1), "step_GB": step_bytes / 1e9,
             "memory_GB": torch.cuda.memory_allocated() / 1e9}  # fmt: skip
@@ -187,6 +207,11 @@ def main() -> int:
         for i in range(args.spec_prompts)
     ]
     out["spec"] = spec_check(model, prompts, args.spec_tokens, 3)
+    finish()
+    if args.sweep:
+        model = None
+        torch.cuda.empty_cache()
+        out["sweep"] = gemm_rows([1], SHAPES, sweep=True)
     return finish()
 
 
