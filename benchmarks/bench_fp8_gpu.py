@@ -4,7 +4,8 @@ plain exact decode t/s at `qwen3.5-27b-shape-fp8` against the FP8 weight-bandwid
 In one run:
 
 1. each Qwen3.5-27B FP8 GEMM (N, K) at M = 1 and 16 inside a CUDA graph, the weight rotated
-   over copies larger than L2 together: µs per call and GB/s of FP8 weight and scales;
+   over copies larger than L2 together: µs per call and GB/s of FP8 weight and scales; and at
+   M = 1 with x quantized beforehand (`quantize_rows`, not timed) instead of inside the tile;
 2. the FP8 preset as `specdash run --preset` loads it (random weights block-quantized, bf16
    embedding, lm_head and GDN b|a; `--gemm-backend auto` picks triton-fp8), its
    bytes per decode step (FP8 weights + scales + bf16 rows) and the limit they set, bytes /
@@ -38,7 +39,12 @@ from specdash.engine.engine import Engine
 from specdash.engine.loader import load_models
 from specdash.engine.model import Model
 from specdash.kernels.fp8 import Fp8Weight, quantize_blocks
-from specdash.kernels.triton.gemm_fp8 import Fp8GemmConfig, fp8_gemm_config, matmul
+from specdash.kernels.triton.gemm_fp8 import (
+    Fp8GemmConfig,
+    fp8_gemm_config,
+    matmul,
+    quantize_rows,
+)
 from specdash.settings import SessionSettings
 
 SHAPES = {
@@ -80,13 +86,17 @@ def gemm_rows(ms: list[int], shapes: dict[str, tuple[int, int]], sweep: bool) ->
         if sweep:  # the same split-K (programs), other tiles; and the split doubled
             configs += [Fp8GemmConfig(bn, bk, shipped.split_k, w, st) for bn, bk, w, st in SWEEP]
             configs.append(replace(shipped, split_k=2 * shipped.split_k))
-        for m, cfg in [(m, shipped) for m in ms] + [(ms[0], c) for c in configs[1:]]:
+        cases = [(m, shipped, False) for m in ms] + [(ms[0], c, False) for c in configs[1:]]
+        if not sweep:  # x quantized beforehand (SGLang's form) instead of inside the tile
+            cases.append((ms[0], shipped, True))
+        for m, cfg, given in cases:
             x = torch.randn(m, k, device="cuda", dtype=torch.bfloat16)
+            xq, xs = quantize_rows(x) if given else (x, None)
             at = [0]
 
-            def call(x=x, at=at, copies=copies, cfg=cfg) -> None:  # noqa: ANN001
+            def call(xq=xq, xs=xs, at=at, copies=copies, cfg=cfg) -> None:  # noqa: ANN001
                 w = copies[at[0] % len(copies)]
-                matmul(x, None, w.q, w.scale, "block", config=cfg)
+                matmul(xq, xs, w.q, w.scale, "block", config=cfg)
                 at[0] += 1
 
             try:
@@ -95,7 +105,8 @@ def gemm_rows(ms: list[int], shapes: dict[str, tuple[int, int]], sweep: bool) ->
                 print({"gemm": what, "config": cfg.__dict__, "error": str(e)[:200]}, flush=True)
                 continue
             row = {"gemm": what, "n": n, "k": k, "m": m, "us": us, "GBps": per / us / 1e3,
-                   "shipped": cfg == shipped, "config": cfg.__dict__}  # fmt: skip
+                   "shipped": cfg == shipped, "x_quantized_before": given,
+                   "config": cfg.__dict__}  # fmt: skip
             rows.append(row)
             print(row, flush=True)
         del copies, q, s
