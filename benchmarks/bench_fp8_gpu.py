@@ -26,6 +26,7 @@ from __future__ import annotations
 import argparse
 import datetime
 import json
+import os
 import sys
 import time
 from dataclasses import replace
@@ -181,10 +182,11 @@ def main() -> int:
     torch.cuda.empty_cache()
     print(out, flush=True)
 
-    def finish() -> int:
+    def finish() -> int:  # after each stage, whole (a run stopped at its limit keeps the rest)
         if args.json:
-            with open(args.json, "w") as f:
+            with open(args.json + ".part", "w") as f:
                 json.dump(out, f, indent=1)
+            os.replace(args.json + ".part", args.json)
         return 0
 
     if not args.skip_gemms:
