@@ -233,3 +233,24 @@ def test_a_backend_without_fp8_gemms_is_refused_for_an_fp8_model(monkeypatch) ->
     with pytest.raises(Exception, match="runs no FP8 weights") as exc:
         loader._fp8_gemm(fp8_cfg, triton, False, cuda)
     assert getattr(exc.value, "exit_code", EXIT_USAGE) == EXIT_USAGE
+
+
+@pytest.mark.skipif(torch.cuda.is_available(), reason="the model on the CPU, its GEMMs interpreted")
+def test_switching_an_fp8_model_to_a_backend_without_fp8_gemms_is_refused(fp8_model) -> None:
+    """The dashboard's GEMM toggle on an FP8 model: a backend that runs no FP8 weights is
+    refused (a non-fatal error saying why) and the model keeps its backend."""
+    from specdash.engine.loader import Loaded
+    from specdash.engine.tokenizer import ByteTokenizer
+    from specdash.events import EngineError
+    from specdash.runs.native import NativeBackend
+    from specdash.settings import SessionSettings
+
+    loaded = Loaded(fp8_model, None, ByteTokenizer(256), [], {})
+    backend = NativeBackend(SessionSettings(drafter="ngram"), loaded)
+    events: list = []
+    backend._emit = events.append
+    assert backend.apply("gemm_backend", "torch") is False
+    assert fp8_model.gemm.name == "triton-fp8"
+    (error,) = events
+    assert isinstance(error, EngineError) and not error.fatal
+    assert "runs no FP8 weights; triton-fp8 does" in error.message
