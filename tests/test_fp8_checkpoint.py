@@ -254,3 +254,21 @@ def test_switching_an_fp8_model_to_a_backend_without_fp8_gemms_is_refused(fp8_mo
     (error,) = events
     assert isinstance(error, EngineError) and not error.fatal
     assert "runs no FP8 weights; triton-fp8 does" in error.message
+
+
+def test_the_sglang_builders_fp8_checkpoint_loads_natively(tmp_path, monkeypatch) -> None:
+    """`benchmarks/sglang_checkpoint.py --fp8-block` (the checkpoint the SGLang FP8 runs use,
+    an MTP head and per-layer `modules_to_not_convert` entries) loads in the native engine too:
+    each FP8 weight dequantized exactly, the listed GDN projections as stored."""
+    monkeypatch.syspath_prepend(str(Path(__file__).resolve().parents[1] / "benchmarks"))
+    from sglang_checkpoint import build
+
+    target, _ = build(tmp_path, layers=4, fp8_block=True)
+    cfg, tensors, _ = load_checkpoint(target, torch.float32, "cpu")
+    assert cfg.quantization is not None and "lm_head" in cfg.quantization.not_converted
+    stored = load_file(target / "model.safetensors")
+    for name in ("model.layers.0.mlp.down_proj.weight", "model.layers.3.self_attn.q_proj.weight"):
+        assert stored[name].dtype == FP8
+        assert torch.equal(tensors[name], dequantize(stored[name], stored[name + "_scale_inv"]))
+    b = "model.layers.0.linear_attn.in_proj_b.weight"
+    assert torch.equal(tensors[b], stored[b].float())

@@ -18,8 +18,8 @@ BLOCK = 128
 FP8 = torch.float8_e4m3fn
 FP8_MAX = 448.0
 SCALE_FLOOR = 1e-10
-"""An all-zero group's amax is raised to this before it becomes a scale (SGLang's eps), so its
-scale is finite and its quantized values are zeros."""
+"""An all-zero activation group's amax is raised to this before it becomes a scale (SGLang's
+eps), so its scale is finite and its quantized values are zeros."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -68,15 +68,15 @@ class Fp8Weight:
 
 
 def quantize_blocks(w: Tensor) -> tuple[Tensor, Tensor]:
-    """(q, scale) of `w` [N, K] per 128 x 128 block: scale = amax / 448 (amax floored at
-    SCALE_FLOOR), q = clamp(w / scale) in float8_e4m3fn, as a block-FP8 checkpoint stores it."""
+    """(q, scale) of `w` [N, K] per 128 x 128 block: scale = amax / 448 (an all-zero block's 1),
+    q = clamp(w / scale) in float8_e4m3fn, as a block-FP8 checkpoint stores it."""
     n, k = w.shape
     nb, kb = -(-n // BLOCK), -(-k // BLOCK)
     padded = torch.zeros(nb * BLOCK, kb * BLOCK, dtype=torch.float32, device=w.device)
     padded[:n, :k] = w
     blocks = padded.view(nb, BLOCK, kb, BLOCK)
     amax = blocks.abs().amax(dim=(1, 3))
-    scale = amax.clamp(min=SCALE_FLOOR) / FP8_MAX
+    scale = torch.where(amax > 0, amax / FP8_MAX, torch.ones_like(amax))
     q = (blocks / scale[:, None, :, None]).clamp(-FP8_MAX, FP8_MAX).to(FP8)
     return q.view(nb * BLOCK, kb * BLOCK)[:n, :k].contiguous(), scale
 
