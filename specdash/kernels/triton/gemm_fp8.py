@@ -32,6 +32,7 @@ import triton.language as tl
 
 from specdash.kernels.fp8 import BLOCK, FP8, FP8_MAX, SCALE_FLOOR, Fp8Weight
 from specdash.kernels.triton import pdl
+from specdash.kernels.triton.gemm import _aligned  # Triton specializes on pointer alignment too
 from specdash.kernels.triton.pdl import (
     let_successor_launch,
     prefetch_rows_to_l2,
@@ -227,14 +228,6 @@ def _fp8_gemm_kernel(
         )
         if last:
             _finish(out_ptr, total, xs_ptr, ws_ptr, offs_m, offs_n, M, N, BLOCKWISE)
-
-
-def _aligned(t: torch.Tensor) -> torch.Tensor:
-    """Contiguous with a 16-byte aligned start: Triton specializes a kernel on pointer alignment,
-    so an unaligned view would compile (and round) differently from its aligned copy."""
-    if not t.is_contiguous() or t.data_ptr() % 16:
-        t = t.clone(memory_format=torch.contiguous_format)
-    return t
 
 
 def _interpretable(device: torch.device) -> None:
