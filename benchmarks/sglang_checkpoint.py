@@ -72,6 +72,9 @@ from pathlib import Path
 import torch
 from safetensors.torch import save_file
 
+from specdash.kernels.fp8 import BLOCK as FP8_BLOCK
+from specdash.kernels.fp8 import quantize_blocks
+
 LAYER_SCALE = 0.15
 SEED = 1234
 CONV = 4
@@ -82,9 +85,6 @@ DFLASH_POSITION_PAIRS = 8
 only at distance 1 (mean cosine at most 0.88 anywhere else within 9000 positions)."""
 DFLASH_NORM_GAIN = 8.0
 """q_norm/k_norm weight: scales the attention score (peak 11.3 * gain^2, margin >= 90)."""
-FP8_BLOCK = 128
-FP8_MAX = 448.0
-"""The largest float8_e4m3fn value: a block's amax maps onto it."""
 FP8_QUANTIZED = (
     "q_proj", "k_proj", "v_proj", "o_proj", "in_proj_qkv", "in_proj_z", "out_proj",
     "gate_proj", "up_proj", "down_proj",
@@ -228,27 +228,13 @@ def fp8_block_config(cfg: dict, layer_types: list[str]) -> dict:
     return cfg | {"quantization_config": quant}
 
 
-def block_fp8(w: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-    """W[N,K] as float8_e4m3fn and its float32 dequantization scale per 128x128 block
-    ([ceil(N/128), ceil(K/128)]): W ~ q * scale, block by block."""
-    n, k = w.shape
-    b = FP8_BLOCK
-    nb, kb = -(-n // b), -(-k // b)
-    padded = torch.nn.functional.pad(w.float(), (0, kb * b - k, 0, nb * b - n))
-    blocks = padded.view(nb, b, kb, b)
-    amax = blocks.abs().amax(dim=(1, 3))
-    scale = torch.where(amax > 0, amax / FP8_MAX, torch.ones_like(amax))
-    q = (blocks / scale[:, None, :, None]).clamp(-FP8_MAX, FP8_MAX).to(torch.float8_e4m3fn)
-    return q.view(nb * b, kb * b)[:n, :k].contiguous(), scale.contiguous()
-
-
 def fp8_block_weights(weights: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
     """The target's tensors with every FP8_QUANTIZED projection block-quantized."""
     out: dict[str, torch.Tensor] = {}
     for name, t in weights.items():
         module = name.removesuffix(".weight")
         if name.endswith(".weight") and module.rsplit(".", 1)[-1] in FP8_QUANTIZED:
-            out[name], out[module + ".weight_scale_inv"] = block_fp8(t)
+            out[name], out[module + ".weight_scale_inv"] = quantize_blocks(t)
         else:
             out[name] = t
     return out

@@ -27,6 +27,7 @@ TYPES = {
     torch.float32: "*fp32",
     torch.int32: "*i32",
     torch.int64: "*i64",
+    torch.float8_e4m3fn: "*fp8e4nv",
 }
 OPTIONS = ("num_warps", "num_stages", "launch_pdl")
 compiled: dict[str, str] = {}
@@ -150,6 +151,23 @@ def launch_all() -> None:
         gemm.launch(heads.view(3, 512), wt, cfg, gemm.GatedRmsNorm(heads, w[:128], 1e-6))
     for cfg in (GemmConfig(64, 64, 1, num_stages=3), GemmConfig(64, 128, 2)):  # SwiGLU epilogue
         gemm.launch(torch.randn(3, 512, dtype=bf), wt, cfg, None, swiglu_out=True)
+    # the FP8 tile (its wrapper, too, refuses a CPU device outside the interpreter): the block
+    # layout with x quantized in the tile or given, split or not, the per-channel layout, and
+    # the row quantization per 128-column group and per token
+    from specdash.kernels.fp8 import quantize_blocks
+    from specdash.kernels.triton import gemm_fp8
+    from specdash.kernels.triton.gemm_fp8 import Fp8GemmConfig
+
+    gemm_fp8._interpretable = lambda device: None
+    q, s = quantize_blocks(torch.randn(192, 1024))
+    xq, xs = gemm_fp8.quantize_rows(torch.randn(3, 1024, dtype=bf))
+    gemm_fp8.quantize_rows(torch.randn(3, 1024, dtype=bf), None)
+    for cfg in (None, Fp8GemmConfig(64, 256, 2), Fp8GemmConfig(64, 128, 1, num_stages=6)):
+        gemm_fp8.matmul(torch.randn(3, 1024, dtype=bf), None, q, s, "block", config=cfg)
+        gemm_fp8.matmul(xq, xs, q, s, "block", config=cfg)
+        gemm_fp8.matmul(
+            xq, xs[:, 0], q, s[:, 0].repeat_interleave(128)[:192], "channel", config=cfg
+        )
     # causal prefill attention at the 27B head shape, every config the GPU benchmark sweeps
     from specdash.kernels.triton.prefill_attention import CANDIDATES, causal_prefill_attention
 

@@ -4,13 +4,16 @@ sequence the ids and fp32 logprob bits it gets alone (B = 1), spec and plain, an
 
 from __future__ import annotations
 
+from collections.abc import Callable
+
 import pytest
 import torch
 from tiny_models import write_pair
 
-from specdash.engine.drafters import Drafter, ModelDrafter, NgramDrafter
+from specdash.engine.drafters import Drafter, ModelDrafter, NgramDrafter, ReplayDrafter
 from specdash.engine.engine import Engine, Sequence
 from specdash.engine.loader import Loaded, load_models
+from specdash.engine.model import Model
 from specdash.engine.state import SeqState
 from specdash.settings import SessionSettings
 
@@ -69,6 +72,41 @@ def decode(
                 engine.release(s)
                 done[s.index] = s
     return done
+
+
+def spoiled_replay(
+    plain: dict[int, Sequence], prompts: list[list[int]], vocab: int
+) -> Callable[[], Drafter]:
+    """Drafters replaying each prompt's plain output, every fifth token spoiled on odd prompts,
+    so rows of one batch commit different lengths."""
+    continuation = {}
+    for i, p in enumerate(prompts):
+        ids = list(plain[i].ids)
+        if i % 2:
+            ids = [(t + 1) % vocab if j % 5 == 4 else t for j, t in enumerate(ids)]
+        continuation[tuple(p)] = ids[:MAX_NEW]
+    return lambda: ReplayDrafter(continuation)
+
+
+BATCHES = ((1, True), (8, True), (32, True), (32, False))
+
+
+def runs_by_batch(
+    model: Model, make: Callable[[], Drafter], prompts: list[list[int]], k: int
+) -> dict[tuple[int, bool], dict[int, Sequence]]:
+    """The prompts decoded at each (batch, graphed) of BATCHES, each on its own engine (a batch
+    on one reserved pool): no shadow diverges, and every run has the first run's bits."""
+    runs = {}
+    for batch, graphed in BATCHES:
+        engine = Engine(model, make, [])
+        engine.cuda_graphs = graphed
+        if batch > 1:  # reserved slots are one pool: runs of a batch step together
+            engine.reserve(max(map(len, prompts)), MAX_NEW, 5, sequences=batch, shadow=True)
+        runs[batch, graphed] = decode(engine, prompts, batch, k)
+        assert all(s.diverged_at is None for s in runs[batch, graphed].values()), batch
+        assert_same(runs[BATCHES[0]], runs[batch, graphed])
+        assert bool(engine._batch_graphs) is (graphed and batch > 1)
+    return runs
 
 
 def assert_same(a: dict[int, Sequence], b: dict[int, Sequence]) -> None:

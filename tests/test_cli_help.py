@@ -44,8 +44,9 @@ def test_help_shows_defaults_and_choices(capsys) -> None:
         main(["run", "--help"])
     text = " ".join(capsys.readouterr().out.split())  # unwrapped
     for expected in (
-        "--gemm-backend {auto,torch,cublas,triton,triton-fused,deepgemm}",
-        "GEMM implementation; auto: torch on the CPU, triton on CUDA; torch: ",
+        "--gemm-backend {auto,torch,cublas,triton,triton-fused,triton-fp8,deepgemm}",
+        "GEMM implementation; auto: torch on the CPU, triton on CUDA (triton-fp8 for a block-FP8 "
+        "model); torch: ",
         "--verify {exact,fast}",
         "(default: exact)",
         "--max-new-tokens N tokens generated per prompt (default: 64)",

@@ -5,11 +5,9 @@ Skipped without a CUDA device (CI has none); run on a GPU machine with `pytest -
 
 from __future__ import annotations
 
-from dataclasses import replace
-
 import pytest
 import torch
-from tiny_models import plain_greedy
+from tiny_models import kernel_sized, plain_greedy
 
 from specdash.engine import model as model_module
 from specdash.engine.config import preset
@@ -28,15 +26,7 @@ pytestmark = [
 
 
 def _model(seed: int, noise: float = 0.0, gemm: str = "triton") -> Model:
-    # small, but inside the Triton kernels' shapes (pow2 head dims, Dv a multiple of 32)
-    cfg = replace(
-        preset("tiny-hybrid"),
-        hidden_size=256,
-        intermediate_size=512,
-        head_dim=64,
-        linear_key_head_dim=32,
-        linear_value_head_dim=32,
-    )
+    cfg = kernel_sized("tiny-hybrid")
     tensors = random_tensors(cfg, 0, torch.bfloat16, "cuda")
     if noise:
         gen = torch.Generator(device="cuda").manual_seed(seed)
@@ -231,31 +221,15 @@ def test_27b_shape_batched_equals_one_at_a_time(model_27b: Model, k: int) -> Non
     drafts are never accepted here; the drafts replay the plain output
     instead, every fifth token spoiled on odd prompts, so rows of one batch commit different
     lengths."""
-    from test_batch_exact import MAX_NEW, assert_same, decode
+    from test_batch_exact import decode, runs_by_batch, spoiled_replay
 
     vocab = model_27b.cfg.vocab_size
     gen = torch.Generator().manual_seed(12)
     prompts = [torch.randint(0, vocab, (16 + 9 * i,), generator=gen).tolist() for i in range(32)]
     make = lambda: RandomDrafter(vocab)  # noqa: E731
     if k:
-        plain = decode(Engine(model_27b, make, []), prompts, 32, 0)
-        continuation = {}
-        for i, p in enumerate(prompts):
-            ids = list(plain[i].ids)
-            if i % 2:
-                ids = [(t + 1) % vocab if j % 5 == 4 else t for j, t in enumerate(ids)]
-            continuation[tuple(p)] = ids[:MAX_NEW]
-        make = lambda: ReplayDrafter(continuation)  # noqa: E731
-    runs = {}
-    for batch, graphed in ((1, True), (8, True), (32, True), (32, False)):
-        engine = Engine(model_27b, make, [])
-        engine.cuda_graphs = graphed
-        if batch > 1:  # reserved slots are one pool: runs of a batch step together
-            engine.reserve(max(map(len, prompts)), MAX_NEW, 5, sequences=batch, shadow=True)
-        runs[batch, graphed] = decode(engine, prompts, batch, k)
-        assert all(s.diverged_at is None for s in runs[batch, graphed].values()), batch
-        assert_same(runs[1, True], runs[batch, graphed])
-        assert bool(engine._batch_graphs) is (graphed and batch > 1)
+        make = spoiled_replay(decode(Engine(model_27b, make, []), prompts, 32, 0), prompts, vocab)
+    runs = runs_by_batch(model_27b, make, prompts, k)
     if k:
         assert any(len(st.rows) > 1 for s in runs[32, True].values() for st in s.steps)
 

@@ -106,14 +106,23 @@ def test_backend_table_lists_reasons_and_refuses_unavailable(monkeypatch):
     backends = gemm_backends.available_backends()
     assert backends["triton"] is None
     assert gemm_backends.get_backend("triton") is matmul_batch_invariant
-    assert list(backends) == ["cublas", "triton", "deepgemm"]  # SGLang's routes: no fused one
-    assert list(gemm_backends.gpu_backends()) == ["cublas", "triton", "triton-fused", "deepgemm"]
+    # SGLang's routes: no fused one
+    assert list(backends) == ["cublas", "triton", "triton-fp8", "deepgemm"]
+    assert list(gemm_backends.gpu_backends()) == [
+        "cublas", "triton", "triton-fused", "triton-fp8", "deepgemm"
+    ]  # fmt: skip
     assert [b.batch_invariant for b in gemm_backends.gpu_backends().values()] == [
         False,
         True,
         True,
+        True,
         False,
     ]
+    assert gemm_backends.get_fp8_backend("triton-fp8").block_matmul.__name__ == (
+        "w8a8_block_fp8_matmul_triton"
+    )
+    with pytest.raises(EnvironmentProblem, match="runs no FP8 GEMMs"):
+        gemm_backends.get_fp8_backend("triton")
     gemm_backends.register_backend("stand-in", lambda x, w: x @ w.T)
     assert gemm_backends.available_backends()["stand-in"] is None
     with pytest.raises(EnvironmentProblem, match="unknown GEMM backend"):

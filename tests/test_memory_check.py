@@ -40,3 +40,20 @@ def test_the_gpu_check_asks_the_device(monkeypatch):
 
 def test_cpu_available_memory_is_read_from_the_system():
     assert memory.available_bytes(torch.device("cpu")) > 0
+
+
+def test_the_fp8_preset_is_counted_in_fp8_bytes_on_a_gpu(monkeypatch):
+    """On CUDA the FP8 preset keeps its linears in FP8 (one byte, plus a float32 scale per
+    128 x 128 block) beside bf16 embedding, lm_head and GDN b|a: about 30 GB, which an 80 GB
+    card holds and a 24 GB one does not; on the CPU it is dequantized, so counted in fp32."""
+    cfg = preset("qwen3.5-27b-shape-fp8")
+    cuda = torch.device("cuda:0")
+    fp8_bytes = memory.weight_bytes(cfg, torch.bfloat16, cuda)
+    embed_and_head = 2 * cfg.vocab_size * cfg.hidden_size * 2
+    assert 24.2e9 < fp8_bytes - embed_and_head < 24.5e9  # 24.3 G FP8 linears, scales, b|a, norms
+    assert memory.weight_bytes(cfg, torch.float32, torch.device("cpu")) == cfg.num_params() * 4
+    monkeypatch.setattr(torch.cuda, "mem_get_info", lambda device=None: (24 * 10**9, 0))
+    with pytest.raises(EnvironmentProblem, match=rf"needs {fp8_bytes / 1e9:.1f} GB for its FP8"):
+        memory.require_room("--preset qwen3.5-27b-shape-fp8", cfg, torch.bfloat16, cuda)
+    monkeypatch.setattr(torch.cuda, "mem_get_info", lambda device=None: (79 * 10**9, 0))
+    memory.require_room("--preset qwen3.5-27b-shape-fp8", cfg, torch.bfloat16, cuda)

@@ -63,6 +63,19 @@ def tiny_config(vocab_size: int, family: str = "qwen3_5") -> ModelConfig:
     return cfg
 
 
+def kernel_sized(name: str) -> ModelConfig:
+    """Preset `name` small, but inside the GPU kernels' shapes: pow2 head dims, Dv a multiple of
+    32, every GEMM's K a multiple of 128 (the FP8 tile's K step)."""
+    return replace(
+        preset(name),
+        hidden_size=256,
+        intermediate_size=512,
+        head_dim=64,
+        linear_key_head_dim=32,
+        linear_value_head_dim=32,
+    )
+
+
 def write_pair(root: Path, seed: int = 0, noise: float = 0.02) -> tuple[Path, Path, Path]:
     """target/, draft/ and prompts.jsonl under `root`."""
     tok = build_tokenizer()

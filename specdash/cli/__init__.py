@@ -102,7 +102,10 @@ def _add_session_flags(p: argparse.ArgumentParser) -> None:
         help="draft checkpoint, same tokenizer (--drafter model); default: the embedded one",
     )
     p.add_argument(
-        "--preset", metavar="NAME", help="random weights of a named shape: qwen3.5-27b-shape"
+        "--preset",
+        metavar="NAME",
+        help="random weights of a named shape: qwen3.5-27b-shape, or qwen3.5-27b-shape-fp8 "
+        "(block-FP8, for CUDA)",
     )
     p.add_argument(
         "--drafter",

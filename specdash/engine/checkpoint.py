@@ -1,7 +1,9 @@
 """Hugging Face-format checkpoints in and out: config.json, (sharded) safetensors, tokenizer.json.
 
 Every way a checkpoint can be wrong ends in one `CheckpointError` line naming the file
-and the tensor, never a traceback from safetensors or tokenizers.
+and the tensor, never a traceback from safetensors or tokenizers. A block-FP8 checkpoint's
+weights stay FP8 on CUDA (the FP8 tile runs them) and are dequantized exactly elsewhere
+(`weights.dequantize_fp8`).
 """
 
 from __future__ import annotations
@@ -17,7 +19,9 @@ from tokenizers import Tokenizer
 
 from specdash.engine.config import ModelConfig, config_from_hf, read_json, save_hf_config
 from specdash.engine.model import hf_tensor_shapes
+from specdash.engine.weights import SCALE_SUFFIX, dequantize_fp8
 from specdash.errors import CheckpointError
+from specdash.kernels.fp8 import BLOCK, FP8
 
 INDEX = "model.safetensors.index.json"
 
@@ -104,10 +108,36 @@ def load_tensors(
                             f"{file}: {name} has shape {tuple(t.shape)}, "
                             f"{path / 'config.json'} implies {expected[name]}"
                         )
-                    out[name] = t.to(device=device, dtype=dtype)
+                    out[name] = _on_device(t, name, cfg, dtype, device, file)
         except (SafetensorError, OSError, RuntimeError) as e:
             raise CheckpointError(f"{file}: corrupt safetensors file ({e})") from None
+    if cfg.quantization is not None and not device.startswith("cuda"):
+        dequantize_fp8(out, dtype)
     return out
+
+
+def _on_device(
+    t: torch.Tensor, name: str, cfg: ModelConfig, dtype: torch.dtype, device: str, file: Path
+) -> torch.Tensor:
+    """Tensor `name` as the model takes it: in `dtype`, or an FP8 weight as stored (its scales
+    in float32), each checked against what quantization_config says it is."""
+    if name.endswith(SCALE_SUFFIX):
+        if not t.is_floating_point():
+            raise CheckpointError(f"{file}: {name} is {t.dtype}, not a float scale")
+        return t.to(device=device, dtype=torch.float32)
+    if cfg.quantization is None or not cfg.quantization.quantizes(name):
+        return t.to(device=device, dtype=dtype)
+    if t.dtype != FP8:
+        raise CheckpointError(
+            f"{file}: {name} is {str(t.dtype).removeprefix('torch.')}; its quantization_config "
+            "makes it float8_e4m3fn (or name it in modules_to_not_convert)"
+        )
+    if device.startswith("cuda") and t.shape[1] % BLOCK:
+        raise CheckpointError(
+            f"{file}: {name} has K={t.shape[1]}, not a multiple of {BLOCK}, which the FP8 GEMM "
+            "steps through (on the CPU it is dequantized)"
+        )
+    return t.to(device=device)
 
 
 def load_tokenizer(path: Path) -> Tokenizer:

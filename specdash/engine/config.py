@@ -2,7 +2,8 @@
 
 Read from a Hugging Face `config.json` or built from a named preset. Anything the
 engine cannot run exactly as the checkpoint means (MoE, sliding windows, biases,
-tied MRoPE sections that differ per axis) is refused here with one clear line.
+tied MRoPE sections that differ per axis, quantizations other than block FP8) is refused
+here with one clear line.
 """
 
 from __future__ import annotations
@@ -29,6 +30,39 @@ _ARCHITECTURES: dict[str, Family] = {
 }
 
 
+@dataclass(frozen=True, slots=True)
+class Fp8Quantization:
+    """A block-FP8 checkpoint's `quantization_config` (Qwen's `*-FP8` form): every linear weight
+    float8_e4m3fn with float32 `weight_scale_inv` per 128 x 128 block, activations quantized
+    per token and 128-column group at run time, except the modules named in
+    `modules_to_not_convert`."""
+
+    not_converted: tuple[str, ...] = ()
+
+    def quantizes(self, name: str) -> bool:
+        """Whether tensor `name` is stored in FP8: a projection's weight (the only linears; the
+        embedding and lm_head are not) that no `modules_to_not_convert` entry names (a
+        substring of the module's name, Hugging Face's rule)."""
+        module = name.removesuffix(".weight")
+        if module == name or "proj" not in module.rsplit(".", 1)[-1]:
+            return False
+        return not any(entry in module for entry in self.not_converted)
+
+    def to_hf_dict(self) -> dict[str, Any]:
+        return {
+            "quant_method": "fp8",
+            "fmt": "e4m3",
+            "activation_scheme": "dynamic",
+            "weight_block_size": [128, 128],
+            "modules_to_not_convert": list(self.not_converted),
+        }
+
+
+QWEN35_FP8_NOT_CONVERTED = ("linear_attn.in_proj_a", "linear_attn.in_proj_b")
+"""What a Qwen3.5 FP8 checkpoint keeps in bf16 besides the embedding and lm_head: the GDN b and a
+projections (48 rows each, no whole 128-row block; SGLang refuses them block-quantized)."""
+
+
 @dataclass(slots=True)
 class ModelConfig:
     family: Family
@@ -52,6 +86,7 @@ class ModelConfig:
     linear_conv_kernel_dim: int = 4
     weight_prefix: str = "model."
     eos_token_ids: list[int] = field(default_factory=list)
+    quantization: Fp8Quantization | None = None
 
     def __post_init__(self) -> None:
         if not self.layer_types:
@@ -158,6 +193,8 @@ class ModelConfig:
             "eos_token_id": self.eos_token_ids[0] if self.eos_token_ids else None,
             "torch_dtype": "float32",
         }
+        if self.quantization is not None:
+            d["quantization_config"] = self.quantization.to_hf_dict()
         if self.family != "qwen3":
             d |= {
                 "layer_types": list(self.layer_types),
@@ -220,14 +257,22 @@ PRESETS: dict[str, ModelConfig] = {
 }
 
 
+FP8_SUFFIX = "-fp8"
+"""A preset's FP8 form (`qwen3.5-27b-shape-fp8`): its random weights block-quantized as a
+block-FP8 checkpoint stores them (for GPU benchmarks; dequantized on the CPU)."""
+
+
 def preset(name: str) -> ModelConfig:
-    if name not in PRESETS:
-        raise FlagError(
-            f"unknown preset {name!r}; known: {', '.join(sorted(PRESETS))}", setting="preset"
-        )
     from dataclasses import replace
 
-    return replace(PRESETS[name], layer_types=list(PRESETS[name].layer_types))
+    base = name.removesuffix(FP8_SUFFIX)
+    known = [n for p in sorted(PRESETS) for n in (p, p + FP8_SUFFIX)]
+    if base not in PRESETS:
+        raise FlagError(f"unknown preset {name!r}; known: {', '.join(known)}", setting="preset")
+    cfg = replace(PRESETS[base], layer_types=list(PRESETS[base].layer_types))
+    if name != base:
+        cfg.quantization = Fp8Quantization(QWEN35_FP8_NOT_CONVERTED)
+    return cfg
 
 
 ACTIVATIONS = ("silu", "swish")
@@ -353,6 +398,7 @@ def config_from_hf(path: Path) -> ModelConfig:
             f"supported: {', '.join(_ARCHITECTURES)}"
         )
     prefix = "model."
+    quantization = _quantization(loaded.get("quantization_config"), path, family)
     raw = loaded
     if top.text_config is not None:
         raw = top.text_config | {"tie_word_embeddings": top.tie_word_embeddings}
@@ -408,9 +454,46 @@ def config_from_hf(path: Path) -> ModelConfig:
             linear_conv_kernel_dim=c.linear_conv_kernel_dim,
             weight_prefix=prefix,
             eos_token_ids=[eos] if isinstance(eos, int) else list(eos or []),
+            quantization=quantization,
         )
     except ValueError as e:
         raise CheckpointError(f"{path}: inconsistent config.json ({e})") from None
+
+
+def _quantization(q: Any, path: Path, family: Family) -> Fp8Quantization | None:
+    """The block-FP8 form, or None for an unquantized checkpoint; any other quantization, or a
+    block size the FP8 tile does not run, refused."""
+    if q is None:
+        return None
+    where = f"{path / 'config.json'}: quantization_config"
+    method = q.get("quant_method") if isinstance(q, dict) else None
+    if method != "fp8":
+        raise CheckpointError(
+            f"{where} quant_method {method!r} is not supported by the native engine "
+            "(block FP8, quant_method 'fp8' with weight_block_size [128, 128], is)"
+        )
+    block = q.get("weight_block_size")
+    if block is None:
+        raise CheckpointError(
+            f"{where} has no weight_block_size: per-tensor and per-channel FP8 checkpoints are "
+            "not supported by the native engine (block FP8 [128, 128] is)"
+        )
+    if block != [128, 128]:
+        raise CheckpointError(
+            f"{where} weight_block_size {block} is not supported (the FP8 GEMM runs [128, 128])"
+        )
+    if q.get("fmt", "e4m3") != "e4m3" or q.get("activation_scheme", "dynamic") != "dynamic":
+        raise CheckpointError(
+            f"{where} fmt {q.get('fmt')!r} / activation_scheme {q.get('activation_scheme')!r} "
+            "is not supported (e4m3 with dynamic activation scales is)"
+        )
+    if family == "qwen3_next":
+        raise CheckpointError(
+            f"{where}: block FP8 is supported for Qwen3 and Qwen3.5 checkpoints, not Qwen3-Next "
+            "(its per-head interleaved projections split the scale blocks)"
+        )
+    skip = q.get("modules_to_not_convert") or q.get("ignored_layers") or []
+    return Fp8Quantization(tuple(str(entry) for entry in skip))
 
 
 def save_hf_config(cfg: ModelConfig, path: Path) -> None:

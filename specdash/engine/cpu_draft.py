@@ -25,7 +25,7 @@ import torch
 
 from specdash.engine.model import Model
 from specdash.engine.state import SeqState
-from specdash.engine.weights import AttentionWeights
+from specdash.engine.weights import AttentionWeights, plain
 from specdash.kernels import cpu_gemm
 from specdash.kernels.gemm_backends import _kn
 
@@ -259,18 +259,18 @@ class DraftStep:
 
         self.calls: list[tuple[str, int, tuple[int, ...]]] = []  # (layer kind, index, pointers)
         for i, lw in enumerate(model.layers):
-            mlp = (ptr(_kn(lw.gate_up)), ptr(_kn(lw.down)))
+            mlp = (ptr(_kn(plain(lw.gate_up))), ptr(_kn(plain(lw.down))))
             m = lw.mixer
             if isinstance(m, AttentionWeights):
                 self.calls.append(
-                    ("attn", i, (ptr(lw.input_norm), ptr(lw.post_norm), ptr(_kn(m.qkv)),
-                     ptr(m.q_norm), ptr(m.k_norm), ptr(_kn(m.o)), *mlp))
+                    ("attn", i, (ptr(lw.input_norm), ptr(lw.post_norm), ptr(_kn(plain(m.qkv))),
+                     ptr(m.q_norm), ptr(m.k_norm), ptr(_kn(plain(m.o))), *mlp))
                 )  # fmt: skip
             else:
                 self.calls.append(
-                    ("gdn", i, (ptr(lw.input_norm), ptr(lw.post_norm), ptr(_kn(m.proj)),
+                    ("gdn", i, (ptr(lw.input_norm), ptr(lw.post_norm), ptr(_kn(plain(m.proj))),
                      ptr(m.conv), ptr(m.a_log.float()), ptr(m.dt_bias.float()), ptr(m.norm),
-                     ptr(_kn(m.out)), *mlp))
+                     ptr(_kn(plain(m.out))), *mlp))
                 )  # fmt: skip
         self.head = (ptr(model.final_norm), ptr(_kn(model.lm_head)))
         self.keep = keep

@@ -12,7 +12,7 @@ import torch
 
 from specdash.engine import memory
 from specdash.engine.checkpoint import load_checkpoint
-from specdash.engine.config import preset
+from specdash.engine.config import ModelConfig, config_from_hf, preset
 from specdash.engine.model import Model
 from specdash.engine.tokenizer import ByteTokenizer, TextTokenizer
 from specdash.errors import CheckpointError, EnvironmentProblem, UsageError
@@ -66,12 +66,16 @@ def _load_one(
     device: torch.device,
     gemm: gemm_backends.GemmBackend,
     seed: int,
+    auto_gemm: bool = False,
 ) -> tuple[Model, TextTokenizer, list[int]]:
     if preset_name is not None:
         cfg = preset(preset_name)
+        gemm = _fp8_gemm(cfg, gemm, auto_gemm, device)
         memory.require_room(f"--preset {preset_name}", cfg, dtype, device)
         return Model.random(cfg, seed, dtype, device, gemm), ByteTokenizer(cfg.vocab_size), []
     assert path is not None
+    if device.type == "cuda":  # refuse the backend before reading gigabytes of weights
+        gemm = _fp8_gemm(config_from_hf(path), gemm, auto_gemm, device)
     cfg, tensors, hf_tok = load_checkpoint(path, dtype, str(device))
     tok = TextTokenizer(hf_tok)
     if tok.vocab_size > cfg.vocab_size:
@@ -79,6 +83,23 @@ def _load_one(
             f"{path}: tokenizer has {tok.vocab_size} tokens but the model only {cfg.vocab_size}"
         )
     return Model.from_tensors(cfg, tensors, gemm, consume=True), tok, cfg.eos_token_ids
+
+
+def _fp8_gemm(
+    cfg: ModelConfig, gemm: gemm_backends.GemmBackend, auto: bool, device: torch.device
+) -> gemm_backends.GemmBackend:
+    """The backend a model of `cfg` runs on: `gemm`, or for FP8 weights on CUDA the one with
+    FP8 GEMMs when the backend was left to `auto` (`triton-fp8`); a backend chosen by name that
+    runs no FP8 weights is refused."""
+    if cfg.quantization is None or device.type != "cuda" or gemm.fp8 is not None:
+        return gemm
+    if not auto:
+        raise UsageError(
+            f"--gemm-backend {gemm.name} runs no FP8 weights; this model is block FP8: "
+            "use --gemm-backend triton-fp8 (or auto)",
+            setting="gemm_backend",
+        )
+    return gemm_backends.resolve("triton-fp8", device)
 
 
 def load_models(settings: SessionSettings) -> Loaded:
@@ -93,7 +114,10 @@ def load_models(settings: SessionSettings) -> Loaded:
                 f"embedded default model missing at {target_path}; name a checkpoint",
                 setting="model",
             )
-    target, tok, eos = _load_one(target_path, settings.preset, dtype, device, gemm, settings.seed)
+    auto = settings.gemm_backend == "auto"
+    target, tok, eos = _load_one(
+        target_path, settings.preset, dtype, device, gemm, settings.seed, auto
+    )
     if device.type == "cpu" and target.cfg.num_params() < SMALL_MODEL_PARAMS:
         # Small ops gain nothing from intra-op threads and lose a lot when cores are
         # shared (OpenMP barriers): measured 3.0 ms vs 22 ms per decode step under load.

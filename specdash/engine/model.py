@@ -39,9 +39,21 @@ from specdash.engine.rows import (
     row_implementations,
 )
 from specdash.engine.state import SeqState
-from specdash.engine.weights import AttentionWeights, GdnWeights, LayerWeights
+from specdash.engine.weights import (
+    SCALE_SUFFIX,
+    AttentionWeights,
+    GdnWeights,
+    LayerWeights,
+    Linear,
+    dequantize_fp8,
+    fuse,
+    linear_weight,
+    plain,
+    weight_bytes,
+)
 from specdash.errors import UsageError
 from specdash.kernels import gemm_backends
+from specdash.kernels.fp8 import BLOCK, Fp8Weight, quantize_blocks
 
 Tensor = torch.Tensor
 PREFILL_CHUNK = 16384
@@ -100,16 +112,25 @@ def hf_tensor_shapes(cfg: ModelConfig) -> dict[str, tuple[int, ...]]:
     shapes[f"{p}norm.weight"] = (h,)
     if not cfg.tie_word_embeddings:
         shapes["lm_head.weight"] = (cfg.vocab_size, h)
+    if cfg.quantization is not None:  # block FP8: a float32 scale per 128 x 128 weight block
+        for name in [n for n in shapes if cfg.quantization.quantizes(n)]:
+            n, k = shapes[name]
+            shapes[name + SCALE_SUFFIX] = (-(-n // BLOCK), -(-k // BLOCK))
     return shapes
 
 
 def random_tensors(
     cfg: ModelConfig, seed: int, dtype: torch.dtype = torch.float32, device: str = "cpu"
 ) -> dict[str, Tensor]:
-    """Random weights of `cfg` by HF name, scaled so activations stay O(1) over many layers."""
+    """Random weights of `cfg` by HF name, scaled so activations stay O(1) over many layers;
+    for a block-FP8 `cfg`, its linears quantized as such a checkpoint stores them (each as it
+    is drawn: the 27B shape never holds its bf16 weights whole)."""
     gen = torch.Generator(device=device).manual_seed(seed)
     out = {}
+    quantized = cfg.quantization.quantizes if cfg.quantization is not None else lambda n: False
     for name, shape in hf_tensor_shapes(cfg).items():
+        if name.endswith(SCALE_SUFFIX):
+            continue  # made with its weight
         if name.endswith("A_log"):
             t = torch.empty(shape, device=device).uniform_(0, 4, generator=gen).log()
         elif name.endswith("dt_bias"):
@@ -124,7 +145,10 @@ def random_tensors(
             t = torch.randn(shape, generator=gen, device=device) * shape[-1] ** -0.5
             if name.endswith(("o_proj.weight", "down_proj.weight", "out_proj.weight")):
                 t = t / (2 * cfg.num_hidden_layers) ** 0.5
-        out[name] = t.to(dtype)
+        if quantized(name):
+            out[name], out[name + SCALE_SUFFIX] = quantize_blocks(t)
+        else:
+            out[name] = t.to(dtype)
     return out
 
 
@@ -163,29 +187,29 @@ class Model:
             mixer: AttentionWeights | GdnWeights
             if lt == "full_attention":
                 a = f"{lp}self_attn."
-                qkv = torch.cat([t[f"{a}{n}_proj.weight"] for n in "qkv"])
-                mixer = AttentionWeights(
-                    qkv, t[f"{a}o_proj.weight"], t[f"{a}q_norm.weight"], t[f"{a}k_norm.weight"]
-                )
+                qkv = fuse([linear_weight(t, f"{a}{n}_proj.weight") for n in "qkv"])
+                o = linear_weight(t, f"{a}o_proj.weight")
+                mixer = AttentionWeights(qkv, o, t[f"{a}q_norm.weight"], t[f"{a}k_norm.weight"])
             else:
                 la = f"{lp}linear_attn."
                 mixer = GdnWeights(
-                    proj=torch.cat(_gdn_in_proj(cfg, t, la)),
+                    proj=fuse(_gdn_in_proj(cfg, t, la)),
                     conv=t[f"{la}conv1d.weight"][:, 0],
                     a_log=t[f"{la}A_log"],
                     dt_bias=t[f"{la}dt_bias"],
                     norm=t[f"{la}norm.weight"],
-                    out=t[f"{la}out_proj.weight"],
+                    out=linear_weight(t, f"{la}out_proj.weight"),
                 )
+            mlp = f"{lp}mlp."
             layers.append(
                 LayerWeights(
                     input_norm=t[f"{lp}input_layernorm.weight"],
                     post_norm=t[f"{lp}post_attention_layernorm.weight"],
                     mixer=mixer,
-                    gate_up=torch.cat(
-                        [t[f"{lp}mlp.gate_proj.weight"], t[f"{lp}mlp.up_proj.weight"]]
+                    gate_up=fuse(
+                        [linear_weight(t, f"{mlp}{n}_proj.weight") for n in ("gate", "up")]
                     ),
-                    down=t[f"{lp}mlp.down_proj.weight"],
+                    down=linear_weight(t, f"{mlp}down_proj.weight"),
                 )
             )
             if consume:
@@ -205,8 +229,11 @@ class Model:
         device: torch.device,
         gemm: gemm_backends.GemmBackend | None = None,
     ) -> Model:
-        """Random weights of `cfg` (a shape preset) built on `device`; for benchmarks."""
+        """Random weights of `cfg` (a shape preset) built on `device`; for benchmarks. An FP8
+        preset's weights are FP8 on CUDA and dequantized elsewhere, as a checkpoint's are."""
         tensors = random_tensors(cfg, seed, dtype, str(device))
+        if device.type != "cuda":
+            dequantize_fp8(tensors, dtype)
         model = cls.from_tensors(cfg, tensors, gemm, consume=True)
         if device.type == "cuda":
             torch.cuda.empty_cache()  # the unfused copies are gone
@@ -214,13 +241,23 @@ class Model:
 
     @property
     def step_weight_bytes(self) -> int:
-        """Bytes of GEMM weights a decode step reads (the embedding is gathered, not read)."""
-        mats = [self.lm_head]
+        """Bytes of GEMM weights a decode step reads (the embedding is gathered, not read):
+        FP8 weights with their scales and unquantized rows."""
+        mats: list[Linear] = [self.lm_head]
         for lw in self.layers:
             mats += [lw.gate_up, lw.down]
-            mixer = [getattr(lw.mixer, f.name) for f in fields(lw.mixer)]
-            mats += [t for t in mixer if t.dim() == 2 and t is not getattr(lw.mixer, "conv", None)]
-        return sum(t.numel() * t.element_size() for t in mats)
+            mixer = [getattr(lw.mixer, f.name) for f in fields(lw.mixer) if f.name != "conv"]
+            mats += [t for t in mixer if isinstance(t, Fp8Weight) or t.dim() == 2]
+        return sum(weight_bytes(t) for t in mats)
+
+    @property
+    def has_fp8(self) -> bool:
+        """Whether any linear weight is FP8: only a backend with FP8 GEMMs runs this model."""
+        return any(
+            isinstance(w, Fp8Weight)
+            for lw in self.layers
+            for w in (lw.gate_up, lw.down, *(getattr(lw.mixer, f.name) for f in fields(lw.mixer)))
+        )
 
     # ------------------------------------------------------------------ forward
 
@@ -340,10 +377,11 @@ class Model:
             s, h = seen, rows.rowwise.norm(seen, w)
         return s, obs(*norm_at, h)
 
-    def _linear(self, x: Tensor, w: Tensor, mode: Mode) -> Tensor:
-        """Prefill is shared by both runs, so it takes the plain batched GEMM (cuBLAS on GPU);
-        decode and verify take the session's backend, row by row unless batch-invariant."""
-        if mode == "prefill":
+    def _linear(self, x: Tensor, w: Linear, mode: Mode) -> Tensor:
+        """Prefill is shared by both runs, so it takes the plain batched GEMM (cuBLAS on GPU;
+        FP8 weights: the FP8 tile, which has no other); decode and verify take the session's
+        backend, row by row unless batch-invariant."""
+        if mode == "prefill" and not isinstance(w, Fp8Weight):
             return torch.nn.functional.linear(x, w)
         return self.gemm(x, w, mode == "exact")
 
@@ -355,11 +393,12 @@ class Model:
         the row kernel between them."""
         fused = self._fused(mode)
         swiglu_gemm = self.gemm.gate_up_swiglu if mode == "exact" else None
-        if fused is None and swiglu_gemm is not None and obs is _identity:
-            return self._linear(swiglu_gemm(h, lw.gate_up), lw.down, mode)
+        gate_up = lw.gate_up  # FP8: the FP8 tile, which has no SwiGLU epilogue
+        if fused is None and swiglu_gemm and isinstance(gate_up, Tensor) and obs is _identity:
+            return self._linear(swiglu_gemm(h, gate_up), lw.down, mode)
         gu = obs(i, "gate_up_proj", self._linear(h, lw.gate_up, mode))
         if fused is not None:
-            return fused.swiglu(gu, lw.down)
+            return fused.swiglu(gu, plain(lw.down))
         return self._linear(rows.rowwise.swiglu(gu), lw.down, mode)
 
     def _fused(self, mode: Mode) -> gemm_backends.FusedGemms | None:
@@ -377,7 +416,9 @@ class Model:
         o = obs(i, "attention", o)
         fused = self._fused(mode)
         if fused is not None and self.cfg.gated_attention:
-            return obs(i, "o_proj", fused.sigmoid_gate(o, attention_gate(qkv, self.cfg), w.o))
+            return obs(
+                i, "o_proj", fused.sigmoid_gate(o, attention_gate(qkv, self.cfg), plain(w.o))
+            )
         return obs(i, "o_proj", self._linear(rows.rowwise.output_gate(o, qkv), w.o, mode))
 
     def _gdn(
@@ -410,7 +451,9 @@ class Model:
         fused = self._fused(mode)
         if fused is not None:
             o = o.reshape(t_len, nv * dv).to(z.dtype)
-            return obs(i, "out_proj", fused.gated_norm(o, z, w.norm, cfg.rms_norm_eps, w.out))
+            return obs(
+                i, "out_proj", fused.gated_norm(o, z, w.norm, cfg.rms_norm_eps, plain(w.out))
+            )
         o = obs(i, "gated_norm", rows.rowwise.gated_norm(o, z, w.norm).reshape(t_len, nv * dv))
         return obs(i, "out_proj", self._linear(o, w.out, mode))
 
@@ -419,10 +462,11 @@ def _identity(layer: int, name: str, x: Tensor) -> Tensor:
     return x
 
 
-def _gdn_in_proj(cfg: ModelConfig, t: dict[str, Tensor], la: str) -> list[Tensor]:
-    """[W_qkv, W_z, W_b, W_a] in the Qwen3.5 layout, converting Qwen3-Next's per-head interleave."""
+def _gdn_in_proj(cfg: ModelConfig, t: dict[str, Tensor], la: str) -> list[Linear]:
+    """[W_qkv, W_z, W_b, W_a] in the Qwen3.5 layout, converting Qwen3-Next's per-head interleave
+    (never FP8: `config` refuses a quantized Qwen3-Next)."""
     if cfg.family != "qwen3_next":
-        return [t[f"{la}in_proj_{n}.weight"] for n in ("qkv", "z", "b", "a")]
+        return [linear_weight(t, f"{la}in_proj_{n}.weight") for n in ("qkv", "z", "b", "a")]
     nk, nv = cfg.linear_num_key_heads, cfg.linear_num_value_heads
     dk, dv, r = cfg.linear_key_head_dim, cfg.linear_value_head_dim, nv // nk
     qkvz = t[f"{la}in_proj_qkvz.weight"].view(nk, 2 * dk + 2 * r * dv, -1)

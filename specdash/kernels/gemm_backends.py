@@ -1,7 +1,8 @@
 """GEMM backends by name (`specdash.registry.gemm`): one table for the native engine and
 SGLang's GEMM routing.
 
-A backend is `x[M,K] @ w[N,K].T` that declares what exactness needs to know about it: whether
+A backend is `x[M,K] @ w[N,K].T` (w bf16/fp32, or a block-FP8 `Fp8Weight` where it runs FP8)
+that declares what exactness needs to know about it: whether
 it is batch-invariant (a row's bits do not depend on M; otherwise exact rows run one by one,
 each from an aligned address), the fast path serving non-exact calls (fast verify, draft
 steps), and, when it cannot run here, why. An unavailable backend stays listed with its reason,
@@ -20,10 +21,26 @@ from torch.utils.weak import WeakIdKeyDictionary
 
 from specdash.errors import EnvironmentProblem
 from specdash.kernels import cpu_gemm
+from specdash.kernels.fp8 import Fp8Weight
 from specdash.registry import gemm as registry
 
 Tensor = torch.Tensor
 Gemm = Callable[[Tensor, Tensor], Tensor]
+
+
+@dataclass(frozen=True, slots=True)
+class Fp8Gemms:
+    """A backend's FP8 GEMMs (the FP8 tile, `kernels.triton.gemm_fp8`; batch-invariant): the
+    native engine's linear on block-FP8 weights, and SGLang's two FP8 GEMM signatures for its
+    routing (decode and verify of `quantization=fp8` and of block-FP8 checkpoints)."""
+
+    linear: Callable[[Tensor, Fp8Weight], Tensor]
+    """(x bf16 [M, K], w) -> x @ w.q rows.T, x quantized per token and 128-column group"""
+    scaled_mm: Callable[..., Tensor]
+    """sgl_kernel.fp8_scaled_mm(mat_a, mat_b [K, N] col-major, scales_a, scales_b, out_dtype,
+    bias=None)"""
+    block_matmul: Callable[..., Tensor]
+    """w8a8_block_fp8_matmul_triton(A, B [N, K], As, Bs, block_size, output_dtype)"""
 
 
 @dataclass(frozen=True, slots=True)
@@ -71,8 +88,12 @@ class GemmBackend:
     gate_up_swiglu: Gemm | None = None
     """(x, w = [gate | up]) -> silu(gate) * up in the GEMM's epilogue, for exact rows: the bits
     of `fn` then the SwiGLU row kernel, one launch fewer per MLP; None: it has none."""
+    fp8: Fp8Gemms | None = None
+    """Its GEMMs of FP8 weights; None: it runs none (a model with FP8 weights refuses it)."""
 
-    def __call__(self, x: Tensor, w: Tensor, exact: bool) -> Tensor:
+    def __call__(self, x: Tensor, w: Tensor | Fp8Weight, exact: bool) -> Tensor:
+        if isinstance(w, Fp8Weight):
+            return self._fp8_linear(x, w, exact)
         fn = self.fn
         assert fn is not None, self.unavailable
         if not exact:
@@ -82,6 +103,14 @@ class GemmBackend:
         if x.shape[0] == 1:
             return fn(_aligned(x), w)
         return torch.cat([fn(_aligned(row), w) for row in x.split(1)])
+
+    def _fp8_linear(self, x: Tensor, w: Fp8Weight, exact: bool) -> Tensor:
+        """The FP8 rows through the FP8 tile (batch-invariant: exact or not, the same call), the
+        unquantized rows after them through this backend's own GEMM."""
+        if self.fp8 is None:
+            raise EnvironmentProblem(f"GEMM backend {self.name!r} runs no FP8 weights")
+        y = self.fp8.linear(x, w)
+        return y if w.rest is None else torch.cat([y, self(x, w.rest, exact)], dim=-1)
 
 
 _TRANSPOSED: WeakIdKeyDictionary = WeakIdKeyDictionary()
@@ -163,6 +192,22 @@ def build_triton_fused() -> GemmBackend:
         gated_norm=lambda o, z, nw, eps, w: mm(o, w, prologue=gemm.GatedRmsNorm(z, nw, eps)),
     )
     return GemmBackend("triton-fused", mm, True, fused=fused)
+
+
+def build_triton_fp8() -> GemmBackend:
+    """`triton` plus the FP8 tile for FP8 weights (on bf16 weights, triton's bits)."""
+    try:
+        from specdash.kernels.triton import gemm, gemm_fp8
+    except Exception as exc:
+        reason = f"triton kernels do not import: {exc}"
+        return GemmBackend("triton-fp8", None, True, unavailable=reason)
+    if torch.cuda.is_available() and torch.cuda.get_device_capability() < (8, 9):
+        reason = "FP8 needs compute capability 8.9 or later (Ada, Hopper)"
+        return GemmBackend("triton-fp8", None, True, unavailable=reason)
+    mm = gemm.matmul_batch_invariant
+    swiglu_out = lambda x, w: mm(x, w, swiglu_out=True)  # noqa: E731
+    fp8 = Fp8Gemms(gemm_fp8.linear, gemm_fp8.fp8_scaled_mm, gemm_fp8.w8a8_block_fp8_matmul_triton)
+    return GemmBackend("triton-fp8", mm, True, gate_up_swiglu=swiglu_out, fp8=fp8)
 
 
 def build_deepgemm() -> GemmBackend:
@@ -256,6 +301,15 @@ def get_backend(name: str) -> Gemm:
     if fn is None:
         raise EnvironmentProblem(f"GEMM backend {name!r} is unavailable: {table[name].unavailable}")
     return fn
+
+
+def get_fp8_backend(name: str) -> Fp8Gemms:
+    """The FP8 GEMMs of a GPU backend (SGLang's FP8 routing); EnvironmentProblem says why not."""
+    get_backend(name)
+    fp8 = gpu_backends()[name].fp8
+    if fp8 is None:
+        raise EnvironmentProblem(f"GEMM backend {name!r} runs no FP8 GEMMs; triton-fp8 does")
+    return fp8
 
 
 def register_backend(name: str, fn: Gemm) -> None:

@@ -19,7 +19,9 @@ class GemmEntry(Entry):
 
 _BUILD = "specdash.kernels.gemm_backends"
 
-AUTO = GemmEntry("auto", "torch on the CPU, triton on CUDA", None, "any")
+AUTO = GemmEntry(
+    "auto", "torch on the CPU, triton on CUDA (triton-fp8 for a block-FP8 model)", None, "any"
+)
 GEMM_BACKENDS: tuple[GemmEntry, ...] = (
     AUTO,
     GemmEntry("torch", "the CPU's exact GEMM (C, batch-invariant)", f"{_BUILD}:build_torch", "cpu"),
@@ -27,6 +29,11 @@ GEMM_BACKENDS: tuple[GemmEntry, ...] = (
     GemmEntry("triton", "specdash's batch-invariant Triton tile", f"{_BUILD}:build_triton"),
     GemmEntry(
         "triton-fused", "the Triton tile with the row ops fused in", f"{_BUILD}:build_triton_fused"
+    ),
+    GemmEntry(
+        "triton-fp8",
+        "the Triton tile, and its FP8 twin for a block-FP8 model's FP8 weights",
+        f"{_BUILD}:build_triton_fp8",
     ),
     GemmEntry(
         "deepgemm", "DeepGEMM's bf16 GEMM, exact rows one by one", f"{_BUILD}:build_deepgemm"

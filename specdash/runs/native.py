@@ -21,7 +21,7 @@ from specdash.engine.drafters import Drafter, NgramDrafter
 from specdash.engine.engine import Engine, Sequence, StepResult
 from specdash.engine.loader import Loaded, load_draft, load_models
 from specdash.engine.root_cause import RootCauseFinder
-from specdash.errors import SpecdashError, UsageError
+from specdash.errors import EnvironmentProblem, SpecdashError, UsageError
 from specdash.events import (
     Draft,
     EngineError,
@@ -284,6 +284,10 @@ class NativeBackend:
         if name == "gemm_backend":
             try:
                 backend = gemm_backends.resolve(str(value), self.loaded.target.device)
+                if backend.fp8 is None and self.loaded.target.has_fp8:
+                    raise EnvironmentProblem(
+                        f"GEMM backend {backend.name!r} runs no FP8 weights; triton-fp8 does"
+                    )
             except SpecdashError as e:  # an unavailable backend is refused, not fatal
                 self._emit(EngineError(message=str(e), fatal=False))
                 return False

@@ -31,7 +31,7 @@ from specdash.kernels.triton.pdl import (
     wait_for_predecessor,
 )
 from specdash.kernels.triton.rmsnorm import gated_rms_norm_rows
-from specdash.kernels.triton.tickets import counters
+from specdash.kernels.triton.tickets import counters, sum_splits_in_order
 
 BLOCK_M = 16
 _SUPPORTED_DTYPES = (torch.bfloat16, torch.float16, torch.float32)
@@ -253,17 +253,12 @@ def _gemm_kernel(
         width = tl.num_programs(1) * BLOCK_N
         tile = offs_m[:, None] * width + (pid_n * BLOCK_N + tl.arange(0, BLOCK_N))[None, :]
         mask = m_mask & n_valid[None, :]
-        tl.store(part_ptr + pid_s * M * width + tile, acc, mask=mask)
-        tl.debug_barrier()  # every thread's partial is written before the ticket is taken
-        ticket_at = ticket_ptr + pid_m * tl.num_programs(1) + pid_n
-        if tl.atomic_add(ticket_at, 1, sem="acq_rel") == SPLIT_K - 1:
-            total = tl.load(part_ptr + tile, mask=mask, other=0.0, cache_modifier=".cg")
-            for s in tl.static_range(1, SPLIT_K):
-                total += tl.load(
-                    part_ptr + s * M * width + tile, mask=mask, other=0.0, cache_modifier=".cg"
-                )
+        group = pid_m * tl.num_programs(1) + pid_n
+        last, total = sum_splits_in_order(
+            part_ptr, ticket_ptr, acc, tile, mask, group, M * width, SPLIT_K
+        )
+        if last:
             _store_out(out_ptr, total, offs_m, m_mask, pid_n, N, BLOCK_N, SWIGLU)
-            tl.atomic_xchg(ticket_at, 0)  # ready for the next launch (and CUDA graph replays)
 
 
 @dataclass(frozen=True)
