@@ -564,7 +564,8 @@ def test_a_draft_vocabulary_larger_than_the_targets(capsys, pair, tmp_path) -> N
 def test_an_unknown_preset_is_a_flag_error(capsys) -> None:
     expect_flag_error(
         capsys,
-        "--preset: unknown preset 'bogus'; known: qwen3.5-27b-shape, tiny-hybrid",
+        "--preset: unknown preset 'bogus'; known: qwen3.5-27b-shape, qwen3.5-27b-shape-fp8, "
+        "tiny-hybrid, tiny-hybrid-fp8",
         "--preset",
         "bogus",
         "--drafter",

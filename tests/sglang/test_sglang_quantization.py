@@ -18,7 +18,7 @@ from pathlib import Path
 import torch
 from safetensors.torch import save_file
 sys.path.insert(0, "benchmarks")
-from sglang_checkpoint import block_fp8
+from specdash.kernels.fp8 import quantize_blocks as block_fp8
 from specdash.cli import main
 
 root = Path(os.environ["WORKDIR"])
@@ -114,7 +114,7 @@ def test_block_fp8_scales_of_the_builder_pass_the_shape_check(tmp_path) -> None:
     from safetensors.torch import save_file
 
     sys.path.insert(0, "benchmarks")
-    from sglang_checkpoint import block_fp8
+    from specdash.kernels.fp8 import quantize_blocks as block_fp8
 
     q, s = block_fp8(torch.randn(129, 300))
     assert q.dtype == torch.float8_e4m3fn and s.shape == (2, 3)
