@@ -210,14 +210,15 @@ print("BLOCK", [[m.get_w8a8_block_fp8_configs(n, k, 128, 128) for n, k in shapes
                 for m in (disk, runtime)])
 utils = open(f"{tree}/sglang/srt/layers/quantization/fp8_utils.py").read()
 print("ALIAS", "from specdash.runs.sglang.patches.fp8_routing import (" in utils
-      and "padded_scaled_mm as fp8_scaled_mm," in utils)
+      and "routed_scaled_mm as fp8_scaled_mm," in utils
+      and "routed_block_matmul as w8a8_block_fp8_matmul_triton," in utils)
 """
 
 
 def test_fp8_diff_does_what_the_runtime_patch_does(run_each_sglang, patched_tree: Path) -> None:
-    """The block-FP8 config lookup finds no table on disk as at runtime; the per-channel name is
-    bound to the same padded route (on CUDA: here the `if _is_cuda:` block that binds it does not
-    run, so its text is read)."""
+    """The block-FP8 config lookup finds no table on disk as at runtime; the per-channel and the
+    block GEMM names are bound to the same routes (the per-channel one on CUDA: here the
+    `if _is_cuda:` block that binds it does not run, so its text is read)."""
     proc = run_each_sglang(FP8_SCRIPT, env={"PATCHED_TREE": str(patched_tree)})
     lines = dict(
         ln.split(" ", 1) for ln in proc.stdout.splitlines() if ln[:5] in ("BLOCK", "ALIAS")

@@ -1,7 +1,9 @@
 """The FP8 patch against the real sglang 0.5.17 and 0.5.23 wheels: `fp8_utils.fp8_scaled_mm`
-(the name every per-channel FP8 linear calls) is rebound to the padded route, which reaches
+and `fp8_utils.w8a8_block_fp8_matmul_triton` (the names every FP8 linear calls) are rebound to
+routes that send decode, verify and draft forwards under `auto` to specdash's FP8 tile, and
+everything else to SGLang's kernels made M-independent: per channel, the padded route reaches
 sgl_kernel's AOT op with at least PAD_ROWS rows for any M, so a row's bits no longer depend on
-its batch; the block-FP8 config lookup finds no tuned table at any M; `--sglang-unpatch fp8`
+its batch; the block-FP8 config lookup finds no tuned table at any M. `--sglang-unpatch fp8`
 leaves all of it as shipped, the pinned FP8 switches included.
 
 No GPU here: `sgl_kernel` is a CPU stand-in with the property that breaks exactness on the GPU,
@@ -49,6 +51,8 @@ MS = (1, 8, 32, 64, 65, 128, 129, 200)
 out = {"stock": [row0_equal_to_alone(m) for m in MS]}
 calls.clear()
 patch_set.by_flag("fp8").apply()
+from specdash.runs.sglang.patches import gemm_routing
+gemm_routing.prefill_forward = True  # SGLang's kernels: what a prefill runs
 out["patched"] = [row0_equal_to_alone(m) for m in MS]
 out["rows_sent"] = sorted(set(calls))
 out["block_configs"] = block.get_w8a8_block_fp8_configs(14336, 5120, 128, 128)
@@ -60,6 +64,35 @@ per_tensor = fp8_utils.fp8_scaled_mm(x[:3], w, xs[:1], ws, torch.float32)
 out["per_tensor_scale"] = torch.equal(
     per_tensor, fp8_utils.fp8_scaled_mm(x[:3], w, xs[:1].expand(3, 1), ws, torch.float32)
 )
+
+# the split by forward: a stand-in tile (the real one needs CUDA) taken only by non-prefill
+# forwards under `auto`; prefill and any other backend stay on SGLang's kernels
+tile_calls = []
+tile = types.SimpleNamespace(
+    scaled_mm=lambda *a: tile_calls.append("channel") or "tile",
+    block_matmul=lambda *a: tile_calls.append("block") or "tile",
+)
+fp8_routing._tile = lambda: tile
+gemm_routing._runs_here = lambda backend: backend == fp8_routing.TILE
+block.w8a8_block_fp8_matmul_triton = lambda *a, **kw: "sglang block"
+xb, xbs = x[:2], torch.ones(2, k // 128)
+wb, wbs = w.t().contiguous(), torch.ones(n // 128 + 1, k // 128)
+routes = {}
+CASES = (
+    ("decode", False, "auto"),
+    ("prefill", True, "auto"),
+    ("decode sglang-triton", False, "sglang-triton"),
+)
+for label, prefill, backend in CASES:
+    gemm_routing.set_backend(backend)
+    gemm_routing.prefill_forward = prefill
+    channel = fp8_utils.fp8_scaled_mm(x[:2], w, xs[:2], ws, torch.float32)
+    blockwise = fp8_utils.w8a8_block_fp8_matmul_triton(xb, wb, xbs, wbs, [128, 128], torch.bfloat16)
+    routes[label] = ["tile" if isinstance(channel, str) else "padded", blockwise]
+gemm_routing.set_backend("auto")
+gemm_routing.prefill_forward = False
+routes["other block size"] = fp8_utils.w8a8_block_fp8_matmul_triton(xb, wb, xbs, wbs, [64, 64])
+out["routes"], out["tile_calls"] = routes, tile_calls
 patch_set.by_flag("fp8").remove()
 out["removed"] = fp8_utils.fp8_scaled_mm is scaled_mm
 out["env_read"] = [name in open(fp8_utils.__file__).read() for name in fp8_routing.PINNED_ENV]
@@ -76,6 +109,13 @@ def test_fp8_gemm_rows_do_not_depend_on_m_once_patched(run_each_sglang) -> None:
     assert r["rows_sent"] == [fp8_routing.PAD_ROWS, 200]  # every smaller call padded
     assert r["block_configs"] is None and r["block_kernel_sees_it"]
     assert r["per_tensor_scale"]  # one scale for all rows broadcasts as SGLang's op does
+    assert r["routes"] == {
+        "decode": ["tile", "tile"],  # decode, verify and draft forwards under `auto`
+        "prefill": ["padded", "sglang block"],
+        "decode sglang-triton": ["padded", "sglang block"],  # a chosen backend is never overridden
+        "other block size": "sglang block",  # the tile runs [128, 128] blocks only
+    }
+    assert r["tile_calls"] == ["channel", "block"]
     assert r["removed"]
     # USE_TRITON_W8A8_FP8_KERNEL is read by fp8_utils in both releases; the config-tune switch
     # only by 0.5.23's (0.5.17 does not know it: pinning it there changes nothing)

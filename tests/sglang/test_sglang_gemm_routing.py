@@ -63,7 +63,7 @@ from specdash.runs.sglang.patches import gemm_routing
 cpu_tile = lambda x, w: x.float() @ w.float().t() + 1.0
 gemm_backends.register_backend("cpu-tile", cpu_tile)
 gemm_routing.DECODE_BACKEND = "specdash-cpu-tile"  # the Triton tile needs CUDA
-gemm_routing._tile_available.cache_clear()
+gemm_routing._runs_here.cache_clear()
 a = torch.randn(3, 8, dtype=torch.bfloat16)
 w = torch.randn(16, 8, dtype=torch.bfloat16)
 b = w.t()

@@ -1,4 +1,5 @@
-"""FP8 GEMMs in one M-independent kernel configuration, so a row's bits do not depend on its batch.
+"""FP8 GEMMs on batch-invariant kernels, split by forward mode as the bf16 routing is, so a row's
+bits do not depend on its batch.
 
 Why: FP8 linears never reach `matmul_persistent` (gemm_routing's dispatcher). Online FP8
 (`quantization=fp8` on a bf16 checkpoint) and `w8a8_fp8` quantize each activation row with its
@@ -7,24 +8,25 @@ CUTLASS kernel, which picks one of eight compiled configurations by M. For M <= 
 and B, and the epilogue then rounds `ws * (xs * acc)` instead of `xs * (ws * acc)` in fp32; 65..128
 and > 128 are two more configurations. A verify of 8 requests (M = 8 (k+1)) and the shadow's decode
 of one (M = 1), or a prefill of several prompts and of one, land in different configurations and
-differ in the last bit, and the text follows after a few tokens.
+differ in the last bit, and the text follows after a few tokens. Block FP8 (checkpoints quantized
+with `weight_block_size` [128, 128]) quantizes each row per 128-column group and calls the module
+global `fp8_utils.w8a8_block_fp8_matmul_triton`, whose tile a tuned JSON for (N, K, the card)
+picks by nearest M (0.5.23's may also choose split-K or swap-AB per M).
 
-The patch, per-channel (`fp8_scaled_mm` rebound in `fp8_utils`, the one name every caller of
-`apply_fp8_linear` and `W8A8Fp8LinearMethod` looks up at call time): a call with M < PAD_ROWS is
-padded to PAD_ROWS rows (zero rows, unit scales) and sliced back, and every call goes to the
-AOT `sgl_kernel.fp8_scaled_mm` directly. Every FP8 GEMM then runs CUTLASS's single `M > 128`
-configuration: data-parallel persistent tiles, no split-K, K accumulated in order, so each row's
-bits depend only on its own data. 0.5.23's `fp8_scaled_mm` is a registry op that sends big
-prefills (M >= 8192) to `torch._scaled_mm` (cuBLASLt heuristics): that second M switch is
-bypassed by calling the AOT op. No split by forward mode is needed: every mode meets the same
-configuration (decode and verify pay for padding to PAD_ROWS rows: the FP8 MMA work of two
-128-row tiles, a fraction of streaming the weight).
-
-Block FP8 (checkpoints quantized with `weight_block_size` [128, 128]): SGLang's Triton
-`w8a8_block_fp8_matmul_triton` runs one default configuration for every M unless a tuned JSON
-for (N, K, the card) exists, and then picks the JSON's entry nearest M (0.5.23's may also choose
-split-K or swap-AB per M). `get_w8a8_block_fp8_configs` is pinned to None, the default for every
-M, so a JSON shipped later cannot make the path batch-variant.
+The routes (`routed_scaled_mm`, `routed_block_matmul`, rebound in `fp8_utils`, the names every
+caller looks up at call time), by the forward `gemm_routing` marks and its live backend:
+* under `auto`, every forward that is not a prefill (decode, target verify, draft) runs
+  specdash's FP8 tile (`kernels/triton/gemm_fp8.py`: BLOCK_M 16, one configuration per (N, K),
+  K in order, a fixed split-K): a verify row and the decode row it must equal meet the same
+  kernel at any batch, and the tile streams the weight at decode's M near HBM bandwidth;
+* prefill (and every forward under another backend) runs SGLang's kernels made M-independent:
+  per channel, a call with M < PAD_ROWS is padded to PAD_ROWS rows (zero rows, unit scales),
+  sliced back, on the AOT `sgl_kernel.fp8_scaled_mm`, so it always meets CUTLASS's single
+  `M > 128` configuration (data-parallel persistent tiles, no split-K, K accumulated in order;
+  the AOT call also bypasses 0.5.23's registry switch to `torch._scaled_mm` for M >= 8192);
+  block, SGLang's Triton kernel with `get_w8a8_block_fp8_configs` pinned to None, the default
+  tile for every M, so a JSON shipped later cannot make the path batch-variant.
+A prefill of several prompts and of one then have the same rows, and so do a verify and a decode.
 
 Environment (`PINNED_ENV`, set where the session's environment reaches SGLang's processes):
 `USE_TRITON_W8A8_FP8_KERNEL` would divert per-channel FP8 to `triton_scaled_mm`, whose tiles are
@@ -37,13 +39,16 @@ from __future__ import annotations
 from collections.abc import Callable
 from typing import Any
 
-from specdash.runs.sglang.patches.registry import Patch, Rebinding, Target, Variant
+from specdash.runs.sglang.patches import gemm_routing
+from specdash.runs.sglang.patches.registry import Patch, Rebinding, Target, Variant, resolve
 
 PAD_ROWS = 129
 """Rows every per-channel FP8 GEMM runs with at least: CUTLASS's `M > 128` configuration."""
 PINNED_ENV = {"USE_TRITON_W8A8_FP8_KERNEL": "0", "SGLANG_ENABLE_FP8_GEMM_CONFIG_TUNE": "0"}
 """SGLang's FP8 switches that select M-dependent kernels, pinned off in its processes."""
 
+TILE = f"{gemm_routing.SPECDASH_PREFIX}triton-fp8"
+"""The backend whose FP8 GEMMs `auto` runs every non-prefill FP8 GEMM on."""
 _UTILS = "sglang.srt.layers.quantization.fp8_utils"
 
 
@@ -65,9 +70,46 @@ def padded_scaled_mm(
     return sgl_kernel.fp8_scaled_mm(a, mat_b, s, scales_b, out_dtype, bias)[:m]
 
 
-def _padding(_original: Callable[..., Any]) -> Callable[..., Any]:
-    padded_scaled_mm.__specdash_original__ = _original  # type: ignore[attr-defined]
-    return padded_scaled_mm
+def routed_scaled_mm(
+    mat_a: Any, mat_b: Any, scales_a: Any, scales_b: Any, out_dtype: Any, bias: Any = None
+) -> Any:
+    """`fp8_scaled_mm` on the FP8 tile (decode, verify, draft under `auto`), else padded."""
+    if gemm_routing.on_decode_tile(TILE):
+        return _tile().scaled_mm(mat_a, mat_b, scales_a, scales_b, out_dtype, bias)
+    return padded_scaled_mm(mat_a, mat_b, scales_a, scales_b, out_dtype, bias)
+
+
+def routed_block_matmul(
+    A: Any,  # noqa: N803 (SGLang's names)
+    B: Any,  # noqa: N803
+    As: Any,  # noqa: N803
+    Bs: Any,  # noqa: N803
+    block_size: list[int],
+    output_dtype: Any = None,
+) -> Any:
+    """`w8a8_block_fp8_matmul_triton` on the FP8 tile (decode, verify, draft under `auto`, with
+    the [128, 128] blocks it runs), else SGLang's kernel on its default tile."""
+    import torch
+
+    dtype = output_dtype or torch.float16  # SGLang's default
+    if list(block_size) == [128, 128] and gemm_routing.on_decode_tile(TILE):
+        return _tile().block_matmul(A, B, As, Bs, block_size, dtype)
+    sglang = resolve(f"{PATCH.variant().rebindings[1].owner_path}.w8a8_block_fp8_matmul_triton")
+    return sglang(A, B, As, Bs, block_size, output_dtype=dtype)
+
+
+def _tile() -> Any:
+    from specdash.kernels import gemm_backends
+
+    return gemm_backends.get_fp8_backend(TILE.removeprefix(gemm_routing.SPECDASH_PREFIX))
+
+
+def _routed(route: Callable[..., Any]) -> Callable[[Callable[..., Any]], Callable[..., Any]]:
+    def make(_original: Callable[..., Any]) -> Callable[..., Any]:
+        route.__specdash_original__ = _original  # type: ignore[attr-defined]
+        return route
+
+    return make
 
 
 def default_block_configs(_original: Callable[..., Any]) -> Callable[..., None]:
@@ -98,8 +140,10 @@ def _variant(block_kernel: str, hashes: dict[str, str], extra: tuple[Target, ...
             *extra,
         ),
         rebindings=(
-            Rebinding(_UTILS, "fp8_scaled_mm", _padding, if_bound=True),  # bound on CUDA only
+            # bound on CUDA only
+            Rebinding(_UTILS, "fp8_scaled_mm", _routed(routed_scaled_mm), if_bound=True),
             Rebinding(block_kernel, "get_w8a8_block_fp8_configs", default_block_configs),
+            Rebinding(_UTILS, "w8a8_block_fp8_matmul_triton", _routed(routed_block_matmul)),
         ),
     )
 
@@ -107,7 +151,7 @@ def _variant(block_kernel: str, hashes: dict[str, str], extra: tuple[Target, ...
 PATCH = Patch(
     name="fp8_routing",
     flag="fp8",
-    summary="FP8 GEMMs in one CUTLASS configuration for every M; block-FP8 on its default tile",
+    summary="FP8 decode/verify GEMMs on the FP8 tile; prefill on M-independent SGLang kernels",
     variants={
         "0.5.17": _variant(
             "sglang.kernels.ops.quantization.fp8_kernel",

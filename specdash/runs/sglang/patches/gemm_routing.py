@@ -130,9 +130,7 @@ def route(original: Callable[..., Any], a: Any, b: Any, bias: Any = None, **sgla
     (0.5.23: out_dtype)."""
     import torch
 
-    name = _active
-    if name == "auto" and not prefill_forward and _tile_available():
-        name = DECODE_BACKEND
+    name = DECODE_BACKEND if on_decode_tile(DECODE_BACKEND) else _active
     if name == "auto" or a.dtype != torch.bfloat16 or b.dtype != torch.bfloat16:
         return original(a, b, bias=bias, **sglang)
     if name == "sglang-triton":
@@ -149,10 +147,16 @@ def route(original: Callable[..., Any], a: Any, b: Any, bias: Any = None, **sgla
     return out.to(out_dtype)
 
 
+def on_decode_tile(tile: str) -> bool:
+    """Whether the GEMM being called goes to specdash's `tile` (`DECODE_BACKEND`, or the FP8
+    routing's tile): `auto` is active, this forward is not a prefill, and the tile runs here
+    (else `auto` is SGLang's kernel throughout)."""
+    return _active == "auto" and not prefill_forward and _runs_here(tile)
+
+
 @functools.cache
-def _tile_available() -> bool:
-    """Whether `DECODE_BACKEND` runs here (else `auto` is SGLang's kernel throughout)."""
-    return specdash_backends().get(DECODE_BACKEND, "absent") is None
+def _runs_here(backend: str) -> bool:
+    return specdash_backends().get(backend, "absent") is None
 
 
 def mark_prefill_forwards(original: Callable[..., Any]) -> Callable[..., Any]:
