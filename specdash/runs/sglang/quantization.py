@@ -2,9 +2,10 @@
 otherwise, in one line that says why and what works instead.
 
 Exact (docs/exactness.md, measured on a GPU, docs/PERF.md): online FP8 (`quantization=fp8` on
-a bf16 checkpoint) and `w8a8_fp8`, both per-channel W8A8 through `fp8_routing`'s padded CUTLASS
-route; block-FP8 checkpoints with `weight_block_size` [128, 128] (SGLang's Triton block GEMM,
-its config pinned by the same patch); `kv_cache_dtype=fp8_e4m3` (a static per-layer scale,
+a bf16 checkpoint) and `w8a8_fp8`, both per-channel W8A8, and block-FP8 checkpoints with
+`weight_block_size` [128, 128], all through `fp8_routing` (decode and verify on specdash's FP8
+tile, prefill on SGLang's kernels pinned to one configuration for every M);
+`kv_cache_dtype=fp8_e4m3` (a static per-layer scale,
 elementwise, so batch-invariant). Refused: AWQ/GPTQ/Marlin int4 (Marlin splits K across CTAs by
 M and, on sm_90, reduces with atomicAdd: batch-variant and run-to-run nondeterministic), and
 every other setting nobody has tested.
