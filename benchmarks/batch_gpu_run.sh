@@ -34,7 +34,7 @@ export TRITON_CACHE_DIR=/tmp/triton-cache; mkdir -p $TRITON_CACHE_DIR
 if [[ " $STEPS " == *" tests "* ]]; then
   echo "== tests $(date -u +%T)"
   timeout ${TESTS_TIMEOUT:-300} python3 -m pytest -v -rA -p no:cacheprovider -m gpu \
-    ${TESTS_FILES:-tests/test_gpu_engine.py} -k "${TESTS_K-captured or batched}" > "$OUT/batched_tests.txt" 2>&1
+    ${TESTS_FILES:-tests/engine/test_gpu_engine.py} -k "${TESTS_K-captured or batched}" > "$OUT/batched_tests.txt" 2>&1
   tail -8 "$OUT/batched_tests.txt"
 fi
 if [[ " $STEPS " == *" bench "* ]]; then

@@ -6,7 +6,7 @@ set, cycled and cut or repeated to `--context` tokens), `--max-new-tokens` each,
 sequences in flight (continuous batching), and times the decode steps only (prefill excluded,
 shadow off). Aggregate tok/s = generated tokens of all prompts / step seconds. One warm-up
 round, then `--repeats` rounds; the median is printed.
-Exactness across B is what tests/test_batch_exact.py proves; here the engine's shadow is off.
+Exactness across B is what tests/engine/test_batch_exact.py proves; here the engine's shadow is off.
 
     python benchmarks/bench_batch.py [--device cpu|cuda] [--preset qwen3.5-27b-shape]
         [--model DIR --draft DIR] [--drafter model|ngram] [-k 4 (0: plain only)] [--batches 1 8 32]

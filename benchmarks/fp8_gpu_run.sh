@@ -22,6 +22,6 @@ timeout ${BENCH_TIMEOUT:-170} python3 benchmarks/bench_fp8_gpu.py ${BENCH_ARGS:-
   --json "$OUT/bench_fp8.json" 2>&1 | grep --line-buffered -v -i "warn" | tee "$OUT/bench_fp8.txt"
 echo "== tests $(date -u +%T)"
 timeout ${TESTS_TIMEOUT:-110} python3 -m pytest -v -rA -p no:cacheprovider -m gpu -x \
-  tests/test_gpu_fp8.py tests/test_kernels_gemm_fp8.py tests/test_gpu_compare.py > "$OUT/fp8_tests.txt" 2>&1
+  tests/engine/test_gpu_fp8.py tests/kernels/test_kernels_gemm_fp8.py tests/engine/test_gpu_compare.py > "$OUT/fp8_tests.txt" 2>&1
 tail -15 "$OUT/fp8_tests.txt"
 echo "== done $(date -u +%T)"

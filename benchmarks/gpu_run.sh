@@ -32,11 +32,11 @@ ls .whl/fla_core-*.whl >/dev/null 2>&1 && python3 -m pip install -q --no-deps --
 echo "== gpu tests $(date -u +%T)"
 # -m gpu: the real-shape kernel tests and the graphed engine; the fused-row and RMSNorm kernel
 # tests carry no marker (they run on the interpreter in CI) and take the GPU when it is there
-timeout 240 python3 -m pytest -q -p no:cacheprovider -m gpu tests/test_kernels_gemm.py \
-  tests/test_kernels_attention.py tests/test_kernels_gdn.py tests/test_gpu_engine.py \
+timeout 240 python3 -m pytest -q -p no:cacheprovider -m gpu tests/kernels/test_kernels_gemm.py \
+  tests/kernels/test_kernels_attention.py tests/kernels/test_kernels_gdn.py tests/engine/test_gpu_engine.py \
   > "$OUT/gpu_tests.txt" 2>&1; tail -15 "$OUT/gpu_tests.txt"
-timeout 120 python3 -m pytest -q -p no:cacheprovider tests/test_kernels_fused.py \
-  tests/test_kernels_rmsnorm.py >> "$OUT/gpu_tests.txt" 2>&1
+timeout 120 python3 -m pytest -q -p no:cacheprovider tests/kernels/test_kernels_fused.py \
+  tests/kernels/test_kernels_rmsnorm.py >> "$OUT/gpu_tests.txt" 2>&1
 tail -5 "$OUT/gpu_tests.txt"
 if [ -z "${SKIP_ATTN:-}" ]; then
   echo "== attention/gdn $(date -u +%T)"

@@ -7,7 +7,7 @@ target's verify decides every emitted token), so this step is free to compute di
 the same model (RMSNorm, gated attention with q/k norms and partial RoPE over the KV cache,
 Gated DeltaNet with its causal conv, SwiGLU MLP, greedy head) in plain C loops, built with
 ``-O3 -ffast-math`` by `cpu_gemm.compile_library`. Its logits agree with the torch `fast`
-forward to ~1e-5 (tests/test_cpu_draft.py), so it proposes the same tokens but for near-ties.
+forward to ~1e-5 (tests/engine/test_cpu_draft.py), so it proposes the same tokens but for near-ties.
 
 It reads and writes the drafter's `SeqState` as the torch forward does: K/V written into the
 cache at the position, GDN conv window and recurrent state replaced by new tensors (never

@@ -18,7 +18,7 @@ with as many rows when `reserve` made their slots one `SlotPool`); acceptance st
 sequence, the commit is one batched copy per GDN buffer (`state.commit_batch`), and the
 step's ids and log-probs reach the host in one copy (`greedy_to_host`).
 Batch-invariant GEMMs and per-row reductions make each row's bits independent of its
-neighbours, so a sequence's output is the same at any batch size (tests/test_batch_exact.py).
+neighbours, so a sequence's output is the same at any batch size (tests/engine/test_batch_exact.py).
 
 Every decode and verify forward, the speculative run's and the shadow's, goes through one
 dispatcher (`Engine._forward`). On CUDA the engine, not the model, owns the CUDA graphs (as

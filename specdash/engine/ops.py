@@ -139,7 +139,7 @@ def l2norm(x: Tensor, exact: bool) -> Tensor:
 def log_softmax(logits: Tensor, exact: bool) -> Tensor:
     """Row by row when exact, except on CUDA: its softmax gives each row its own thread block
     (a warp for short rows) whose reduction is set by the row length alone, so a batch of rows
-    has each row's bits (tests/test_gpu_engine.py: B = 1 against 32); one launch instead of B
+    has each row's bits (tests/engine/test_gpu_engine.py: B = 1 against 32); one launch instead of B
     launches of one block each (1.7 ms per step at B = 32 on the 27B shape)."""
     row_by_row = exact and logits.device.type != "cuda"
     return per_row(lambda r: torch.log_softmax(r.float(), dim=-1), logits, row_by_row)

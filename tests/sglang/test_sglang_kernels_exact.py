@@ -497,7 +497,7 @@ compiled = {}
 
 
 def offline_run(self, *args, grid, warmup, **kwargs):
-    # compile for sm_90 instead of launching (as tests/compile_kernels_sm90.py); a None
+    # compile for sm_90 instead of launching (as tests/kernels/compile_kernels_sm90.py); a None
     # argument is a constexpr None, as Triton specialises it
     options = {k: kwargs.pop(k) for k in ("num_warps", "num_stages", "launch_pdl") if k in kwargs}
     bound = dict(zip(self.arg_names[: len(args)], args, strict=True)) | kwargs

@@ -194,7 +194,7 @@ def _prefill_attention_kernel(
 
 def _tma_available(device: torch.device) -> bool:
     """Hopper or later; a CPU tensor runs through the interpreter (or the offline sm_90
-    compile, tests/compile_kernels_sm90.py), which takes descriptors too."""
+    compile, tests/kernels/compile_kernels_sm90.py), which takes descriptors too."""
     return device.type != "cuda" or torch.cuda.get_device_capability(device)[0] >= 9
 
 

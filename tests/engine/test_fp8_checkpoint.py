@@ -260,7 +260,7 @@ def test_the_sglang_builders_fp8_checkpoint_loads_natively(tmp_path, monkeypatch
     """`benchmarks/sglang_checkpoint.py --fp8-block` (the checkpoint the SGLang FP8 runs use,
     an MTP head and per-layer `modules_to_not_convert` entries) loads in the native engine too:
     each FP8 weight dequantized exactly, the listed GDN projections as stored."""
-    monkeypatch.syspath_prepend(str(Path(__file__).resolve().parents[1] / "benchmarks"))
+    monkeypatch.syspath_prepend(str(Path(__file__).resolve().parents[2] / "benchmarks"))
     from sglang_checkpoint import build
 
     target, _ = build(tmp_path, layers=4, fp8_block=True)

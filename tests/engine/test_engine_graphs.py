@@ -4,7 +4,7 @@ and which it runs eagerly.
 Capturing needs CUDA, so `graphs.CapturedForward` is replaced by a stand-in that records its
 key and runs the forward and the commit eagerly. This checks the engine's dispatch (slot reuse,
 one capture per (slot, rows, GEMM backend, mode), every replay committed through its graph, the
-eager fallbacks), not the graphs' bits: tests/test_gpu_engine.py does that on a GPU.
+eager fallbacks), not the graphs' bits: tests/engine/test_gpu_engine.py does that on a GPU.
 """
 
 from __future__ import annotations

@@ -1,5 +1,5 @@
 """SVG snapshots of `specdash replay`: the live panels plus the playback bar, paused midway and
-at the end. Update with `pytest tests/test_replay_snapshots.py --snapshot-update`."""
+at the end. Update with `pytest tests/trace/test_replay_snapshots.py --snapshot-update`."""
 
 from __future__ import annotations
 

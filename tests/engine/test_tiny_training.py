@@ -16,7 +16,7 @@ from specdash.engine.loader import default_checkpoint
 from specdash.engine.model import Model
 from specdash.engine.state import SeqState
 
-ROOT = Path(__file__).resolve().parents[1]
+ROOT = Path(__file__).resolve().parents[2]
 DATA = ROOT / "specdash" / "data"
 TINY_RUN = [
     "--steps", "2", "--draft-steps", "2", "--max-files", "40", "--seq-len", "96",

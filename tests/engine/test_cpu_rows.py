@@ -3,7 +3,7 @@
 The CPU exact path batches only what is elementwise (`fixed_order_sum` included) and runs
 GEMM, attention and the GDN recurrence once per row / token with decode's shapes. These
 tests check each of those pieces directly with `torch.equal` (the whole-model check is
-tests/test_engine_exact.py), including the cheaper implementations that replaced the
+tests/engine/test_engine_exact.py), including the cheaper implementations that replaced the
 original ones: they must give the original's bits.
 """
 

@@ -20,17 +20,17 @@ from pathlib import Path
 import pytest
 import torch
 
-ROOT = Path(__file__).resolve().parents[1]
+ROOT = Path(__file__).resolve().parents[2]
 CHILD = "SPECDASH_ISA_CHILD"  # set in the child, so that it never recurses
 # tests whose expectations are bits (or argmaxes) computed on this CPU
 RERUN = [
-    "tests/test_engine_exact.py",
-    "tests/test_cpu_rows.py",
-    "tests/test_prefill_chunks.py",
+    "tests/engine/test_engine_exact.py",
+    "tests/engine/test_cpu_rows.py",
+    "tests/engine/test_prefill_chunks.py",
 ]
 HF = [
-    "tests/test_hf_parity.py",
-    "tests/test_tiny_training.py::test_shipped_target_is_a_transformers_checkpoint",
+    "tests/engine/test_hf_parity.py",
+    "tests/engine/test_tiny_training.py::test_shipped_target_is_a_transformers_checkpoint",
 ]
 # ATen's capability -> (ATEN_CPU_CAPABILITY, MKL_ENABLE_INSTRUCTIONS) of the second ISA
 SECOND = {"AVX512": ("avx2", "AVX2"), "AVX2": ("default", "SSE4_2")}

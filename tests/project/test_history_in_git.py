@@ -20,7 +20,7 @@ from pathlib import Path
 
 from markdown_it import MarkdownIt
 
-REPO = Path(__file__).resolve().parents[1]
+REPO = Path(__file__).resolve().parents[2]
 RESULTS = REPO / "benchmarks" / "results"
 DOCS = [REPO / "README.md", *sorted((REPO / "docs").glob("*.md"))]
 CODE_DIRS = ["specdash", "benchmarks", "tests", "training"]

@@ -1,6 +1,6 @@
 """The trace tools on real recordings of the native engine, not synthetic streams.
 
-`tests/traces/native-tiny-v1.jsonl` was recorded once (`specdash run --headless` on the tiny
+`tests/trace/traces/native-tiny-v1.jsonl` was recorded once (`specdash run --headless` on the tiny
 random checkpoints of `tiny_models.write_pair`, 2 prompts, 12 tokens, k=3) and is kept as is:
 every later specdash must still read a v1 trace. The other tests record fresh sessions.
 """

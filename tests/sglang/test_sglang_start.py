@@ -114,7 +114,7 @@ def test_start_benchmark_reads_a_real_session_trace(tmp_path: Path) -> None:
     from specdash.cli import main
     from specdash.prompts import default_prompts_path
 
-    sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "benchmarks"))
+    sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "benchmarks"))
     from bench_sglang_start import trace_timings
 
     prompts = tmp_path / "p.jsonl"

@@ -13,7 +13,7 @@ import pytest
 from specdash.errors import EXIT_USAGE
 from specdash.prompts import default_prompts_path
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "benchmarks"))
+sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "benchmarks"))
 import bench_dashboard  # noqa: E402
 
 

@@ -10,6 +10,7 @@ import struct
 import subprocess
 import sys
 import time
+from pathlib import Path
 
 import pytest
 from synthetic_trace import FullDisk, Plan, header, session
@@ -225,7 +226,7 @@ for event in session(Plan(prompts=40)):
 def test_kill_9_mid_session_keeps_every_flushed_line(tmp_path):
     """A real SIGKILL: whatever was on disk before the kill reads back, in order."""
     path = tmp_path / "t.jsonl"
-    env = os.environ | {"PYTHONPATH": os.path.dirname(__file__)}
+    env = os.environ | {"PYTHONPATH": str(Path(__file__).resolve().parents[1])}
     child = subprocess.Popen([sys.executable, "-c", CHILD, str(path)], env=env)
     try:
         deadline = time.monotonic() + 60

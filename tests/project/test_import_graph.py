@@ -13,7 +13,7 @@ import ast
 import sys
 from pathlib import Path
 
-REPO = Path(__file__).resolve().parents[1]
+REPO = Path(__file__).resolve().parents[2]
 
 
 def package_modules() -> dict[str, tuple[Path, bool]]:

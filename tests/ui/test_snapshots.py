@@ -1,5 +1,5 @@
 """SVG snapshots of the dashboard over the seeded fake event stream (no engine, no clock,
-explicit plot colours). Update with `pytest tests/test_snapshots.py --snapshot-update`."""
+explicit plot colours). Update with `pytest tests/ui/test_snapshots.py --snapshot-update`."""
 
 from __future__ import annotations
 
