@@ -29,6 +29,7 @@ pytestmark = [
     ),
 ]
 TOKENS = 24
+DEVICE = "cuda"
 
 
 def test_fp8_against_bf16_on_cuda_is_deterministic_and_rescored_to_its_bits(tmp_path: Path, capsys):
@@ -42,8 +43,8 @@ def test_fp8_against_bf16_on_cuda_is_deterministic_and_rescored_to_its_bits(tmp_
     traces = {}
     for name in ("bf16", "fp8"):
         traces[name] = str(tmp_path / f"{name}.jsonl")
-        argv = ["run", "--headless", "--device", "cuda", "--model", str(tmp_path / name),
-                "--prompts", str(prompts), "--max-new-tokens", str(TOKENS), "-k", "3",
+        argv = ["run", "--headless", "--device", DEVICE, "--model", str(tmp_path / name),
+                "--prompts", str(prompts), "--max-new-tokens", str(TOKENS), "--drafter", "ngram", "-k", "3",
                 "--trace", traces[name]]  # fmt: skip
         assert main(argv) == EXIT_OK
     capsys.readouterr()
@@ -62,6 +63,6 @@ def test_fp8_against_bf16_on_cuda_is_deterministic_and_rescored_to_its_bits(tmp_
         tf = p["teacher_forced"]
         assert tf["positions"] == TOKENS
         assert tf["mean_abs_delta_logprob"] > 0  # FP8 weights are not bf16's
-        assert 0 < tf["argmax_agree"] <= TOKENS
+        assert 0 <= tf["argmax_agree"] <= TOKENS  # random weights: FP8 may flip every argmax
         assert p["verdict"]
     assert r["totals"]["prompts"] == 6
