@@ -44,8 +44,8 @@ def test_fp8_against_bf16_on_cuda_is_deterministic_and_rescored_to_its_bits(tmp_
     for name in ("bf16", "fp8"):
         traces[name] = str(tmp_path / f"{name}.jsonl")
         argv = ["run", "--headless", "--device", DEVICE, "--model", str(tmp_path / name),
-                "--prompts", str(prompts), "--max-new-tokens", str(TOKENS), "--drafter", "ngram", "-k", "3",
-                "--trace", traces[name]]  # fmt: skip
+                "--prompts", str(prompts), "--max-new-tokens", str(TOKENS),
+                "--drafter", "ngram", "-k", "3", "--trace", traces[name]]  # fmt: skip
         assert main(argv) == EXIT_OK
     capsys.readouterr()
     assert main(["compare", traces["bf16"], traces["fp8"], "--json"]) == EXIT_OK
