@@ -101,7 +101,7 @@ def test_targets_resolve_and_patches_restore_sglang_exactly(run_each_sglang) -> 
         assert unresolved == []
     # every rebinding of the seven patches (GDN's conv kernel included): 0.5.17 has no
     # launch-config pin, 0.5.23 no DFLASH logprob port
-    assert f"IDENTITY-OK {18 if version == '0.5.23' else 20}" in out
+    assert f"IDENTITY-OK {19 if version == '0.5.23' else 21}" in out
 
 
 RENAMED = (

@@ -40,7 +40,14 @@ from collections.abc import Callable
 from typing import Any
 
 from specdash.runs.sglang.patches import gemm_routing
-from specdash.runs.sglang.patches.registry import Patch, Rebinding, Target, Variant, resolve
+from specdash.runs.sglang.patches.registry import (
+    Patch,
+    Rebinding,
+    Target,
+    Variant,
+    patch_row,
+    resolve,
+)
 
 PAD_ROWS = 129
 """Rows every per-channel FP8 GEMM runs with at least: CUTLASS's `M > 128` configuration."""
@@ -50,6 +57,11 @@ PINNED_ENV = {"USE_TRITON_W8A8_FP8_KERNEL": "0", "SGLANG_ENABLE_FP8_GEMM_CONFIG_
 TILE = f"{gemm_routing.SPECDASH_PREFIX}triton-fp8"
 """The backend whose FP8 GEMMs `auto` runs every non-prefill FP8 GEMM on."""
 _UTILS = "sglang.srt.layers.quantization.fp8_utils"
+BLOCK_KERNEL = {
+    "0.5.17": "sglang.kernels.ops.quantization.fp8_kernel",
+    "0.5.23": "sglang.kernels.ops.gemm.fp8_kernel",
+}
+"""Per SGLang release, the module holding the block-FP8 Triton GEMM and its config lookup."""
 
 
 def padded_scaled_mm(
@@ -94,7 +106,7 @@ def routed_block_matmul(
     dtype = output_dtype or torch.float16  # SGLang's default
     if list(block_size) == [128, 128] and gemm_routing.on_decode_tile(TILE):
         return _tile().block_matmul(A, B, As, Bs, block_size, dtype)
-    sglang = resolve(f"{PATCH.variant().rebindings[1].owner_path}.w8a8_block_fp8_matmul_triton")
+    sglang = resolve(f"{BLOCK_KERNEL[patch_row()]}.w8a8_block_fp8_matmul_triton")
     return sglang(A, B, As, Bs, block_size, output_dtype=dtype)
 
 
@@ -154,7 +166,7 @@ PATCH = Patch(
     summary="FP8 decode/verify GEMMs on the FP8 tile; prefill on M-independent SGLang kernels",
     variants={
         "0.5.17": _variant(
-            "sglang.kernels.ops.quantization.fp8_kernel",
+            BLOCK_KERNEL["0.5.17"],
             {
                 "fp8_scaled_mm": "18f899ca972a4c34dbcd75e03d0dde582961c3f6ef36d8d78af46bc00d81c942",
                 "apply": "898bf3a5f8ff2e3262734cf86344947bb5babe23cf94db84a5385ff93ef0ac3b",
@@ -165,7 +177,7 @@ PATCH = Patch(
             },
         ),
         "0.5.23": _variant(
-            "sglang.kernels.ops.gemm.fp8_kernel",
+            BLOCK_KERNEL["0.5.23"],
             {
                 "fp8_scaled_mm": "d7c9e82fbaebe6ea249795b5c842a4297bcb48234df16e5e700721f517479e7e",
                 "apply": "28683ebce40f13fb923586b735bab708eec838e97cc74f45040da63e5d83cf29",
