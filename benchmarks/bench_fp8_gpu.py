@@ -5,20 +5,18 @@ In one run:
 
 1. each Qwen3.5-27B FP8 GEMM (N, K) at M = 1 and 16 inside a CUDA graph, the weight rotated
    over copies larger than L2 together, x quantized beforehand (`quantize_rows`, not timed):
-   µs per call and GB/s of FP8 weight and scales; and at M = 1 with x quantized inside the tile;
+   µs per call and GB/s of FP8 weight and scales;
 2. the FP8 preset as `specdash run --preset` loads it (random weights block-quantized, bf16
    embedding, lm_head and GDN b|a; `--gemm-backend auto` picks triton-fp8), its
    bytes per decode step (FP8 weights + scales + bf16 rows) and the limit they set, bytes /
    the card's HBM bandwidth (H100 SXM 3.35 TB/s, H200 4.8 TB/s; a device-to-device copy's rate
    is printed beside it);
-3. plain greedy decode (graphed, the shadow's path) t/s and its fraction of that limit, with x
-   quantized before the tile (shipped) and inside its loads, alternating, median of
-   `--repeats`; and the device time by kernel of one eager decode step;
+3. plain greedy decode (graphed, the shadow's path) t/s (median of `--repeats`) and its
+   fraction of that limit, and the device time by kernel of one eager decode step;
 4. speculative decoding with drafts replaying the plain output (k = 3, every fifth token
    spoiled on odd prompts) at `--batch` 1 and 8: prompts whose ids and fp32 logprob bits equal
    the lockstep shadow, and whether batch 8 gives every prompt batch 1's bits;
-5. with `--sweep`, other tile configs per shape at M = 1, x quantized before (last: the numbers
-   above come first).
+5. with `--sweep`, other tile configs per shape at M = 1 (last: the numbers above come first).
 
     python benchmarks/bench_fp8_gpu.py --json out.json
 """
@@ -46,7 +44,6 @@ from specdash.kernels.fp8 import Fp8Weight, quantize_blocks
 from specdash.kernels.triton.gemm_fp8 import (
     Fp8GemmConfig,
     fp8_gemm_config,
-    linear_quantizing_in_tile,
     matmul,
     quantize_rows,
 )
@@ -91,13 +88,9 @@ def gemm_rows(ms: list[int], shapes: dict[str, tuple[int, int]], sweep: bool) ->
         if sweep:  # the same split-K (programs), other tiles; and the split doubled
             configs += [Fp8GemmConfig(bn, bk, shipped.split_k, w, st) for bn, bk, w, st in SWEEP]
             configs.append(replace(shipped, split_k=2 * shipped.split_k))
-        # x quantized before the tile (both engines' form) beside inside it; a sweep on the first
-        cases = [(m, shipped, True) for m in ms] + [(ms[0], c, True) for c in configs[1:]]
-        if not sweep:
-            cases.append((ms[0], shipped, False))
-        for m, cfg, given in cases:
-            x = torch.randn(m, k, device="cuda", dtype=torch.bfloat16)
-            xq, xs = quantize_rows(x) if given else (x, None)
+        cases = [(m, shipped) for m in ms] + [(ms[0], c) for c in configs[1:]]
+        for m, cfg in cases:
+            xq, xs = quantize_rows(torch.randn(m, k, device="cuda", dtype=torch.bfloat16))
             at = [0]
 
             def call(xq=xq, xs=xs, at=at, copies=copies, cfg=cfg) -> None:  # noqa: ANN001
@@ -111,8 +104,7 @@ def gemm_rows(ms: list[int], shapes: dict[str, tuple[int, int]], sweep: bool) ->
                 print({"gemm": what, "config": cfg.__dict__, "error": str(e)[:200]}, flush=True)
                 continue
             row = {"gemm": what, "n": n, "k": k, "m": m, "us": us, "GBps": per / us / 1e3,
-                   "shipped": cfg == shipped, "x_quantized_before": given,
-                   "config": cfg.__dict__}  # fmt: skip
+                   "shipped": cfg == shipped, "config": cfg.__dict__}  # fmt: skip
             rows.append(row)
             print(row, flush=True)
         del copies, q, s
@@ -170,7 +162,7 @@ def main() -> int:
     ap.add_argument("--preset", default="qwen3.5-27b-shape-fp8")
     ap.add_argument("--prompt-len", type=int, default=512)
     ap.add_argument("--decode-tokens", type=int, default=64)
-    ap.add_argument("--repeats", type=int, default=3, help="decode runs per x quantization")
+    ap.add_argument("--repeats", type=int, default=3, help="decode runs (median)")
     ap.add_argument("--spec-prompts", type=int, default=8)
     ap.add_argument("--spec-tokens", type=int, default=24)
     ap.add_argument("--skip-gemms", action="store_true")
@@ -212,26 +204,11 @@ def main() -> int:
     gen = torch.Generator().manual_seed(1)
     prompt = torch.randint(0, cfg.vocab_size, (args.prompt_len,), generator=gen).tolist()
     plain = Engine(model, lambda: RandomDrafter(cfg.vocab_size), [])
-    # side by side, alternating, median of REPEATS: x quantized before the tile (shipped) and
-    # inside its loads (the same bits)
-    shipped_gemm = model.gemm
-    in_tile = replace(  # another name: the engine keys its captured graphs by it
-        shipped_gemm,
-        name=f"{shipped_gemm.name} (x quantized in the tile)",
-        fp8=replace(shipped_gemm.fp8, linear=linear_quantizing_in_tile),
-    )
-    rates: dict[str, list[float]] = {"x_quantized_before": [], "x_quantized_in_tile": []}
-    for _ in range(args.repeats):
-        for label, gemm in (("x_quantized_before", shipped_gemm), ("x_quantized_in_tile", in_tile)):
-            model.gemm = gemm
-            rates[label].append(plain_decode(plain, prompt, args.decode_tokens)[2])
-    model.gemm = shipped_gemm
-    tps = statistics.median(rates["x_quantized_before"])
-    in_tile_tps = statistics.median(rates["x_quantized_in_tile"])
+    rates = [plain_decode(plain, prompt, args.decode_tokens)[2] for _ in range(args.repeats)]
+    tps = statistics.median(rates)
     out["decode"] = {"context": args.prompt_len, "tokens_per_s": tps, "step_ms": 1e3 / tps,
                      "fraction_of_fp8_limit": tps * limit,
-                     "weight_TBps": step_bytes * tps / 1e12, "runs_tok_s": rates,
-                     "in_tile_tokens_per_s": in_tile_tps}  # fmt: skip
+                     "weight_TBps": step_bytes * tps / 1e12, "runs_tok_s": rates}  # fmt: skip
     print(out["decode"], flush=True)
     finish()
     out["decode_profile"] = profile_step(model, prompt, 1)

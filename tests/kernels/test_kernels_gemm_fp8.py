@@ -88,9 +88,9 @@ def test_block_layout_matches_fp64_and_rows_are_batch_invariant(config):
     assert not tickets.counters("gemm_fp8", xq.device, 1).any()  # left zero for the next launch
 
 
-def test_quantizing_inside_the_tile_gives_the_two_launches_bits():
-    """`linear` quantizes x in its loads with `quantize_rows`' arithmetic: same bits, one
-    launch; and its rows are batch-invariant as they are."""
+def test_linear_is_quantize_rows_then_the_tile():
+    """`linear` quantizes x per token and 128-column group, then runs the tile: those two
+    launches' bits, its rows batch-invariant, any leading shape."""
     x, q, s = _block_case(9, 64, 384, seed=4)
     w = Fp8Weight(q, s)
     two = matmul(*quantize_rows(x), q, s, "block")
@@ -151,12 +151,15 @@ def test_sglang_block_signature():
 
 def test_bad_operands_are_refused():
     x, q, s = _block_case(2, 64, 256)
+    xq, xs = quantize_rows(x)
     with pytest.raises(ValueError, match="weight scales"):
-        matmul(x, None, q, s[:, :1], "block")
+        matmul(xq, xs, q, s[:, :1], "block")
     with pytest.raises(ValueError, match="multiple of 128"):
-        matmul(x[:, :192], None, q[:, :192], s, "block")
+        matmul(xq[:, :192], xs, q[:, :192], s, "block")
     with pytest.raises(ValueError, match="does not pair"):
-        matmul(x, None, q.float(), s, "block")
+        matmul(xq, xs, q.float(), s, "block")
+    with pytest.raises(ValueError, match="not float8_e4m3fn"):
+        matmul(x, xs, q, s, "block")
 
 
 QWEN35_27B_FP8_SHAPES = [

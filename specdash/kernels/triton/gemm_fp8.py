@@ -16,8 +16,9 @@ summed in split order by the program that takes the last ticket. Two scale layou
 
 The activation quantization is per row (scale = amax / 448 over a token or a token's 128-column
 group; a max is exact in any order), hence batch-invariant by construction. `quantize_rows` is
-its kernel; the native engine's `linear` computes it inside the GEMM's x loads instead (the same
-`_quantize_group`, so the same bits, one launch fewer per GEMM).
+its kernel, one launch before each GEMM (SGLang launches its own): computed inside the tile's x
+loads instead it gave the same bits, but the amax and the division on every K step of every
+program made the 27B-shape decode 1.21x slower on an H100 (docs/PERF.md).
 """
 
 from __future__ import annotations
@@ -174,7 +175,6 @@ def _fp8_gemm_kernel(
     SPLIT_K: tl.constexpr,
     EVEN_N: tl.constexpr,
     BLOCKWISE: tl.constexpr,
-    QUANT_X: tl.constexpr,
     WS_GROUP_N: tl.constexpr,
     PDL: tl.constexpr,
     PREFETCH_BYTES: tl.constexpr,
@@ -203,9 +203,7 @@ def _fp8_gemm_kernel(
             kb = (kk + j * KG) // 128  # the 128-column scale group (block layout)
             cols = kk + j * KG + offs_k
             xt = tl.load(x_rows[:, None] + cols[None, :], mask=m_mask, other=0.0)
-            if QUANT_X:  # bf16 rows quantized here, per 128-column group
-                xt, xs = _quantize_group(xt.to(tl.float32))
-            elif BLOCKWISE:
+            if BLOCKWISE:
                 xs = tl.load(xs_ptr + offs_m * stride_xsm + kb, mask=offs_m < M, other=0.0)
             if EVEN_N:
                 wt = tl.load(w_rows[:, None] + cols[None, :])
@@ -237,7 +235,7 @@ def _interpretable(device: torch.device) -> None:
 
 def matmul(
     x: torch.Tensor,
-    xs: torch.Tensor | None,
+    xs: torch.Tensor,
     w: torch.Tensor,
     ws: torch.Tensor,
     layout: Layout,
@@ -247,8 +245,7 @@ def matmul(
 ) -> torch.Tensor:
     """``(x * xs) @ (w * ws).T`` rounded once to `out_dtype`, each row's bits independent of M.
 
-    x [M, K] float8_e4m3fn with scales xs ([M] per channel, [M, K/128] block), or x bf16/fp16
-    with xs None (block layout): quantized per 128-column group inside the tile. w [N, K]
+    x [M, K] float8_e4m3fn with scales xs ([M] per channel, [M, K/128] block). w [N, K]
     float8_e4m3fn with scales ws ([N] per channel; [ceil(N / ws_group_n), K/128] block).
     `config` overrides the (N, K, layout) choice; only benchmarks and tests use it.
     """
@@ -260,11 +257,8 @@ def matmul(
         raise ValueError(f"weight {w.dtype} {tuple(w.shape)} does not pair with x {tuple(x.shape)}")
     if blockwise and k % BLOCK:
         raise ValueError(f"K={k} is not a multiple of {BLOCK}, the block layout's K step")
-    quant_x = xs is None
-    if quant_x and not blockwise:
-        raise ValueError("in-tile quantization is per 128-column group: the block layout's")
-    if not quant_x and x.dtype != FP8:
-        raise ValueError(f"x is {x.dtype}; float8_e4m3fn with scales, or bf16 without")
+    if x.dtype != FP8:
+        raise ValueError(f"x is {x.dtype}, not float8_e4m3fn (quantize_rows quantizes it)")
     cfg = config or fp8_gemm_config(n, k, layout)
     if k % (cfg.split_k * cfg.block_k) or (blockwise and cfg.block_k % BLOCK):
         raise ValueError(f"config {cfg} does not divide K={k}")
@@ -276,9 +270,7 @@ def matmul(
             raise ValueError(f"weight scales {tuple(ws.shape)}, expected {expected}")
     else:
         ws = ws.reshape(-1).contiguous()
-    xs_t = x if quant_x else xs  # unused pointer when quantized in the tile
-    assert xs_t is not None
-    xs_t = xs_t.reshape(m, -1).contiguous() if not quant_x else xs_t
+    xs_t = xs.reshape(m, -1).contiguous()
     out = torch.empty((m, n), device=x.device, dtype=out_dtype)
     if m == 0:
         return out
@@ -296,7 +288,7 @@ def matmul(
         x, xs_t, w, ws, out, partials, tickets, m, n, k // cfg.split_k, x.stride(0),
         xs_t.stride(0), k, ws.stride(0) if blockwise else 0, BLOCK_M=BLOCK_M,
         BLOCK_N=cfg.block_n, BLOCK_K=cfg.block_k, SPLIT_K=cfg.split_k,
-        EVEN_N=n % cfg.block_n == 0, BLOCKWISE=blockwise, QUANT_X=quant_x,
+        EVEN_N=n % cfg.block_n == 0, BLOCKWISE=blockwise,
         WS_GROUP_N=ws_group_n if blockwise else 1, PDL=pdl_mode, PREFETCH_BYTES=prefetch,
         num_warps=cfg.num_warps, num_stages=cfg.num_stages, launch_pdl=pdl_mode > 0,
     )  # fmt: skip
@@ -305,20 +297,11 @@ def matmul(
 
 def linear(x: torch.Tensor, w: Fp8Weight) -> torch.Tensor:
     """bf16 rows x [..., K] times the FP8 rows of `w` ([..., w.q rows]), x quantized per token
-    and 128-column group first (`quantize_rows`, one launch): the native engine's FP8 linear
-    (w8a8, block scales). Quantizing inside the tile's loads gives the same bits but puts the
-    amax and the division on every K step of every program: on an H100 at M = 1 the 27B
-    gate_up took 95 µs that way against 68 µs on rows quantized before (docs/PERF.md)."""
+    and 128-column group first (`quantize_rows`): the native engine's FP8 linear (w8a8, block
+    scales)."""
     lead = x.shape[:-1]
     xq, xs = quantize_rows(x.reshape(-1, x.shape[-1]))
     out = matmul(xq, xs, w.q, w.scale, "block", x.dtype, w.group_n)
-    return out.reshape(*lead, out.shape[-1])
-
-
-def linear_quantizing_in_tile(x: torch.Tensor, w: Fp8Weight) -> torch.Tensor:
-    """`linear` with x quantized inside the tile's loads (the same bits, one launch fewer)."""
-    lead = x.shape[:-1]
-    out = matmul(x.reshape(-1, x.shape[-1]), None, w.q, w.scale, "block", x.dtype, w.group_n)
     return out.reshape(*lead, out.shape[-1])
 
 
