@@ -701,11 +701,23 @@ def bigint_header(obj: dict) -> str | None:
     return None
 
 
+def two_headers(obj: dict) -> str | None:
+    """Two recordings joined, as `cat a.jsonl b.jsonl` makes them."""
+    return json.dumps(obj) + "\n" + json.dumps(obj) if obj["kind"] == "session_start" else None
+
+
+def schema_v0(obj: dict) -> None:
+    if obj["kind"] == "session_start":
+        obj["schema_version"] = "specdash/v0"
+
+
 TRACE_COMMANDS = {
     "export": lambda t, tmp: ["export", str(t), "-o", str(tmp / "out.json")],
     "export csv": lambda t, tmp: ["export", str(t), "--format", "csv", "-o", "-"],
     "report": lambda t, tmp: ["report", str(t), "-o", str(tmp / "out.html")],
     "diff": lambda t, tmp: ["diff", str(t), str(t)],
+    "compare": lambda t, tmp: ["compare", "--trace-only", str(t), str(t)],
+    "replay": lambda t, tmp: ["replay", str(t)],
 }
 
 
@@ -720,6 +732,8 @@ TRACE_COMMANDS = {
         ),
         (deep_header, "is not a specdash trace (line 1 is not JSON)"),
         (bigint_header, "is not a specdash trace (line 1 is not JSON)"),
+        (two_headers, "bad.jsonl:2: a second session_start header (two recordings joined"),
+        (schema_v0, "uses trace schema specdash/v0, which no specdash wrote"),
     ],
 )
 def test_a_trace_no_session_could_have_written(
