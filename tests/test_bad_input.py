@@ -848,3 +848,14 @@ def test_integer_or_bool_weights(capsys, pair, tmp_path, dtype) -> None:
     tensors[name] = tensors[name].to(getattr(torch, dtype))
     save_file(tensors, model / "model.safetensors")
     expect_model_error(capsys, pair, model, f"{name} holds torch.{dtype}, not floats")
+
+
+@pytest.mark.parametrize("value", ["nan", "inf", "-inf"])
+def test_non_finite_weights(capsys, pair, tmp_path, value) -> None:
+    """Refused at load: they would run, every output as exact as its shadow and garbage."""
+    model = copy_target(pair, tmp_path)
+    tensors = load_file(model / "model.safetensors")
+    name = "model.layers.1.mlp.down_proj.weight"
+    tensors[name][3, 5] = float(value)
+    save_file(tensors, model / "model.safetensors")
+    expect_model_error(capsys, pair, model, f"{name} holds NaN or infinite values (as float32)")
