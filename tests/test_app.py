@@ -525,7 +525,7 @@ def test_native_engine_gets_no_sglang_options_and_keeps_sigquit():
     from specdash.cli import build_parser
     from specdash.cli.dashboard import dashboard_app
 
-    source = dashboard_app(build_parser().parse_args(["--speculative-algorithm", "EAGLE3"])).source
+    source = dashboard_app(build_parser().parse_args([])).source
     assert source.engine_options is None
     session = LiveSession(
         source.settings, False, source.engine_options, run=engine_standins.report_arguments

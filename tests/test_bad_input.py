@@ -185,9 +185,56 @@ def test_audit_ks_out_of_range_is_a_flag_error(capsys) -> None:
     expect_flag_error(capsys, line, "--ks", "1,0", command="audit")
 
 
-def test_replay_speed_zero_is_a_flag_error(capsys, tmp_path) -> None:
-    line = "argument --speed: 0 is out of range (above 0)"
-    expect_flag_error(capsys, line, str(tmp_path / "t.jsonl"), "--speed", "0", command="replay")
+@pytest.mark.parametrize("speed", ["0", "inf", "nan"])
+def test_a_replay_speed_not_finite_above_zero_is_a_flag_error(capsys, tmp_path, speed) -> None:
+    line = f"argument --speed: {speed} is out of range (a finite number above 0)"
+    expect_flag_error(capsys, line, str(tmp_path / "t.jsonl"), "--speed", speed, command="replay")
+
+
+@pytest.mark.parametrize(
+    ("args", "line"),
+    [
+        (
+            ["--overwrite"],
+            "argument --overwrite/--overwrite-trace: only with --trace (it replaces an existing "
+            "trace; without --trace nothing is recorded)",
+        ),
+        (
+            ["--sglang-arg", "mem_fraction_static=0.4"],
+            "argument --sglang-arg: only with --engine sglang (the native engine does not read it)",
+        ),
+        (
+            ["--speculative-algorithm", "EAGLE3"],
+            "argument --speculative-algorithm: only with --engine sglang (the native engine does "
+            "not read it)",
+        ),
+        (
+            ["--sglang-shadow", "sequential"],
+            "argument --sglang-shadow: only with --engine sglang (the native engine does not "
+            "read it)",
+        ),
+        (
+            ["--force-patches"],
+            "argument --force-patches: only with --engine sglang (the native engine does not "
+            "read it)",
+        ),
+    ],
+    ids=["overwrite", "sglang-arg", "speculative-algorithm", "sglang-shadow", "force-patches"],
+)
+@pytest.mark.parametrize("command", ["run", "audit"])
+def test_a_flag_the_session_would_ignore_is_refused(capsys, pair, command, args, line) -> None:
+    expect_flag_error(capsys, line, "--prompts", str(pair[2]), *args, command=command)
+
+
+def test_a_cpu_device_index_is_refused(capsys, pair) -> None:
+    """torch takes `cpu:1` and runs on the one CPU: the index would be silently ignored."""
+    expect(
+        capsys,
+        EXIT_USAGE,
+        "--device: 'cpu:1': there is one CPU device (cpu); an index is for cuda:N",
+        "--model", str(pair[0]), "--drafter", "ngram", "--prompts", str(pair[2]),
+        "--device", "cpu:1",
+    )  # fmt: skip
 
 
 def test_a_draft_with_the_ngram_drafter_is_refused(capsys, pair) -> None:
