@@ -6,8 +6,8 @@ by a thread racing the engine's or before the header, is written at that line's 
 whole and flushed at once, so a `kill -9` loses at most the line being written and `read_trace`
 gets back everything before it (where the lines go, a new file or beside an old trace it
 replaces: `specdash.output_files`). A recording is whole once it has written the event that
-ends the session (the summary, or a fatal engine error); only a whole one replaces an old
-trace. Recording must
+ends the session (the summary, or a fatal engine error the engine reported; not its process's
+death, which loses what it had not sent); only a whole one replaces an old trace. Recording must
 never take a session down: an I/O error mid-session stops the writer and is kept in
 `stopped_reason` for the dashboard to show.
 """
@@ -136,8 +136,16 @@ class TraceWriter:
                 self._stop(f"{e.strerror or e}")
                 return
             self.lines_written += 1
-            if isinstance(event, Summary) or (isinstance(event, EngineError) and event.fatal):
+            if isinstance(event, Summary) or (
+                isinstance(event, EngineError) and event.fatal and not event.engine_lost
+            ):
                 self._whole = True
+
+    @property
+    def whole(self) -> bool:
+        """The recording holds the whole session: the event that ends it, written by the
+        engine (not a death reported for it), and no write failed."""
+        return self._whole and self.stopped_reason is None
 
     @property
     def partial(self) -> Path | None:
@@ -183,7 +191,7 @@ class TraceWriter:
         """The stream, or the live file that finishes it (renamed onto an old trace it
         replaces, its lock released)."""
         if self._live is not None:
-            self._live.close(whole=self._whole and self.stopped_reason is None)
+            self._live.close(whole=self.whole)
         else:
             self._file.close()  # type: ignore[union-attr]
 

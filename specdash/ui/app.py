@@ -199,7 +199,7 @@ class SpecdashApp(App[int]):
         self._consume(self.buffer.drain())
         if ended and not self.model.finished and not self.model.errors:
             gone = "the engine ended without finishing the session"
-            self._consume([EngineError(message=gone)])
+            self._consume([EngineError(message=gone, engine_lost=True)])
         if not self.screen_stack:
             return  # a tick while the app quits: the screens are gone, the events are recorded
         m, screen = self.model, self.dashboard
