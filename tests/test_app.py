@@ -539,6 +539,21 @@ def test_native_engine_gets_no_sglang_options_and_keeps_sigquit():
     assert event.message.startswith("('native', None, ")
 
 
+@pytest.mark.parametrize("typed", ["", "   "])
+async def test_an_empty_prompt_says_so_and_the_line_stays_open(tmp_path, typed):
+    app = make_app(tmp_path)
+    async with app.run_test(size=SIZE) as pilot:
+        await settle(pilot)
+        await pilot.press("slash", *(["space"] * len(typed)), "enter")
+        await pilot.pause()
+        assert app.notes[-1] == "the prompt is empty: type one, then Enter (Esc leaves)"
+        assert app.query_one("#prompt").has_focus
+        await pilot.press("d", "enter")
+        await pilot.pause()
+        assert app.notes[-1].startswith("prompt queued")
+        assert not app.query_one("#prompt").has_focus
+
+
 async def test_a_multi_line_paste_says_only_its_first_line_is_kept(tmp_path):
     from textual import events
 

@@ -348,9 +348,15 @@ class SpecdashApp(App[int]):
     @on(Input.Submitted, "#prompt")
     def queue_prompt(self, event: Input.Submitted) -> None:
         text = event.value.strip()
+        if not text:  # the line stays open, so the person sees why nothing happened
+            event.input.clear()
+            self.notify(
+                "the prompt is empty: type one, then Enter (Esc leaves)", severity="warning"
+            )
+            return
         event.input.clear()
         self.dashboard.query_one(DataTable).focus()
-        if not text or (controls := self._controls()) is None:
+        if (controls := self._controls()) is None:
             return
         controls.submit_prompt(text)
         when = "now" if self.model.idle else "after the current prompt"
