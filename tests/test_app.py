@@ -289,6 +289,28 @@ async def test_replay_source_is_read_only(tmp_path):
         assert app.focused.id != "prompt"
 
 
+async def test_a_tiny_terminal_with_the_error_panel_open_shows_only_the_too_small_line(tmp_path):
+    """40x10: an open error panel and the status bar would take the rows the line needs."""
+    app = make_app(tmp_path)
+    async with app.run_test(size=(40, 10)) as pilot:
+        await settle(pilot)
+        app.buffer.put(EngineError(message="RuntimeError: weights on fire " * 4))
+        app.refresh_numbers()
+        await pilot.pause(0.3)
+        line = app.query_one("#too-small")
+        footer = app.query_one("Footer")
+        assert "terminal too small: 40x10" in str(line.render())
+        assert line.region.height >= 1 and not line.region.overlaps(footer.region)
+        assert line.region.bottom <= 10
+        for hidden in ("#status", "#error", "#main", "#prompt"):
+            assert not app.query_one(hidden).display, hidden
+        await pilot.resize_terminal(*SIZE)
+        await pilot.pause(0.3)
+        assert not line.display
+        for shown in ("#status", "#error", "#main", "#prompt"):
+            assert app.query_one(shown).display, shown
+
+
 async def test_terminal_too_small_shows_a_message(tmp_path):
     app = make_app(tmp_path)
     async with app.run_test(size=(60, 20)) as pilot:

@@ -182,10 +182,9 @@ class SpecdashApp(App[int]):
 
     def _fit_to_terminal(self, width: int, height: int) -> None:
         too_small = width < MIN_SIZE[0] or height < MIN_SIZE[1]
-        self.dashboard.query_one("#main").display = not too_small
-        message = self.dashboard.query_one("#too-small", Static)
-        message.display = too_small
+        self.dashboard.set_class(too_small, "-too-small")  # app.tcss: all but the line, hidden
         if too_small:
+            message = self.dashboard.query_one("#too-small", Static)
             message.update(
                 f"terminal too small: {width}x{height}, specdash needs at least "
                 f"{MIN_SIZE[0]}x{MIN_SIZE[1]} (q quits)"
