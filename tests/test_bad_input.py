@@ -214,12 +214,23 @@ def test_a_replay_speed_not_finite_above_zero_is_a_flag_error(capsys, tmp_path, 
             "read it)",
         ),
         (
+            ["--preset", "tiny-hybrid", "--model", "/nonexistent", "--drafter", "ngram"],
+            "argument --model: give --model or --preset, not both (a preset is the target)",
+        ),
+        (
             ["--force-patches"],
             "argument --force-patches: only with --engine sglang (the native engine does not "
             "read it)",
         ),
     ],
-    ids=["overwrite", "sglang-arg", "speculative-algorithm", "sglang-shadow", "force-patches"],
+    ids=[
+        "overwrite",
+        "sglang-arg",
+        "speculative-algorithm",
+        "sglang-shadow",
+        "preset-model",
+        "force-patches",
+    ],  # fmt: skip
 )
 @pytest.mark.parametrize("command", ["run", "audit"])
 def test_a_flag_the_session_would_ignore_is_refused(capsys, pair, command, args, line) -> None:

@@ -76,6 +76,10 @@ def refuse_flags_without_effect(args: argparse.Namespace) -> None:
             "argument --overwrite/--overwrite-trace: only with --trace (it replaces an "
             "existing trace; without --trace nothing is recorded)"
         )
+    if args.preset is not None and args.model is not None:
+        raise FlagError(
+            "argument --model: give --model or --preset, not both (a preset is the target)"
+        )
     if args.engine != "sglang":
         given = [flag for name, flag in SGLANG_FLAGS.items() if getattr(args, name)]
         if given:
