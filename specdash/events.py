@@ -399,6 +399,10 @@ class EngineError(_Event):
     message: str
     fatal: bool = True
     exit_code: int | None = None
+    engine_lost: bool = Field(default=False, exclude=True)
+    """Not the engine's report: its process died or stopped sending, which whoever read its
+    stream says here, so the events it had not sent are lost and no recording of the session
+    is whole (`TraceWriter`). Not written to a trace: the message says it there."""
 
 
 class Summary(_Event):

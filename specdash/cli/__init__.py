@@ -6,12 +6,14 @@ from __future__ import annotations
 
 import argparse
 import importlib
+import math
 import sys
 from collections.abc import Callable
 from typing import NoReturn
 
 from specdash.errors import EXIT_INTERRUPTED, EXIT_USAGE, FlagError, SpecdashError
 from specdash.registry import algorithms, drafters, engines, gemm, help_lines
+from specdash.runs.sglang.args import SGLangOptions
 from specdash.runs.sglang.patches import patch_set
 from specdash.settings import MAX_K
 
@@ -64,13 +66,14 @@ def whole_number(low: int, high: int | None = None) -> Callable[[str], int]:
 
 
 def above_zero(text: str) -> float:
-    """An argparse type: a number above 0 (a playback speed)."""
+    """An argparse type: a finite number above 0 (a playback speed; an infinite one would
+    have no pace to keep)."""
     try:
         value = float(text)
     except ValueError:
         raise argparse.ArgumentTypeError(f"expected a number, got {text!r}") from None
-    if not value > 0:  # NaN too
-        raise argparse.ArgumentTypeError(f"{text} is out of range (above 0)")
+    if not 0 < value < math.inf:  # NaN too
+        raise argparse.ArgumentTypeError(f"{text} is out of range (a finite number above 0)")
     return value
 
 
@@ -171,8 +174,8 @@ def _add_session_flags(p: argparse.ArgumentParser) -> None:
     sgl.add_argument(
         "--speculative-algorithm",
         choices=algorithms.NAMES,
-        default="NEXTN",
-        help=f"SGLang's speculative algorithm; {help_lines(algorithms.ALGORITHMS)}",
+        help=f"SGLang's speculative algorithm (default: {SGLangOptions.speculative_algorithm}); "
+        f"{help_lines(algorithms.ALGORITHMS)}",
     )
     sgl.add_argument(
         "--sglang-arg",
@@ -184,8 +187,8 @@ def _add_session_flags(p: argparse.ArgumentParser) -> None:
     sgl.add_argument(
         "--sglang-shadow",
         choices=["split", "sequential"],
-        default="split",
-        help="shadow as a second engine (memory split) or after the spec run",
+        help="shadow as a second engine (memory split) or after the spec run "
+        f"(default: {SGLangOptions.shadow_mode})",
     )
     sgl.add_argument(
         "--force-patches",

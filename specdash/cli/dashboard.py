@@ -53,6 +53,9 @@ def run_dashboard(args: argparse.Namespace) -> int:
         return terminated[-1].exit_code
     if app.model.summary is not None:
         print(format_summary(app.model.summary, list(app.model.divergences)))
+    stopped = app.recorder.stopped  # e.g. the old trace kept, and where the partial one is
+    if stopped is not None and stopped != app.exit_message:
+        print(f"specdash: warning: {stopped}", file=sys.stderr)
     if code == EXIT_INTERRUPTED:
         print("specdash: interrupted", file=sys.stderr)
     elif code and app.exit_message:

@@ -58,8 +58,40 @@ def _path(value: str | None, setting: str) -> Path | None:
     return None if value is None else Path(value)
 
 
+SGLANG_FLAGS = {
+    "speculative_algorithm": "--speculative-algorithm",
+    "sglang_arg": "--sglang-arg",
+    "sglang_shadow": "--sglang-shadow",
+    "force_patches": "--force-patches",
+    "sglang_unpatch": "--sglang-unpatch",
+}
+"""The `--engine sglang` group, by argparse name: each is None, empty or False unless given."""
+
+
+def refuse_flags_without_effect(args: argparse.Namespace) -> None:
+    """A flag the session would not use is refused rather than ignored: the person who gave
+    it expects it to do something."""
+    if args.overwrite_trace and args.trace is None:
+        raise FlagError(
+            "argument --overwrite/--overwrite-trace: only with --trace (it replaces an "
+            "existing trace; without --trace nothing is recorded)"
+        )
+    if args.preset is not None and args.model is not None:
+        raise FlagError(
+            "argument --model: give --model or --preset, not both (a preset is the target)"
+        )
+    if args.engine != "sglang":
+        given = [flag for name, flag in SGLANG_FLAGS.items() if getattr(args, name)]
+        if given:
+            raise FlagError(
+                f"argument {given[0]}: only with --engine sglang (the {args.engine} engine "
+                "does not read it)"
+            )
+
+
 def settings_from_args(args: argparse.Namespace) -> SessionSettings:
     """Settings from the CLI's session flags; a bad value or combination is a `FlagError`."""
+    refuse_flags_without_effect(args)
     drafts_alone = not drafters.uses_draft_model(args.drafter)
     if args.engine == "native" and drafts_alone and args.draft is not None:
         raise FlagError(
@@ -125,11 +157,11 @@ def open_trace(settings: SessionSettings) -> TraceWriter | None:
 
 
 def sglang_options_from_args(args: argparse.Namespace) -> SGLangOptions:
-    """The `--engine sglang` flag group."""
+    """The `--engine sglang` flag group (a flag not given: `SGLangOptions`' default)."""
     return SGLangOptions(
-        speculative_algorithm=args.speculative_algorithm,
+        speculative_algorithm=args.speculative_algorithm or SGLangOptions.speculative_algorithm,
         engine_args=dict(parse_engine_arg(a) for a in args.sglang_arg),
-        shadow_mode=args.sglang_shadow,
+        shadow_mode=args.sglang_shadow or SGLangOptions.shadow_mode,
         force_patches=args.force_patches,
         unpatch=tuple(args.sglang_unpatch),
     )

@@ -109,6 +109,7 @@ def load_tensors(
                             f"{path / 'config.json'} implies {expected[name]}"
                         )
                     out[name] = _on_device(t, name, cfg, dtype, device, file)
+                    _refuse_non_finite(out[name], name, file)
         except (SafetensorError, OSError, RuntimeError) as e:
             raise CheckpointError(f"{file}: corrupt safetensors file ({e})") from None
     if cfg.quantization is not None and not device.startswith("cuda"):
@@ -138,6 +139,19 @@ def _on_device(
             "steps through (on the CPU it is dequantized)"
         )
     return t.to(device=device)
+
+
+def _refuse_non_finite(t: torch.Tensor, name: str, file: Path) -> None:
+    """A NaN or an infinity in a weight, as the model holds it (after the cast to its dtype,
+    which can overflow): it would run and decode garbage, each output as exact as the other.
+    An FP8 weight has no infinity, and its NaN is every exponent and mantissa bit set."""
+    if t.dtype == FP8:
+        bad = bool(((t.view(torch.uint8) & 0x7F) == 0x7F).any())
+    else:
+        bad = not bool(torch.isfinite(t).all())
+    if bad:
+        dtype = str(t.dtype).removeprefix("torch.")
+        raise CheckpointError(f"{file}: {name} holds NaN or infinite values (as {dtype})")
 
 
 def load_tokenizer(path: Path) -> Tokenizer:

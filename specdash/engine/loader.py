@@ -47,6 +47,11 @@ def device_of(settings: SessionSettings) -> torch.device:
         ) from None
     if dev.type not in ("cpu", "cuda"):
         raise UsageError(f"{settings.device!r}: only cpu and cuda are supported", setting="device")
+    if dev.type == "cpu" and dev.index not in (None, 0):  # torch takes it, and runs on the CPU
+        raise UsageError(
+            f"{settings.device!r}: there is one CPU device (cpu); an index is for cuda:N",
+            setting="device",
+        )
     if dev.type == "cuda" and not torch.cuda.is_available():
         raise EnvironmentProblem(
             f"{settings.device!r}: no CUDA device is available", setting="device"

@@ -254,7 +254,7 @@ class EngineProcess:
         if last:
             message += f": {last}"
         message += f" (its output: {self.output})"
-        return EngineError(message=message, exit_code=EXIT_ENVIRONMENT)
+        return EngineError(message=message, exit_code=EXIT_ENVIRONMENT, engine_lost=True)
 
     @property
     def running(self) -> bool:

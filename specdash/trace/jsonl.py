@@ -6,8 +6,8 @@ by a thread racing the engine's or before the header, is written at that line's 
 whole and flushed at once, so a `kill -9` loses at most the line being written and `read_trace`
 gets back everything before it (where the lines go, a new file or beside an old trace it
 replaces: `specdash.output_files`). A recording is whole once it has written the event that
-ends the session (the summary, or a fatal engine error); only a whole one replaces an old
-trace. Recording must
+ends the session (the summary, or a fatal engine error the engine reported; not its process's
+death, which loses what it had not sent); only a whole one replaces an old trace. Recording must
 never take a session down: an I/O error mid-session stops the writer and is kept in
 `stopped_reason` for the dashboard to show.
 """
@@ -136,8 +136,16 @@ class TraceWriter:
                 self._stop(f"{e.strerror or e}")
                 return
             self.lines_written += 1
-            if isinstance(event, Summary) or (isinstance(event, EngineError) and event.fatal):
+            if isinstance(event, Summary) or (
+                isinstance(event, EngineError) and event.fatal and not event.engine_lost
+            ):
                 self._whole = True
+
+    @property
+    def whole(self) -> bool:
+        """The recording holds the whole session: the event that ends it, written by the
+        engine (not a death reported for it), and no write failed."""
+        return self._whole and self.stopped_reason is None
 
     @property
     def partial(self) -> Path | None:
@@ -183,9 +191,13 @@ class TraceWriter:
         """The stream, or the live file that finishes it (renamed onto an old trace it
         replaces, its lock released)."""
         if self._live is not None:
-            self._live.close(whole=self._whole and self.stopped_reason is None)
+            self._live.close(whole=self.whole)
         else:
             self._file.close()  # type: ignore[union-attr]
+
+
+OLDEST_SCHEMA_MAJOR = 1
+"""specdash/v1 is the first schema any specdash wrote: an older number is no trace of ours."""
 
 
 def _schema_major(schema: str) -> int | None:
@@ -209,6 +221,11 @@ def _read_header(first: bytes, path: Path) -> SessionStart:
             f"{path} uses trace schema {schema}, newer than this specdash reads ({SCHEMA}); "
             "upgrade specdash"
         )
+    if major < OLDEST_SCHEMA_MAJOR:
+        raise UsageError(
+            f"{path} uses trace schema {schema}, which no specdash wrote "
+            f"(this one reads specdash/v{OLDEST_SCHEMA_MAJOR} to {SCHEMA})"
+        )
     try:
         return SessionStart.model_validate(obj)
     except ValidationError as e:
@@ -225,65 +242,91 @@ def read_trace(path: Path | str) -> tuple[SessionStart, list[Event], list[str]]:
     """Header, events and warnings of a trace; `UsageError` when it cannot be one.
 
     A last line without its newline is what a killed writer leaves: it is skipped with a
-    warning if it does not parse. A bad line anywhere else means the file is damaged.
+    warning if it does not parse. A bad line anywhere else means the file is damaged, and so
+    does a second `session_start` (two recordings joined). The file is read a line at a time
+    and only the events are kept (`_compact`): a trace reader's memory is its events'.
     """
     path = Path(path)
     try:
-        data = path.read_bytes()
+        with open(path, "rb") as f:
+            return _read_lines(f, path)
     except FileNotFoundError:
         raise UsageError(f"trace not found: {path}") from None
     except IsADirectoryError:
         raise UsageError(f"{path} is a directory, not a trace") from None
     except OSError as e:
         raise UsageError(f"cannot read trace {path}: {e.strerror or e}") from None
-    if not data.strip():
-        raise UsageError(f"{path} is empty, not a trace")
-    lines = data.split(b"\n")
-    torn = lines.pop()  # b"" when the file ends with a newline
-    if not lines:  # a single line without its newline: a whole header, or a torn one
+
+
+def _read_lines(f: IO[bytes], path: Path) -> tuple[SessionStart, list[Event], list[str]]:
+    first = f.readline()
+    if not first.strip():
+        if not any(line.strip() for line in f):
+            raise UsageError(f"{path} is empty, not a trace")
+        raise UsageError(f"{path} is not a specdash trace (line 1 is not JSON)")
+    if not first.endswith(b"\n"):  # a single line without its newline: whole, or torn
         try:
-            json_text.loads(torn)
+            json_text.loads(first)
         except json_text.JsonTextError:
-            if b'"session_start"' in torn:
+            if b'"session_start"' in first:
                 raise UsageError(f"{path} is truncated: its header line is incomplete") from None
-        lines, torn = [torn], b""
-    header = _read_header(lines[0], path)
+    header = _read_header(first, path)
+    shift_v1_positions = _schema_major(header.schema_version) == 1 and header.engine != "sglang"
+    prompt_tokens: dict[int, int] = {}
     events: list[Event] = []
-    for number, line in enumerate(lines[1:], start=2):
-        try:
-            events.append(parse_event(line))
-        except ValidationError as e:
-            raise UsageError(f"{path}:{number}: not a specdash event: {_first_error(e)}") from None
     warnings: list[str] = []
-    if torn:
+    for number, line in enumerate(f, start=2):
         try:
-            events.append(parse_event(torn))
-        except ValidationError:
+            event = parse_event(line)
+        except ValidationError as e:
+            if line.endswith(b"\n"):
+                raise UsageError(
+                    f"{path}:{number}: not a specdash event: {_first_error(e)}"
+                ) from None
             warnings.append(
-                f"{path}:{len(lines) + 1}: skipped a torn last line ({len(torn)} bytes); "
+                f"{path}:{number}: skipped a torn last line ({len(line)} bytes); "
                 "the recording was cut off mid-write"
             )
-    if _schema_major(header.schema_version) == 1 and header.engine != "sglang":
-        events = _v1_positions(events)
+            break
+        if isinstance(event, SessionStart):
+            raise UsageError(
+                f"{path}:{number}: a second session_start header (two recordings joined "
+                "into one file?); a trace holds one session"
+            )
+        if shift_v1_positions:
+            event = _v1_position(event, prompt_tokens)
+        events.append(_compact(event))
     return header, events, warnings
 
 
-def _v1_positions(events: list[Event]) -> list[Event]:
+_FIELD_SETS: dict[frozenset[str], set[str]] = {}
+
+
+def _compact(event: Event) -> Event:
+    """`event` holding one shared copy of its set of given fields. pydantic keeps that set
+    per instance, well over half of a small event's memory, and a trace has hundreds of
+    thousands of events with a handful of distinct sets; a frozen event never changes its
+    set in place (`model_copy` copies it first), so sharing it changes nothing it does."""
+    given = event.__pydantic_fields_set__
+    shared = _FIELD_SETS.setdefault(frozenset(given), given)
+    object.__setattr__(event, "__pydantic_fields_set__", shared)
+    return event
+
+
+def _v1_position(event: Event, prompt_tokens: dict[int, int]) -> Event:
     """A v1 native trace counted `position` from the prompt's start: make it the
-    generated-token index every v2 event uses (SGLang v1 traces already did)."""
-    prompt_tokens: dict[int, int] = {}
-    out: list[Event] = []
-    for e in events:
-        if isinstance(e, PromptStart):
-            prompt_tokens[e.prompt_index] = e.prompt_tokens
-        elif isinstance(e, Token | Divergence) and e.prompt_index in prompt_tokens:
-            shift = prompt_tokens[e.prompt_index]
-            update: dict[str, object] = {"position": e.position - shift}
-            cause = e.root_cause if isinstance(e, Divergence) else None
-            if cause is not None and cause.origin_position is not None:
-                update["root_cause"] = cause.model_copy(
-                    update={"origin_position": cause.origin_position - shift}
-                )
-            e = e.model_copy(update=update)
-        out.append(e)
-    return out
+    generated-token index every v2 event uses (SGLang v1 traces already did).
+    `prompt_tokens` holds each prompt's length from its `PromptStart`, seen before its
+    tokens."""
+    if isinstance(event, PromptStart):
+        prompt_tokens[event.prompt_index] = event.prompt_tokens
+    elif isinstance(event, Token | Divergence) and event.prompt_index in prompt_tokens:
+        shift = prompt_tokens[event.prompt_index]
+        update: dict[str, object] = {"position": event.position - shift}
+        cause = event.root_cause if isinstance(event, Divergence) else None
+        if cause is not None and cause.origin_position is not None:
+            update["root_cause"] = cause.model_copy(
+                update={"origin_position": cause.origin_position - shift}
+            )
+        event = event.model_copy(update=update)
+    return event

@@ -147,14 +147,23 @@ class TraceRecorder:
                 self.note = f"trace closed after {why}: {writer.outcome()}"
                 self.writer = None
                 return
-            complete = self._complete and writer.stopped_reason is None
-            if complete and self._has_header:
+            if writer.whole and self._complete and self._has_header:
                 self.finished_trace = writer.path
-            self.note = (
-                f"trace closed after {why}: {writer.path} ({writer.lines_written} lines, "
-                f"{'complete' if complete else 'incomplete'}, readable)"
-            )
+            self.note = f"trace closed after {why}: {self._held(writer)}"
             self.writer = None
+
+    def _held(self, writer: TraceWriter) -> str:
+        """What a closed recording holds, in words: a file with no lines is not readable, and
+        only one that recorded the session's end holds all of it."""
+        if writer.lines_written == 0:
+            return f"nothing was recorded, {writer.path} is empty"
+        if not self._complete:
+            held = "incomplete: events from before it started were no longer in memory"
+        elif not writer.whole:
+            held = "incomplete: the session up to then"
+        else:
+            held = "complete: the whole session"
+        return f"{writer.path} ({writer.lines_written} lines, {held}, readable)"
 
     # -- internals ---------------------------------------------------------------------
 

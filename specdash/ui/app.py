@@ -182,10 +182,9 @@ class SpecdashApp(App[int]):
 
     def _fit_to_terminal(self, width: int, height: int) -> None:
         too_small = width < MIN_SIZE[0] or height < MIN_SIZE[1]
-        self.dashboard.query_one("#main").display = not too_small
-        message = self.dashboard.query_one("#too-small", Static)
-        message.display = too_small
+        self.dashboard.set_class(too_small, "-too-small")  # app.tcss: all but the line, hidden
         if too_small:
+            message = self.dashboard.query_one("#too-small", Static)
             message.update(
                 f"terminal too small: {width}x{height}, specdash needs at least "
                 f"{MIN_SIZE[0]}x{MIN_SIZE[1]} (q quits)"
@@ -199,7 +198,7 @@ class SpecdashApp(App[int]):
         self._consume(self.buffer.drain())
         if ended and not self.model.finished and not self.model.errors:
             gone = "the engine ended without finishing the session"
-            self._consume([EngineError(message=gone)])
+            self._consume([EngineError(message=gone, engine_lost=True)])
         if not self.screen_stack:
             return  # a tick while the app quits: the screens are gone, the events are recorded
         m, screen = self.model, self.dashboard
@@ -348,9 +347,15 @@ class SpecdashApp(App[int]):
     @on(Input.Submitted, "#prompt")
     def queue_prompt(self, event: Input.Submitted) -> None:
         text = event.value.strip()
+        if not text:  # the line stays open, so the person sees why nothing happened
+            event.input.clear()
+            self.notify(
+                "the prompt is empty: type one, then Enter (Esc leaves)", severity="warning"
+            )
+            return
         event.input.clear()
         self.dashboard.query_one(DataTable).focus()
-        if not text or (controls := self._controls()) is None:
+        if (controls := self._controls()) is None:
             return
         controls.submit_prompt(text)
         when = "now" if self.model.idle else "after the current prompt"

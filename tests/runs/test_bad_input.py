@@ -185,9 +185,67 @@ def test_audit_ks_out_of_range_is_a_flag_error(capsys) -> None:
     expect_flag_error(capsys, line, "--ks", "1,0", command="audit")
 
 
-def test_replay_speed_zero_is_a_flag_error(capsys, tmp_path) -> None:
-    line = "argument --speed: 0 is out of range (above 0)"
-    expect_flag_error(capsys, line, str(tmp_path / "t.jsonl"), "--speed", "0", command="replay")
+@pytest.mark.parametrize("speed", ["0", "inf", "nan"])
+def test_a_replay_speed_not_finite_above_zero_is_a_flag_error(capsys, tmp_path, speed) -> None:
+    line = f"argument --speed: {speed} is out of range (a finite number above 0)"
+    expect_flag_error(capsys, line, str(tmp_path / "t.jsonl"), "--speed", speed, command="replay")
+
+
+@pytest.mark.parametrize(
+    ("args", "line"),
+    [
+        (
+            ["--overwrite"],
+            "argument --overwrite/--overwrite-trace: only with --trace (it replaces an existing "
+            "trace; without --trace nothing is recorded)",
+        ),
+        (
+            ["--sglang-arg", "mem_fraction_static=0.4"],
+            "argument --sglang-arg: only with --engine sglang (the native engine does not read it)",
+        ),
+        (
+            ["--speculative-algorithm", "EAGLE3"],
+            "argument --speculative-algorithm: only with --engine sglang (the native engine does "
+            "not read it)",
+        ),
+        (
+            ["--sglang-shadow", "sequential"],
+            "argument --sglang-shadow: only with --engine sglang (the native engine does not "
+            "read it)",
+        ),
+        (
+            ["--preset", "tiny-hybrid", "--model", "/nonexistent", "--drafter", "ngram"],
+            "argument --model: give --model or --preset, not both (a preset is the target)",
+        ),
+        (
+            ["--force-patches"],
+            "argument --force-patches: only with --engine sglang (the native engine does not "
+            "read it)",
+        ),
+    ],
+    ids=[
+        "overwrite",
+        "sglang-arg",
+        "speculative-algorithm",
+        "sglang-shadow",
+        "preset-model",
+        "force-patches",
+    ],  # fmt: skip
+)
+@pytest.mark.parametrize("command", ["run", "audit"])
+def test_a_flag_the_session_would_ignore_is_refused(capsys, pair, command, args, line) -> None:
+    expect_flag_error(capsys, line, "--prompts", str(pair[2]), *args, command=command)
+
+
+def test_a_cpu_device_index_is_refused(capsys, pair) -> None:
+    """torch takes `cpu:1` and runs on the one CPU: the index would be silently ignored."""
+    expect(
+        capsys,
+        EXIT_USAGE,
+        "--device: 'cpu:1': there is one CPU device (cpu); an index is for cuda:N",
+        "--model", str(pair[0]), "--drafter", "ngram", "--prompts", str(pair[2]),
+        "--device", "cpu:1",
+    )  # fmt: skip
 
 
 def test_a_draft_with_the_ngram_drafter_is_refused(capsys, pair) -> None:
@@ -701,11 +759,23 @@ def bigint_header(obj: dict) -> str | None:
     return None
 
 
+def two_headers(obj: dict) -> str | None:
+    """Two recordings joined, as `cat a.jsonl b.jsonl` makes them."""
+    return json.dumps(obj) + "\n" + json.dumps(obj) if obj["kind"] == "session_start" else None
+
+
+def schema_v0(obj: dict) -> None:
+    if obj["kind"] == "session_start":
+        obj["schema_version"] = "specdash/v0"
+
+
 TRACE_COMMANDS = {
     "export": lambda t, tmp: ["export", str(t), "-o", str(tmp / "out.json")],
     "export csv": lambda t, tmp: ["export", str(t), "--format", "csv", "-o", "-"],
     "report": lambda t, tmp: ["report", str(t), "-o", str(tmp / "out.html")],
     "diff": lambda t, tmp: ["diff", str(t), str(t)],
+    "compare": lambda t, tmp: ["compare", "--trace-only", str(t), str(t)],
+    "replay": lambda t, tmp: ["replay", str(t)],
 }
 
 
@@ -720,6 +790,8 @@ TRACE_COMMANDS = {
         ),
         (deep_header, "is not a specdash trace (line 1 is not JSON)"),
         (bigint_header, "is not a specdash trace (line 1 is not JSON)"),
+        (two_headers, "bad.jsonl:2: a second session_start header (two recordings joined"),
+        (schema_v0, "uses trace schema specdash/v0, which no specdash wrote"),
     ],
 )
 def test_a_trace_no_session_could_have_written(
@@ -834,3 +906,14 @@ def test_integer_or_bool_weights(capsys, pair, tmp_path, dtype) -> None:
     tensors[name] = tensors[name].to(getattr(torch, dtype))
     save_file(tensors, model / "model.safetensors")
     expect_model_error(capsys, pair, model, f"{name} holds torch.{dtype}, not floats")
+
+
+@pytest.mark.parametrize("value", ["nan", "inf", "-inf"])
+def test_non_finite_weights(capsys, pair, tmp_path, value) -> None:
+    """Refused at load: they would run, every output as exact as its shadow and garbage."""
+    model = copy_target(pair, tmp_path)
+    tensors = load_file(model / "model.safetensors")
+    name = "model.layers.1.mlp.down_proj.weight"
+    tensors[name][3, 5] = float(value)
+    save_file(tensors, model / "model.safetensors")
+    expect_model_error(capsys, pair, model, f"{name} holds NaN or infinite values (as float32)")

@@ -187,3 +187,20 @@ def test_run_dashboard_says_interrupted(capsys, monkeypatch, tmp_path) -> None:
     args = build_parser().parse_args(["--model", str(tmp_path / "missing")])
     assert run_dashboard(args) == EXIT_INTERRUPTED
     assert capsys.readouterr().err == "specdash: interrupted\n"
+
+
+def test_run_dashboard_says_where_a_cut_short_recording_is(capsys, monkeypatch, tmp_path) -> None:
+    """After the dashboard closes, a recording that was to replace an old trace and did not
+    close whole (Ctrl-C, the engine's death) is named on stderr, as headless names it."""
+    from specdash.ui.app import SpecdashApp
+
+    stopped = f"recording cut short (quit); {tmp_path / 't.jsonl'} kept as it was; ..."
+
+    def run(self) -> int:
+        self.recorder.stopped = stopped
+        return EXIT_INTERRUPTED
+
+    monkeypatch.setattr(SpecdashApp, "run", run)
+    args = build_parser().parse_args(["--model", str(tmp_path / "missing")])
+    assert run_dashboard(args) == EXIT_INTERRUPTED
+    assert capsys.readouterr().err == f"specdash: warning: {stopped}\nspecdash: interrupted\n"

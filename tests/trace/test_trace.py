@@ -284,3 +284,37 @@ def test_a_v2_header_reads_with_its_config_as_the_typed_fields(tmp_path):
         ("cublas", "needs a CUDA GPU"),
     ]
     assert header.usable_gemm_backends == ["torch"]
+
+
+PEAK_PER_TRACE_BYTE = 5
+"""What a trace reader may hold at its peak per byte of each trace it reads: its events, once
+(one that held the file whole and its split lines beside the events needed about twice it)."""
+
+
+@pytest.mark.parametrize(
+    "command",
+    [
+        lambda t, out: ["export", str(t), "--format", "csv", "-o", str(out)],
+        lambda t, out: ["diff", str(t), str(t)],
+    ],
+    ids=["export csv", "diff"],
+)
+def test_a_trace_readers_memory_is_bounded_by_the_traces_size(tmp_path, capsys, command):
+    import tracemalloc
+
+    from specdash.cli import main
+    from specdash.trace import diff, export  # noqa: F401 (imported before measuring)
+
+    trace = tmp_path / "big.jsonl"
+    record(trace, session(Plan(prompts=150, new_tokens=64)))
+    argv = command(trace, tmp_path / "out.csv")
+    read = argv.count(str(trace)) * trace.stat().st_size
+    tracemalloc.start()
+    try:
+        code = main(argv)
+        _, peak = tracemalloc.get_traced_memory()
+    finally:
+        tracemalloc.stop()
+    capsys.readouterr()
+    assert code == 0
+    assert peak < PEAK_PER_TRACE_BYTE * read, f"peak {peak / read:.1f} bytes per trace byte"

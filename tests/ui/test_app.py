@@ -289,6 +289,28 @@ async def test_replay_source_is_read_only(tmp_path):
         assert app.focused.id != "prompt"
 
 
+async def test_a_tiny_terminal_with_the_error_panel_open_shows_only_the_too_small_line(tmp_path):
+    """40x10: an open error panel and the status bar would take the rows the line needs."""
+    app = make_app(tmp_path)
+    async with app.run_test(size=(40, 10)) as pilot:
+        await settle(pilot)
+        app.buffer.put(EngineError(message="RuntimeError: weights on fire " * 4))
+        app.refresh_numbers()
+        await pilot.pause(0.3)
+        line = app.query_one("#too-small")
+        footer = app.query_one("Footer")
+        assert "terminal too small: 40x10" in str(line.render())
+        assert line.region.height >= 1 and not line.region.overlaps(footer.region)
+        assert line.region.bottom <= 10
+        for hidden in ("#status", "#error", "#main", "#prompt"):
+            assert not app.query_one(hidden).display, hidden
+        await pilot.resize_terminal(*SIZE)
+        await pilot.pause(0.3)
+        assert not line.display
+        for shown in ("#status", "#error", "#main", "#prompt"):
+            assert app.query_one(shown).display, shown
+
+
 async def test_terminal_too_small_shows_a_message(tmp_path):
     app = make_app(tmp_path)
     async with app.run_test(size=(60, 20)) as pilot:
@@ -525,7 +547,7 @@ def test_native_engine_gets_no_sglang_options_and_keeps_sigquit():
     from specdash.cli import build_parser
     from specdash.cli.dashboard import dashboard_app
 
-    source = dashboard_app(build_parser().parse_args(["--speculative-algorithm", "EAGLE3"])).source
+    source = dashboard_app(build_parser().parse_args([])).source
     assert source.engine_options is None
     session = LiveSession(
         source.settings, False, source.engine_options, run=engine_standins.report_arguments
@@ -537,6 +559,21 @@ def test_native_engine_gets_no_sglang_options_and_keeps_sigquit():
     assert signal.getsignal(signal.SIGQUIT) is before
     (event,) = buffer.drain()
     assert event.message.startswith("('native', None, ")
+
+
+@pytest.mark.parametrize("typed", ["", "   "])
+async def test_an_empty_prompt_says_so_and_the_line_stays_open(tmp_path, typed):
+    app = make_app(tmp_path)
+    async with app.run_test(size=SIZE) as pilot:
+        await settle(pilot)
+        await pilot.press("slash", *(["space"] * len(typed)), "enter")
+        await pilot.pause()
+        assert app.notes[-1] == "the prompt is empty: type one, then Enter (Esc leaves)"
+        assert app.query_one("#prompt").has_focus
+        await pilot.press("d", "enter")
+        await pilot.pause()
+        assert app.notes[-1].startswith("prompt queued")
+        assert not app.query_one("#prompt").has_focus
 
 
 async def test_a_multi_line_paste_says_only_its_first_line_is_kept(tmp_path):

@@ -155,6 +155,11 @@ async def test_the_engine_process_dying_is_a_fatal_error(tmp_path):
         )
         assert error.fatal and error.exit_code == EXIT_ENVIRONMENT
         assert "killed by SIGKILL" in str(app.query_one("#error").render())
+        # its last events may not have crossed: not "complete"
+        assert app.recorder.note == (
+            f"trace closed after an engine error: {trace} (41 lines, incomplete: the session "
+            "up to then, readable)"
+        )
         await pilot.press("q")
     assert app.return_value == EXIT_ENVIRONMENT and app.exit_message == error.message
     output = Path(error.message.rsplit("(its output: ", 1)[1].rstrip(")"))
@@ -164,3 +169,31 @@ async def test_the_engine_process_dying_is_a_fatal_error(tmp_path):
     assert [e.model_dump_json() for e in events[:39]] == [
         e.model_dump_json() for e in fake_session()[1:40]
     ]
+
+
+async def test_an_engine_dying_while_replacing_a_trace_keeps_the_old_one(tmp_path):
+    """`--trace OLD --overwrite` and the engine process is killed: its death ends the session
+    but was no report of the engine's, so the recording is not whole. OLD stays as it was,
+    the partial recording (the death included) is kept beside it and named."""
+    trace = tmp_path / "t.jsonl"
+    old = "".join(e.model_dump_json() + "\n" for e in fake_session())
+    trace.write_text(old)
+    app = SpecdashApp(
+        LiveSession(SessionSettings(), telemetry=False, run=engine_standins.killed_mid_session),
+        tmp_path,
+        TraceWriter(trace, overwrite=True),
+    )
+    async with app.run_test(size=SIZE) as pilot:
+        await wait_until(pilot, lambda: not app.source.running)
+        await settle(pilot)
+        assert app.recorder.writer is None  # closed by the death
+        await pilot.press("q")
+    assert app.return_value == EXIT_ENVIRONMENT
+    assert trace.read_text() == old
+    (partial,) = (p for p in tmp_path.iterdir() if p != trace)
+    kept = f"{trace} kept as it was; the partial recording is {partial}"
+    assert app.recorder.stopped == f"recording cut short (an engine error); {kept}"
+    assert app.recorder.note == f"trace closed after an engine error: {kept}"
+    _, events, _ = read_trace(partial)
+    assert events[-1].kind == "error" and "killed by SIGKILL" in events[-1].message
+    Path(events[-1].message.rsplit("(its output: ", 1)[1].rstrip(")")).unlink()

@@ -11,7 +11,7 @@ from specdash.ui.widgets.readout import Readout
 
 class ErrorPanel(Readout):
     def show(self, errors: list[EngineError], recording: str) -> None:
-        self.display = bool(errors)
+        self.set_class(bool(errors), "-shown")  # CSS shows it, unless the screen is too small
         if errors:
             latest = errors[-1]
             verdict = "session over" if latest.fatal else "session continues"
