@@ -366,3 +366,31 @@ async def test_the_bar_keeps_a_long_name_and_the_position_whole(width):
     if width == 160:
         assert "s recorded (" in playing and f"/{len(r.events)}" in playing
         assert f"s recorded  {len(r.events)} events" in ended
+
+
+async def test_the_replay_charts_are_in_recorded_seconds_at_any_speed():
+    """The throughput and GPU charts of a replay put each point at its recorded time: played
+    at a quarter of the pace or 8x, the points are the live dashboard's, and the last one lies
+    within the recording's length, not its playback's."""
+    events = session(Plan(prompts=2))
+    charts = []
+    for speed in (0.25, 8.0):
+        clock = FakeClock()
+        app = ReplayApp(TraceReplay(events[0], events[1:], speed=speed, clock=clock), name="s")
+        async with app.run_test(size=SIZE) as pilot:
+            while not app.replay.finished:
+                clock.t += 0.5
+                app.tick()
+                app.refresh_numbers()  # (the app's timer drains the buffer as often)
+            await pilot.pause()
+            played_s = clock.t - 100.0
+            charts.append((list(app.model.tps_series), list(app.model.bandwidth_series)))
+            assert played_s > 2 * app.replay.duration_s or speed > 1
+    live = SpecdashApp(ScriptedSource.live_like(events))
+    async with live.run_test(size=SIZE) as pilot:
+        await pilot.pause()
+        live.refresh_numbers()
+        shown_live = (list(live.model.tps_series), list(live.model.bandwidth_series))
+    assert charts[0] == charts[1] == shown_live and shown_live[0]
+    duration_s = (events[-1].t_ns - events[0].t_ns) / 1e9
+    assert 0 < shown_live[0][-1][0] <= duration_s

@@ -46,14 +46,15 @@ class ReplayApp(SpecdashApp):
     #prompt { display: none; }
     """
     """The bar says where the replay is; a recording takes no typed prompt."""
+    # one word a key: the footer holds them all beside the palette's at 100 columns
     BINDINGS = [
-        Binding("space", "toggle_pause", "play/pause"),
+        Binding("space", "toggle_pause", "play"),
         Binding("full_stop", "step", "step"),
-        Binding("comma", "step_back", "step back"),
+        Binding("comma", "step_back", "back"),
         Binding("left_square_bracket", f"seek({-SEEK_S})", f"-{SEEK_S:g} s"),
         Binding("right_square_bracket", f"seek({SEEK_S})", f"+{SEEK_S:g} s"),
-        Binding("less_than_sign", "speed(0.5)", "slower"),
-        Binding("greater_than_sign", "speed(2)", "faster"),
+        Binding("less_than_sign", "speed(0.5)", "slow"),
+        Binding("greater_than_sign", "speed(2)", "fast"),
         Binding("0", "restart", "restart"),
         # the engine controls a replay refuses: still answered ("read-only"), not advertised
         *(Binding(key, action, label, show=False) for key, action, label, _ in REFUSED),
