@@ -80,7 +80,8 @@ async def test_loading_shows_the_engine_start_phase_until_the_session_starts() -
         app.source.sink(StartPhase(engine="spec", phase=phase, done=3, total=8, since_start_s=41))
         app.refresh_numbers()
         await pilot.pause()
-        assert f"spec engine: {phase} 3/8 · the verdict and the numbers" in status(app)
+        # at 100 columns the hint beside it in its short form, not cut at the edge
+        assert f"spec engine: {phase} 3/8 · verdict and numbers once a prompt runs" in status(app)
         config = {"engine": "sglang", "model": "m", "drafter": "ngram", "k": 3, "shadow": True}
         app.source.sink(SessionStart(config=config, versions={}, device="cuda", gemm_backend="t"))
         app.refresh_numbers()

@@ -65,7 +65,7 @@ def _value(current: object, asked: dict[str, object], name: str) -> str:
 
 
 # The order in which a status line too long for the terminal gives up its text (lower first)
-RANK_SESSION_WORD, RANK_NEXT_STEP, RANK_VENDOR, RANK_PROMPT_HINT = 0, 0, 1, 1
+RANK_SESSION_WORD, RANK_NEXT_STEP, RANK_LOADING_HINT, RANK_VENDOR, RANK_PROMPT_HINT = 0, 0, 0, 1, 1
 RANK_NOTE, RANK_DEVICE_LABEL, RANK_LABELS, RANK_VERDICT, RANK_DEVICE = 2, 2, 3, 3, 4
 RANK_GEMM_BACKEND, RANK_NEXT_STEP_NOTE = 5, 6
 
@@ -133,11 +133,17 @@ class StatusBar(FittedLines):
             ]])  # fmt: skip
             return
         if not m.started:
-            phases = [Part(f"{phase.text} · ", "bold") for phase in m.start_phases.values()]
-            verdict = "the verdict and the numbers appear once the first prompt runs"
+            phases = " · ".join(phase.text for phase in m.start_phases.values())
+            hint, short = (
+                "the verdict and the numbers appear once the first prompt runs",
+                "verdict and numbers once a prompt runs",
+            )
+            if phases:  # the hint shortens, then goes, where the phases need the room
+                hint, short = f" · {hint}", f" · {short}"
+            fewer = ((RANK_LOADING_HINT, short), (RANK_LOADING_HINT, ""))
             self.show_lines([
                 [Part(" LOADING ", NEUTRAL), Part(f"  {loading} … {phase_s:.0f} s", "bold")],
-                [*phases, Part(verdict, "dim")],
+                [Part(phases, "bold"), Part(hint, "dim", fewer)],
             ])  # fmt: skip
             return
         self.show_lines([self._progress(m, paused, recording, recording_brief, phase_s),
