@@ -167,8 +167,13 @@ def rows_reachable(session: str, k: int) -> set[int]:
     """Every histogram row seen while scrolling the table from its top to its end as a user
     would: shift+tab from the divergence table to the rows, then PgDn until the border says
     the last row is in view."""
-    screen = wait_for(
-        session, lambda s: f"0–{k} " in s or acceptance_rows(s) == set(range(k + 1)), timeout=10
+    screen = wait_for(  # once the notes on the `+` presses are gone: they cover the rows
+        session,
+        lambda s: (
+            "(applies at the next step)" not in s
+            and (f"0–{k} " in s or acceptance_rows(s) == set(range(k + 1)))
+        ),
+        timeout=15,
     )
     seen = acceptance_rows(screen)
     if f"of 0–{k}" not in screen:
