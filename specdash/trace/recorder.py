@@ -9,6 +9,8 @@ finishes or a fatal engine error ends it, and stops when the disk fails; nothing
 the session. What happened is kept for the caller to show:
 
     note     one line on the recording (the status bar's text)
+    brief    the same in a few words: the trace's file name and its state (what the status
+             bar shows where the note does not fit)
     stopped  "recording stopped: <why>; <path> holds the session up to then" (or, when it was
              to replace an old trace: the old one kept, and where the partial one is), else
              None
@@ -44,6 +46,10 @@ class Notice:
     severity: Severity = "information"
 
 
+def _name(writer: TraceWriter) -> str:
+    return "the trace" if writer.path is None else writer.path.name
+
+
 class TraceRecorder:
     """The record/export/backlog/close state machine of one session's traces.
 
@@ -57,6 +63,9 @@ class TraceRecorder:
         """What a trace started mid-session is built from (bounded; says what it dropped)."""
         self.writer: TraceWriter | None = None
         self.note = ""
+        self.brief = ""
+        self.path: Path | None = None
+        """The file of the latest recording, open or closed (the status bar names it)."""
         self.stopped: str | None = None
         self.failure: str | None = None
         self.finished_trace: Path | None = None
@@ -104,6 +113,8 @@ class TraceRecorder:
         with self._lock:
             self.writer = writer
             self.note = f"recording {writer.path}"
+            self.brief = f"recording {_name(writer)}"
+            self.path = writer.path
             self._has_header = False
             if self.log.header is not None:
                 self._write_backlog()
@@ -145,11 +156,15 @@ class TraceRecorder:
                 self.stopped = f"recording cut short ({why}); {writer.outcome()}"
             if writer.partial is not None:
                 self.note = f"trace closed after {why}: {writer.outcome()}"
+                self.brief = f"{_name(writer)} kept as it was"
                 self.writer = None
                 return
             if writer.whole and self._complete and self._has_header:
                 self.finished_trace = writer.path
             self.note = f"trace closed after {why}: {self._held(writer)}"
+            complete = writer.whole and self._complete
+            stopped = "stopped" if writer.stopped_reason else "closed"
+            self.brief = f"{_name(writer)} {stopped}{'' if complete else ', incomplete'}"
             self.writer = None
 
     def _held(self, writer: TraceWriter) -> str:
@@ -176,6 +191,7 @@ class TraceRecorder:
         self._complete = self.log.complete
         if not self._complete:
             self.note += f" (incomplete: {self.log.gap_note()})"
+            self.brief += " (incomplete)"
 
     def _note_stop(self, writer: TraceWriter) -> None:
         self.stopped = f"recording stopped: {writer.stopped_reason}; {writer.outcome()}"

@@ -12,6 +12,7 @@ import base64
 import html
 import io
 import math
+import re
 from collections import Counter
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -194,6 +195,23 @@ def _table(rows: list[tuple[str, object]]) -> str:
     return f"<table class='kv'>{body}</table>"
 
 
+NUMBER = re.compile(r"(?<![\w.-])[-−]?\d+(?:[.,_]\d+)*(?:e[-+]?\d+)?(?!\w)")
+"""A number in a table cell: ids, logprobs, 1e-07, 2,097,152, 1_000_000; not the 2 of top-2."""
+
+
+def _cell(value: object) -> str:
+    """A table cell's text, escaped, each number of more than one character in a span that
+    never wraps: a narrow column (the context's breaks anywhere, so long identifiers fit)
+    breaks between words or inside a word, never inside a number."""
+    text, out, last = str(value), [], 0
+    for m in NUMBER.finditer(text):
+        if len(m[0]) > 1:
+            out += [html.escape(text[last : m.start()]), f"<span class='n'>{m[0]}</span>"]
+            last = m.end()
+    out.append(html.escape(text[last:]))
+    return "".join(out)
+
+
 def _divergences(divs: list[Divergence]) -> str:
     if not divs:
         return "<p>None: every verified token matched the shadow decode bit for bit.</p>"
@@ -212,7 +230,7 @@ def _divergences(divs: list[Divergence]) -> str:
             "" if cause is None else
             f"layer {cause.layer} {cause.sub_op}: max |diff| {cause.max_abs_diff:g} {cause.detail}",
         )  # fmt: skip
-        lines.append("<tr>" + "".join(f"<td>{html.escape(str(c))}</td>" for c in cells) + "</tr>")
+        lines.append("<tr>" + "".join(f"<td>{_cell(c)}</td>" for c in cells) + "</tr>")
     header = "".join(f"<th>{h}</th>" for h in head)
     return f"<div class='wide'><table class='grid'><tr>{header}</tr>{''.join(lines)}</table></div>"
 
@@ -234,7 +252,7 @@ def _comparison(cmp: Comparison, label_a: str, label_b: str) -> str:
         )  # fmt: skip
         cells = (c.prompt_index, f"{c.tokens_a} / {c.tokens_b}", c.agree,
                  "–" if c.flip is None else c.flip, margin, *scored, c.verdict())  # fmt: skip
-        rows.append("<tr>" + "".join(f"<td>{html.escape(str(x))}</td>" for x in cells) + "</tr>")
+        rows.append("<tr>" + "".join(f"<td>{_cell(x)}</td>" for x in cells) + "</tr>")
     header = "".join(f"<th>{h}</th>" for h in head)
     det = cmp.determinism
     notes = [det.text(not cmp.teacher_forced.missing), *det.mismatches]
@@ -317,7 +335,7 @@ table { border-collapse: collapse; font-size: 90%; margin: 0.5em 0 1.5em; }
 th, td { border: 1px solid #ccc; padding: 0.2em 0.5em; text-align: left; vertical-align: top; }
 td { overflow-wrap: anywhere; } .wide { overflow-x: auto; }
 .grid td { overflow-wrap: break-word; } .grid td:nth-child(10) { overflow-wrap: anywhere; }
-.grid td:nth-child(-n+7) { white-space: nowrap; }
+.grid td:nth-child(-n+7) { white-space: nowrap; } .n { white-space: nowrap; }
 .kv th { background: #f4f4f4; } .grid th { background: #f4f4f4; }
 .warning { color: #a60; }
 """

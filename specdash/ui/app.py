@@ -215,14 +215,15 @@ class SpecdashApp(App[int]):
             self._offer_gemm()
         asked = still_asked(m, *self._asked)
         self._asked = (asked, self._asked[1])
-        recording, writer = self.recorder.note, self.recorder.writer
-        if writer is not None and writer.path is not None:  # its name fits 100 columns; the
-            recording = recording.replace(str(writer.path), writer.path.name)  # toast: its path
+        recording, path = self.recorder.note, self.recorder.path
+        if path is not None:  # its name fits 100 columns; the toast has its path
+            recording = recording.replace(str(path), path.name)
         with self.batch_update(), TEARDOWN:
             screen.query_one(StatusBar).show(
                 m,
                 paused,
                 recording,
+                self.recorder.brief,
                 loading=getattr(self.source, "loading", "waiting for the first event"),
                 phase_s=max(0.0, self.clock() - self._phase[1]),
                 asked=asked,

@@ -12,13 +12,13 @@ from collections.abc import Sequence
 
 from textual.app import ComposeResult
 from textual.binding import Binding
-from textual.widgets import Static
 
 from specdash.events import Event, Summary
 from specdash.trace.event_log import EventLog
 from specdash.trace.replay import TraceReplay
 from specdash.ui.app import CONTROL_ACTIONS, TEARDOWN, SpecdashApp
 from specdash.ui.dashboard_model import DashboardModel
+from specdash.ui.widgets.fitted_lines import FittedLines, Part
 
 TICK_HZ = 30
 SEEK_S = 10.0
@@ -46,14 +46,15 @@ class ReplayApp(SpecdashApp):
     #prompt { display: none; }
     """
     """The bar says where the replay is; a recording takes no typed prompt."""
+    # one word a key: the footer holds them all beside the palette's at 100 columns
     BINDINGS = [
-        Binding("space", "toggle_pause", "play/pause"),
+        Binding("space", "toggle_pause", "play"),
         Binding("full_stop", "step", "step"),
-        Binding("comma", "step_back", "step back"),
+        Binding("comma", "step_back", "back"),
         Binding("left_square_bracket", f"seek({-SEEK_S})", f"-{SEEK_S:g} s"),
         Binding("right_square_bracket", f"seek({SEEK_S})", f"+{SEEK_S:g} s"),
-        Binding("less_than_sign", "speed(0.5)", "slower"),
-        Binding("greater_than_sign", "speed(2)", "faster"),
+        Binding("less_than_sign", "speed(0.5)", "slow"),
+        Binding("greater_than_sign", "speed(2)", "fast"),
         Binding("0", "restart", "restart"),
         # the engine controls a replay refuses: still answered ("read-only"), not advertised
         *(Binding(key, action, label, show=False) for key, action, label, _ in REFUSED),
@@ -69,11 +70,11 @@ class ReplayApp(SpecdashApp):
         self.clock = lambda: header_s + replay.position_s  # trace time: stops while paused
         self.trace_name = name
         self._warnings = list(warnings)
-        self._bar_text = ""
+        self._bar_line: list[Part] = []
 
     def compose(self) -> ComposeResult:
         yield from super().compose()
-        yield Static(id="replay-bar")
+        yield FittedLines(id="replay-bar")
 
     def on_mount(self) -> None:
         self.set_interval(1 / TICK_HZ, self.tick)
@@ -85,22 +86,31 @@ class ReplayApp(SpecdashApp):
         self._show_position()
 
     def _show_position(self) -> None:
+        """Where the replay is, fitted to the terminal (the keys are in the footer): at 100
+        columns the trace's name and the position stay whole, the words around them go."""
         r = self.replay
-        # the keys are in the footer: the bar fits 100 columns beside a trace's name
         if r.finished:
             cut = "" if isinstance(r.events[-1], Summary) else ": recording cut off here"
-            where = f"■ end{cut}  {r.duration_s:.2f} s recorded  {len(r.events)} events"
+            recorded = f"  {r.duration_s:.2f} s recorded"
+            where = [
+                Part(f"■ end{cut}"),
+                Part(recorded, shorter=((0, f"  {r.duration_s:.2f} s"),)),
+                Part(f"  {len(r.events)} events", shorter=((1, ""),)),
+            ]
         else:
             share = r.position_s / r.duration_s if r.duration_s else 1.0
-            where = (
-                f"{'▶' if r.playing else '❚❚'}  {r.position_s:.2f}/{r.duration_s:.2f} s "
-                f"recorded ({share:.0%})  {r.speed:g}x  event {r.cursor}/{len(r.events)}"
-            )
-        text = f"REPLAY {self.trace_name}  {where}"
-        if text != self._bar_text and self.screen_stack:
+            at = f"  {r.position_s:.2f}/{r.duration_s:.2f} s"
+            where = [
+                Part(f"{'▶' if r.playing else '❚❚'}"),
+                Part(f"{at} recorded ({share:.0%})", shorter=((0, f"{at} ({share:.0%})"),)),
+                Part(f"  {r.speed:g}x"),
+                Part(f"  event {r.cursor}/{len(r.events)}", shorter=((1, ""),)),
+            ]
+        line = [Part("REPLAY "), Part(self.trace_name, elastic=True), Part("  "), *where]
+        if line != self._bar_line and self.screen_stack:
             with TEARDOWN:  # a tick while the app quits finds the bar gone
-                self.dashboard.query_one("#replay-bar", Static).update(text)
-                self._bar_text = text
+                self.dashboard.query_one("#replay-bar", FittedLines).show_lines([line])
+                self._bar_line = line
 
     def show_history(self, history: list[Event]) -> None:
         """Rebuild every panel from the session's start up to the new position."""

@@ -336,3 +336,61 @@ async def test_the_bar_fits_100_columns_and_says_where_a_cut_off_recording_ends(
     assert len(bar) <= 100 - 2 and name in bar and "recorded" in bar, bar  # (padding 0 1)
     assert ("■ end: recording cut off here" in bar) is cut
     assert cut or "■ end" in bar
+
+
+@pytest.mark.parametrize("width", [100, 120, 160])
+async def test_the_bar_keeps_a_long_name_and_the_position_whole(width):
+    """Mid-replay of a trace with a long name, cut off: the name, where the replay is (its
+    recorded seconds, share and speed) and the cut stay whole at every width; the words
+    around them ("recorded", the event counter) go first where they do not fit."""
+    events = session(Plan(prompts=2))
+    events = [e for e in events if e.kind not in ("summary", "prompt_done")][:-5]
+    clock = FakeClock()
+    name = "qwen3.5-27b-nextn-24-prompts-on-the-h100-k9.jsonl"
+    app = ReplayApp(TraceReplay(events[0], events[1:], clock=clock), name=name)
+    async with app.run_test(size=(width, 30)) as pilot:
+        app.replay.set_speed(0.25)
+        clock.t += app.replay.duration_s * 2  # (recorded seconds at a quarter of the pace)
+        app.tick()
+        await pilot.pause()
+        playing = str(app.query_one("#replay-bar", Static).render())
+        clock.t += 1e6
+        app.tick()
+        await pilot.pause()
+        ended = str(app.query_one("#replay-bar", Static).render())
+    for bar in (playing, ended):
+        assert len(bar) <= width - 2 and f"REPLAY {name}  " in bar and "…" not in bar, bar
+    r = app.replay
+    assert f"/{r.duration_s:.2f} s" in playing and "0.25x" in playing and "%)" in playing
+    assert f"■ end: recording cut off here  {r.duration_s:.2f} s" in ended
+    if width == 160:
+        assert "s recorded (" in playing and f"/{len(r.events)}" in playing
+        assert f"s recorded  {len(r.events)} events" in ended
+
+
+async def test_the_replay_charts_are_in_recorded_seconds_at_any_speed():
+    """The throughput and GPU charts of a replay put each point at its recorded time: played
+    at a quarter of the pace or 8x, the points are the live dashboard's, and the last one lies
+    within the recording's length, not its playback's."""
+    events = session(Plan(prompts=2))
+    charts = []
+    for speed in (0.25, 8.0):
+        clock = FakeClock()
+        app = ReplayApp(TraceReplay(events[0], events[1:], speed=speed, clock=clock), name="s")
+        async with app.run_test(size=SIZE) as pilot:
+            while not app.replay.finished:
+                clock.t += 0.5
+                app.tick()
+                app.refresh_numbers()  # (the app's timer drains the buffer as often)
+            await pilot.pause()
+            played_s = clock.t - 100.0
+            charts.append((list(app.model.tps_series), list(app.model.bandwidth_series)))
+            assert played_s > 2 * app.replay.duration_s or speed > 1
+    live = SpecdashApp(ScriptedSource.live_like(events))
+    async with live.run_test(size=SIZE) as pilot:
+        await pilot.pause()
+        live.refresh_numbers()
+        shown_live = (list(live.model.tps_series), list(live.model.bandwidth_series))
+    assert charts[0] == charts[1] == shown_live and shown_live[0]
+    duration_s = (events[-1].t_ns - events[0].t_ns) / 1e9
+    assert 0 < shown_live[0][-1][0] <= duration_s

@@ -53,7 +53,11 @@ def test_report_lists_divergences_with_context_and_the_settings(tmp_path):
     divergences = page[page.index("id='divergences'") : page.index("id='settings'")]
     assert "Divergences (1)" in divergences
     assert "… the quick brown" in divergences and "<td>9</td>" in divergences
-    assert "shadow top-1 − top-2 0.25 nats (2,097,152 fp32 ulps), wide" in divergences
+    # each number is held whole in a span that never wraps; the top-2 of a name is no number
+    assert "<span class='n'>2,097,152</span>" in divergences and "top-2" in divergences
+    assert re.search(r"\(<span class='n'>-\d\.\d{5,}</span>\)", divergences)  # a logprob
+    text = re.sub(r"<span class='n'>([^<]*)</span>", r"\1", divergences)
+    assert "shadow top-1 − top-2 0.25 nats (2,097,152 fp32 ulps), wide" in text
     settings = page[page.index("id='settings'") :]
     for expected in ("config.k</th><td>4", "GEMM backend</th><td>triton", "0123456789ab",
                      "version.torch</th><td>2.13.0+cpu", "specdash/v3", "engine</th><td>native",

@@ -1,6 +1,7 @@
 """The HTML report in a real browser (headless Chromium): nothing runs off the page at a
-laptop width, every plot decodes, and a CPU trace's bandwidth plot says why it is empty.
-Skipped only where no Chromium is installed (`apt-get install chromium`)."""
+laptop width, every plot decodes, a CPU trace's bandwidth plot says why it is empty, and no
+number in the divergence table is broken across lines. Skipped only where no Chromium is
+installed (`apt-get install chromium`; CI's image has none, so CI skips these)."""
 
 from __future__ import annotations
 
@@ -14,7 +15,7 @@ from synthetic_trace import Plan, session
 
 from specdash.cli import main
 from specdash.errors import EXIT_OK
-from specdash.events import Divergence, RootCause, TelemetrySample
+from specdash.events import Divergence, Margin, RootCause, TelemetrySample
 from specdash.trace.jsonl import TraceWriter
 
 CHROMIUM = next(
@@ -79,3 +80,76 @@ def test_report_fits_the_page_in_chromium(tmp_path) -> None:
     shot = tmp_path / "report.png"
     chromium(tmp_path, f"--screenshot={shot}", "--window-size=1024,3000", out.as_uri())
     assert shot.read_bytes().startswith(b"\x89PNG") and shot.stat().st_size > 20_000
+
+
+# Every number in the divergence table's cells, located as the browser laid it out: a number
+# whose characters lie on more than one line (distinct tops of its client rects) is broken.
+NUMBERS_ON_ONE_LINE = r"""<script>
+const broken = [];
+let numbers = 0;
+for (const cell of document.querySelectorAll('#divergences + .wide td')) {
+  const walk = document.createTreeWalker(cell, NodeFilter.SHOW_TEXT);
+  for (let node = walk.nextNode(); node; node = walk.nextNode()) {
+    for (const m of node.data.matchAll(/(?<![\w.-])[-−]?\d+(?:[.,_]\d+)*(?:e[-+]?\d+)?(?!\w)/g)) {
+      const range = document.createRange();
+      range.setStart(node, m.index);
+      range.setEnd(node, m.index + m[0].length);
+      const tops = new Set([...range.getClientRects()].map(r => Math.round(r.top)));
+      numbers += 1;
+      if (tops.size > 1) broken.push(m[0]);
+    }
+  }
+}
+document.title = `${numbers} ${broken.length} ${broken.join('|')}`;
+</script></body>"""
+
+
+def trace_with_long_numbers(path: Path) -> str:
+    """Divergences as a real model reports them: large token ids, full-precision logprobs, a
+    margin of millions of ulps, a root cause with a small max |diff| and a long detail."""
+    events = session(Plan(divergence_at=(1, 9)))
+    div = next(e for e in events if isinstance(e, Divergence))
+    margin = Margin(top1_token=151_643, top2_token=102_345, gap=0.000123, ulps=12_345_678,
+                    near_tie=True)  # fmt: skip
+    rows = [
+        div.model_copy(
+            update={
+                "step": 123_456 + i,
+                "position": 4_096 + i,
+                "spec_token": 151_643,
+                "shadow_token": 102_345,
+                "spec_logprob": -0.000123456789012345 * (i + 1),
+                "shadow_logprob": -12.345678901234567,
+                "spec_text": " parse_configuration_from_environment",
+                "context": "for index in range(1_000_000): total += weights[index] * 0.125 " * 3,
+                "shadow_margin": margin,
+                "root_cause": RootCause(
+                    layer=47,
+                    sub_op="mlp.down_proj",
+                    max_abs_diff=1.1920928955078125e-07,
+                    detail="rows 3 and 17 of the verify GEMM differ from the decode GEMM's " * 3,
+                    origin_position=4_093,
+                ),  # fmt: skip
+            }
+        )
+        for i in range(3)
+    ]
+    events[events.index(div) : events.index(div) + 1] = rows
+    with TraceWriter(path) as w:
+        for e in events:
+            w(e)
+    return str(path)
+
+
+@pytest.mark.parametrize("width", [1024, 1400])
+def test_no_number_in_the_divergence_table_is_broken_across_lines(tmp_path, width) -> None:
+    out = tmp_path / "report.html"
+    assert main(["report", trace_with_long_numbers(tmp_path / "s.jsonl"), "-o", str(out)]) == 0
+    measured = tmp_path / "measured.html"
+    measured.write_text(out.read_text().replace("</body>", NUMBERS_ON_ONE_LINE))
+    dom = chromium(tmp_path, "--dump-dom", f"--window-size={width},900", measured.as_uri())
+    title = re.search(r"<title>(\d+) (\d+) ?([^<]*)</title>", dom)
+    assert title is not None, dom[:500]
+    numbers, broken = int(title[1]), int(title[2])
+    assert numbers > 30  # every row's ids, logprobs, margins and root causes were measured
+    assert broken == 0, f"{broken} numbers broken across lines at {width} px: {title[3]}"

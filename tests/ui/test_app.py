@@ -7,9 +7,17 @@ import time
 import engine_standins
 import pytest
 from fake_events import ScriptedSource, fake_session
+from textual.geometry import Region
 from textual.widgets import Static
 
-from specdash.events import ControlChange, Divergence, EngineError, Idle, VerifyStep
+from specdash.events import (
+    ControlChange,
+    Divergence,
+    EngineError,
+    Idle,
+    Summary,
+    VerifyStep,
+)
 from specdash.settings import MAX_K, SessionSettings
 from specdash.trace.jsonl import read_trace
 from specdash.ui.app import CONTROL_ACTIONS, SpecdashApp
@@ -254,6 +262,76 @@ async def test_the_status_bar_names_the_trace_being_recorded_within_100_columns(
         # the line is cut at the terminal's width (less its padding), after the trace's name
         assert first_line.index(path.name) + len(path.name) <= 100 - 2, first_line
         assert str(path) in app.notes[-1]  # the toast has the whole path
+
+
+def sglang_on_an_h100() -> list:
+    """`fake_session` with the long names of a real GPU session in its header (a model path,
+    the card as CUDA names it, the GEMM kernel beside its backend), idle after its prompts."""
+    events = fake_session()
+    header = events[0]
+    config = {**header.config, "model": "/models/Qwen/Qwen3.5-27B-FP8", "drafter": "nextn",
+              "gemm_kernel": "specdash-triton"}  # fmt: skip
+    device = "cuda:0 NVIDIA H100 80GB HBM3"
+    events[0] = header.model_copy(update={"config": config, "device": device, "engine": "sglang"})
+    return [*events, Idle(t_ns=events[-1].t_ns + 1)]
+
+
+def status_lines(app, width: int) -> list[str]:
+    """The status bar's two lines as the terminal shows them, padding included."""
+    bar = app.query_one("#status")
+    return [s.text for s in bar.render_lines(Region(0, 0, width, 2))]
+
+
+@pytest.mark.parametrize("width", [100, 120, 160])
+async def test_status_lines_keep_what_matters_at_every_width(tmp_path, width):
+    """With the longest names a session has (a GPU's, a trace exported into a deep directory,
+    a change waiting for the next step), every status line keeps the verdict, the counts,
+    the trace's file name and every setting with the device's card, whole: the labels and
+    words around them shorten first, and 160 columns show everything in full."""
+    deep = tmp_path / "a" / "rather" / "deep" / "directory" / "for" / "traces"
+    deep.mkdir(parents=True)
+    app = make_app(deep, events=sglang_on_an_h100())
+    async with app.run_test(size=(width, 30)) as pilot:
+        await settle(pilot)
+        await pilot.press("e", "plus")
+        await settle(pilot)
+        (path,) = deep.glob("specdash-*.jsonl")
+        first, second = status_lines(app, width)
+        for line in (first, second):
+            assert len(line) == width and line.endswith(" ") and "…" not in line, line
+        assert "DIVERGED at token 37" in first and "2 done, 1 exact" in first
+        assert path.name in first and str(deep) not in first
+        for setting in ("sglang", "Qwen3.5-27B-FP8", "nextn", "k 4→5", "verify exact",
+                        "specdash-triton", "H100"):  # fmt: skip
+            assert setting in second, second
+        if width == 160:
+            assert "(prompt 1)" in first and "(session)" in first and "/ prompt" in first
+            assert "engine sglang  model Qwen3.5-27B-FP8  drafter nextn  k 4→5" in second
+            assert "GEMM specdash-triton (rowwise)  device cuda:0 NVIDIA H100 80GB HBM3" in second
+
+
+@pytest.mark.parametrize("width", [100, 160])
+async def test_a_closed_trace_keeps_its_name_on_the_status_bar(tmp_path, width):
+    """The session finishes while it records: the bar then says the trace closed and holds
+    the whole session, naming its file whole (in few words where the note is too long),
+    never a path cut at the edge."""
+    from specdash.trace.jsonl import TraceWriter
+
+    deep = tmp_path / "a" / "rather" / "deep" / "directory" / "for" / "traces"
+    deep.mkdir(parents=True)
+    path = deep / "specdash-20261207-151800.jsonl"  # as long as an exported trace's name
+    summary = Summary(t_ns=10**10, prompts=2, exact_prompts=1, new_tokens=200, seconds=1.2,
+                      tokens_per_s=166.0, mean_accepted_length=3.5, acceptance_rate=0.6,
+                      verify_steps=60, divergences=1)  # fmt: skip
+    events = [*fake_session(), summary]
+    app = SpecdashApp(ScriptedSource.live_like(events), deep, TraceWriter(path))
+    async with app.run_test(size=(width, 30)) as pilot:
+        await settle(pilot)
+        assert app.model.finished and app.trace_writer is None  # closed with the session
+        first, _ = status_lines(app, width)
+        assert "FINISHED" in first and "2 done, 1 exact" in first and path.name in first, first
+        assert str(deep) not in first and "…" not in first
+        assert "closed" in first and "incomplete" not in first  # the whole session is in it
 
 
 async def test_non_fatal_engine_error_keeps_recording(tmp_path):

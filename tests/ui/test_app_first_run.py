@@ -80,7 +80,8 @@ async def test_loading_shows_the_engine_start_phase_until_the_session_starts() -
         app.source.sink(StartPhase(engine="spec", phase=phase, done=3, total=8, since_start_s=41))
         app.refresh_numbers()
         await pilot.pause()
-        assert f"spec engine: {phase} 3/8 · the verdict and the numbers" in status(app)
+        # at 100 columns the hint beside it in its short form, not cut at the edge
+        assert f"spec engine: {phase} 3/8 · verdict and numbers once a prompt runs" in status(app)
         config = {"engine": "sglang", "model": "m", "drafter": "ngram", "k": 3, "shadow": True}
         app.source.sink(SessionStart(config=config, versions={}, device="cuda", gemm_backend="t"))
         app.refresh_numbers()
@@ -218,3 +219,32 @@ async def test_long_status_notes_are_cut_not_wrapped_at_100x30() -> None:
         first, second = (s.text for s in bar.render_lines(Region(0, 0, bar.size.width, 2)))
     assert "trace closed" in first and "x" * 30 not in first  # cut at the edge
     assert second.strip().startswith("engine native") and "device cpu" in second
+
+
+def footer_keys_whole(app: SpecdashApp) -> set[str]:
+    """The footer's keys, after checking each lies whole within the screen, none under the
+    next (the palette's key is docked right, over whatever reaches it)."""
+    from textual.widgets._footer import FooterKey
+
+    keys = sorted(app.query(FooterKey), key=lambda k: k.region.x)
+    for key, after in zip(keys, keys[1:], strict=False):
+        assert key.region.right <= after.region.x, (key.description, after.description)
+    assert keys[-1].region.right <= app.size.width
+    assert all(k.region.width >= k.get_content_width(app.size, app.size) for k in keys)
+    return {k.key_display for k in keys}
+
+
+async def test_both_footers_show_every_key_whole_at_100_columns() -> None:
+    from synthetic_trace import Plan, session
+
+    from specdash.trace.replay import TraceReplay
+
+    events = session(Plan(prompts=1))
+    replay = ReplayApp(TraceReplay(events[0], events[1:]), name="x")
+    async with replay.run_test(size=SIZE) as pilot:
+        await pilot.pause()
+        assert {"space", ".", ",", "[", "]", "<", ">", "0", "^p"} <= footer_keys_whole(replay)
+    live = SpecdashApp(ScriptedSource.live_like(fake_session()))
+    async with live.run_test(size=SIZE) as pilot:
+        await pilot.pause()
+        assert {"g", "s", "+/-", "v", "space", "e", "/", "^p"} <= footer_keys_whole(live)

@@ -167,8 +167,13 @@ def rows_reachable(session: str, k: int) -> set[int]:
     """Every histogram row seen while scrolling the table from its top to its end as a user
     would: shift+tab from the divergence table to the rows, then PgDn until the border says
     the last row is in view."""
-    screen = wait_for(
-        session, lambda s: f"0–{k} " in s or acceptance_rows(s) == set(range(k + 1)), timeout=10
+    screen = wait_for(  # once the notes on the `+` presses are gone: they cover the rows
+        session,
+        lambda s: (
+            "(applies at the next step)" not in s
+            and (f"0–{k} " in s or acceptance_rows(s) == set(range(k + 1)))
+        ),
+        timeout=15,
     )
     seen = acceptance_rows(screen)
     if f"of 0–{k}" not in screen:
@@ -230,5 +235,35 @@ def test_acceptance_rows_for_k_9_and_16_and_the_axis_after_idle(tmp_path, size):
         assert rows_reachable(session, 16) == set(range(17)), after
         axis_after = last_x_tick(after)
         assert axis_before <= axis_after < axis_before + IDLE_S / 4, (before, after)
+        tmux("send-keys", "-t", session, "q")
+        assert exit_status(status) == "0"
+
+
+@pytest.mark.parametrize("size", [(100, 30), (120, 40), (160, 48)], ids=lambda s: f"{s[0]}x{s[1]}")
+def test_status_lines_keep_what_matters_in_a_real_terminal(tmp_path, size):
+    """The status bar's two lines at every size from 100 columns: idle after the set, a
+    change asked for the next step and a trace just exported, nothing is cut at the edge:
+    the verdict, the counts, the exported trace's name, every setting and the device."""
+    prompts = tmp_path / "p.jsonl"
+    prompts.write_text('{"prompt": "def add(a, b):"}\n')
+    flags = f"--max-new-tokens 8 --prompts {prompts}"
+    with specdash_in_tmux(tmp_path, flags, size) as (session, status):
+        wait_for(session, lambda s: "IDLE" in s and "1 done" in s, timeout=120)
+        tmux("send-keys", "-t", session, "+", "e")
+        screen = wait_for(
+            session, lambda s: "k 4→5" in s and "recording specdash-" in s, timeout=10
+        )
+        first, second = screen.splitlines()[:2]
+        (trace,) = tmp_path.glob("specdash-*.jsonl")
+        assert "EXACT so far" in first or "DIVERGED at token" in first, screen
+        assert "1 done, 1 exact" in first or "1 done, 0 exact" in first, first
+        assert f"recording {trace.name}" in first, first
+        for setting in ("native", "embedded", "model", "k 4→5", "verify exact", "GEMM C loop",
+                        "cpu"):  # fmt: skip
+            assert setting in second, second
+        assert "…" not in first + second and "threads" in second, screen
+        if size[0] == 160:
+            assert "engine native  model embedded  drafter model" in second
+            assert "device cpu (" in second and "(session)" in first
         tmux("send-keys", "-t", session, "q")
         assert exit_status(status) == "0"

@@ -1,5 +1,6 @@
 """Widget pieces that keep the dashboard cheap: plot point reduction, the token stream's tail,
-readouts that skip the screen-wide layout pass when their height stays put."""
+readouts that skip the screen-wide layout pass when their height stays put, lines that fit
+their width."""
 
 from __future__ import annotations
 
@@ -9,6 +10,7 @@ from fake_events import ScriptedSource, fake_session
 
 from specdash.events import Token
 from specdash.ui.app import SpecdashApp
+from specdash.ui.widgets.fitted_lines import Part, cut_middle, fit
 from specdash.ui.widgets.readout import Readout
 from specdash.ui.widgets.series_plot import envelope
 
@@ -71,3 +73,41 @@ async def test_a_number_change_needs_no_layout_pass():
         assert not numbers._height_changed()
         numbers.show_text(text + "\nanother line")
         assert numbers._height_changed()
+
+
+def test_a_line_gives_up_its_lowest_ranks_first_and_each_rank_at_once():
+    parts = [
+        Part("engine ", shorter=((2, ""),)),
+        Part("native"),
+        Part("  model ", shorter=((2, "  "),)),
+        Part("embedded"),
+        Part(" (session)", shorter=((1, ""),)),
+        Part("  cpu (x86_64, 2 threads)", shorter=((3, "  cpu, 2 threads"),)),
+    ]
+    assert (
+        fit(parts, 80).plain == "engine native  model embedded (session)  cpu (x86_64, 2 threads)"
+    )
+    assert fit(parts, 60).plain == "engine native  model embedded  cpu (x86_64, 2 threads)"
+    assert fit(parts, 45).plain == "native  embedded  cpu (x86_64, 2 threads)"  # both labels
+    assert fit(parts, 31).plain == "native  embedded  cpu, 2 threads"  # too long, all taken
+
+
+def test_a_name_is_cut_in_its_middle_only_once_nothing_else_shortens():
+    name = "specdash-20261207-151800.jsonl"
+    parts = [Part("recording ", shorter=((0, ""),)), Part(name, "dim", elastic=True)]
+    assert fit(parts, 40).plain == f"recording {name}"
+    assert fit(parts, 30).plain == name
+    cut = fit(parts, 20)
+    assert cut.plain == cut_middle(name, 20) == "specdash-2…800.jsonl"
+    assert cut.spans[0].style == "dim"
+
+
+async def test_a_resized_terminal_refits_the_status_bar():
+    app = SpecdashApp(ScriptedSource.live_like(fake_session()))
+    async with app.run_test(size=SIZE) as pilot:
+        await settle(pilot)
+        bar = app.query_one("#status")
+        assert str(bar.render()).splitlines()[1].startswith("engine native  model tiny-fake")
+        await pilot.resize_terminal(70, 20)
+        await pilot.pause()
+        assert str(bar.render()).splitlines()[1].startswith("native  tiny-fake  draft model")
