@@ -52,17 +52,22 @@ def drafter_factory(loaded: Loaded, drafter: str):  # noqa: ANN201
 
 
 def decode(
-    engine: Engine, prompts: list[list[int]], batch: int, k: int, mode: str = "exact"
+    engine: Engine,
+    prompts: list[list[int]],
+    batch: int,
+    k: int,
+    mode: str = "exact",
+    shadow: bool = True,
 ) -> dict[int, Sequence]:
     """Continuous batching, as the runner does it: up to `batch` sequences in flight, each step
     one batched verify (or decode, k = 0) of all of them; a finished sequence's slot serves the
-    next prompt."""
+    next prompt. `shadow=False` for a plain reference run, which a shadow would only repeat."""
     queue, flight, done = list(enumerate(prompts)), [], {}
     with torch.inference_mode():
         while queue or flight:
             while queue and len(flight) < batch:
                 i, p = queue.pop(0)
-                seq, _ = engine.start(i, p, MAX_NEW, K_MAX, shadow=True)
+                seq, _ = engine.start(i, p, MAX_NEW, K_MAX, shadow=shadow)
                 flight.append(seq)
             live = [s for s in flight if not s.done]
             if live:

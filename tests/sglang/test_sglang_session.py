@@ -74,6 +74,23 @@ TOKENS = [
 """(prompt, token id, source) of the stand-in's output tokens, at any batch size."""
 
 
+@pytest.fixture(scope="module")
+def stand_in_session(run_sglang, tmp_path_factory):
+    """SESSION_SCRIPT's result for a shadow mode, the script run once per mode in this module:
+    the event-stream test and the dashboard test read the same session."""
+    lines: dict[str, str] = {}
+
+    def session(shadow_mode: str) -> dict:
+        if shadow_mode not in lines:
+            workdir = tmp_path_factory.mktemp(f"session-{shadow_mode}")
+            env = {"WORKDIR": str(workdir), "SHADOW_MODE": shadow_mode}
+            stdout = run_sglang(SESSION_SCRIPT, env=env).stdout.splitlines()
+            lines[shadow_mode] = next(x for x in stdout if x.startswith("RESULT "))[7:]
+        return json.loads(lines[shadow_mode])  # a fresh copy for each test
+
+    return session
+
+
 def session_steps(events: list[dict], batch: int) -> None:
     """Every event's `step` is the session step (`VerifyStep.step`): a batch of `batch`
     requests run to the end is one, so prompt i's events all carry i // batch."""
@@ -83,9 +100,8 @@ def session_steps(events: list[dict], batch: int) -> None:
 
 
 @pytest.mark.parametrize("shadow_mode", ["split", "sequential"])
-def test_session_events_from_a_stand_in_engine(run_sglang, tmp_path, shadow_mode) -> None:
-    proc = run_sglang(SESSION_SCRIPT, env={"WORKDIR": str(tmp_path), "SHADOW_MODE": shadow_mode})
-    r = json.loads(next(x for x in proc.stdout.splitlines() if x.startswith("RESULT "))[7:])
+def test_session_events_from_a_stand_in_engine(stand_in_session, shadow_mode) -> None:
+    r = stand_in_session(shadow_mode)
     kinds = [e["kind"] for e in r["events"]]
     starts = [(e["engine"], e["phase"]) for e in r["events"] if e["kind"] == "start_phase"]
     before = 6 if shadow_mode == "split" else 3  # sequential: the shadow starts after the spec
@@ -454,15 +470,14 @@ class _Events:
 
 
 @pytest.mark.parametrize("shadow_mode", ["split", "sequential"])
-async def test_dashboard_shows_sglangs_rates_per_request(run_sglang, tmp_path, shadow_mode) -> None:
+async def test_dashboard_shows_sglangs_rates_per_request(stand_in_session, shadow_mode) -> None:
     """SGLang times whole requests, not verify steps: the throughput panel shows each finished
     request's spec and shadow t/s and the session's speedup (the summary's), and its chart one
     point per request, with the shadow's rate beside the speculative one."""
     from specdash.ui.app import SpecdashApp
     from specdash.ui.widgets.throughput import REQUEST_UNITS
 
-    proc = run_sglang(SESSION_SCRIPT, env={"WORKDIR": str(tmp_path), "SHADOW_MODE": shadow_mode})
-    r = json.loads(next(x for x in proc.stdout.splitlines() if x.startswith("RESULT "))[7:])
+    r = stand_in_session(shadow_mode)
     events = [EVENT_ADAPTER.validate_python(e) for e in r["events"]]
     done = [e for e in events if isinstance(e, PromptDone)]
     app = SpecdashApp(_Events(events))
