@@ -36,6 +36,7 @@ Both are pinned off while this patch is on.
 
 from __future__ import annotations
 
+import functools
 from collections.abc import Callable
 from typing import Any
 
@@ -106,8 +107,14 @@ def routed_block_matmul(
     dtype = output_dtype or torch.float16  # SGLang's default
     if list(block_size) == [128, 128] and gemm_routing.on_decode_tile(TILE):
         return _tile().block_matmul(A, B, As, Bs, block_size, dtype)
-    sglang = resolve(f"{BLOCK_KERNEL[patch_row()]}.w8a8_block_fp8_matmul_triton")
-    return sglang(A, B, As, Bs, block_size, output_dtype=dtype)
+    return _sglang_block_matmul()(A, B, As, Bs, block_size, output_dtype=dtype)
+
+
+@functools.cache
+def _sglang_block_matmul() -> Callable[..., Any]:
+    """SGLang's own block GEMM, looked up once: every prefill GEMM comes through here, and
+    finding the release reads the installed package's metadata."""
+    return resolve(f"{BLOCK_KERNEL[patch_row()]}.w8a8_block_fp8_matmul_triton")
 
 
 def _tile() -> Any:
