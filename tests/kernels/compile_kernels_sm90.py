@@ -152,8 +152,8 @@ def launch_all() -> None:
     for cfg in (GemmConfig(64, 64, 1, num_stages=3), GemmConfig(64, 128, 2)):  # SwiGLU epilogue
         gemm.launch(torch.randn(3, 512, dtype=bf), wt, cfg, None, swiglu_out=True)
     # the FP8 tile (its wrapper, too, refuses a CPU device outside the interpreter): the block
-    # layout with x quantized in the tile or given, split or not, the per-channel layout, and
-    # the row quantization per 128-column group and per token
+    # layout, split or not, the per-channel layout, and the row quantization per 128-column
+    # group and per token
     from specdash.kernels.fp8 import quantize_blocks
     from specdash.kernels.triton import gemm_fp8
     from specdash.kernels.triton.gemm_fp8 import Fp8GemmConfig
@@ -163,7 +163,6 @@ def launch_all() -> None:
     xq, xs = gemm_fp8.quantize_rows(torch.randn(3, 1024, dtype=bf))
     gemm_fp8.quantize_rows(torch.randn(3, 1024, dtype=bf), None)
     for cfg in (None, Fp8GemmConfig(64, 256, 2), Fp8GemmConfig(64, 128, 1, num_stages=6)):
-        gemm_fp8.matmul(torch.randn(3, 1024, dtype=bf), None, q, s, "block", config=cfg)
         gemm_fp8.matmul(xq, xs, q, s, "block", config=cfg)
         gemm_fp8.matmul(
             xq, xs[:, 0], q, s[:, 0].repeat_interleave(128)[:192], "channel", config=cfg

@@ -240,7 +240,7 @@ def test_cli_replay_bad_input(tmp_path, capsys):
     err = capsys.readouterr().err.splitlines()
     assert err == [
         f"specdash: error: trace not found: {tmp_path / 'none.jsonl'}",
-        "specdash: error: argument --speed: -1 is out of range (above 0)",
+        "specdash: error: argument --speed: -1 is out of range (a finite number above 0)",
         "hint: `specdash replay --help` lists every flag",
     ]
 
