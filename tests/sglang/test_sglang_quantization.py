@@ -3,7 +3,8 @@ before any engine starts, in one line on stderr with its exit code (the real CLI
 0.5.23 wheel, no GPU): AWQ/GPTQ/Marlin (batch-variant K split, atomicAdd) and untested settings
 exit 2 naming what works instead; a block-FP8 checkpoint with another block size, a missing
 scale or a scale of the wrong shape exits 3; FP8 on a card below sm_89 exits 4 naming the card.
-The exact ones (online FP8, w8a8_fp8, FP8 KV cache, a block-FP8 checkpoint as
+w8a8_fp8, whose GEMMs are online FP8's, is refused until a GPU run shows it exact.
+The exact ones (online FP8, FP8 KV cache, a block-FP8 checkpoint as
 benchmarks/sglang_checkpoint.py writes it) pass the check and stop only at the missing GPU."""
 
 from __future__ import annotations
@@ -91,7 +92,7 @@ def test_quantizations_are_exact_or_refused_before_any_engine_starts(run_sglang,
     for case in ("awq_marlin", "gptq", "awq_checkpoint"):
         assert code[case] == 2 and "atomicAdd" in line[case], line[case]
         assert "quantization=fp8" in line[case]  # what works instead
-    for case in ("bnb", "kv_e5m2", "fp8_backend", "torchao"):
+    for case in ("bnb", "kv_e5m2", "fp8_backend", "torchao", "w8a8_fp8"):
         assert code[case] == 2 and "untested" in line[case], line[case]
     assert "kv_cache_dtype=fp8_e5m2" in line["kv_e5m2"]
     assert code["block64"] == 3 and "weight_block_size [64, 64]" in line["block64"]
@@ -100,7 +101,8 @@ def test_quantizations_are_exact_or_refused_before_any_engine_starts(run_sglang,
         and "has no model.layers.0.mlp.down_proj.weight_scale_inv" in (line["no_scale"])
     )
     assert code["bad_scale"] == 3 and "[2, 2], expected [3, 2]" in line["bad_scale"]
-    for case in ("fp8", "w8a8_fp8", "kv_fp8", "block_ok"):  # exact: past the check
+    assert "quantization=fp8" in line["w8a8_fp8"]  # the same GEMMs, measured
+    for case in ("fp8", "kv_fp8", "block_ok"):  # exact: past the check
         assert code[case] == 4 and NO_GPU in line[case], line[case]
     for case in ("a100_fp8", "a100_block"):
         assert code[case] == 4 and "sm_80" in line[case] and "A100" in line[case], line[case]

@@ -2,13 +2,14 @@
 otherwise, in one line that says why and what works instead.
 
 Exact (docs/exactness.md, measured on a GPU, docs/PERF.md): online FP8 (`quantization=fp8` on
-a bf16 checkpoint) and `w8a8_fp8`, both per-channel W8A8, and block-FP8 checkpoints with
-`weight_block_size` [128, 128], all through `fp8_routing` (decode and verify on specdash's FP8
-tile, prefill on SGLang's kernels pinned to one configuration for every M);
-`kv_cache_dtype=fp8_e4m3` (a static per-layer scale,
-elementwise, so batch-invariant). Refused: AWQ/GPTQ/Marlin int4 (Marlin splits K across CTAs by
-M and, on sm_90, reduces with atomicAdd: batch-variant and run-to-run nondeterministic), and
-every other setting nobody has tested.
+a bf16 checkpoint, per-channel W8A8) and block-FP8 checkpoints with `weight_block_size`
+[128, 128], both through `fp8_routing` (decode and verify on specdash's FP8 tile, prefill on
+SGLang's kernels pinned to one configuration for every M); `kv_cache_dtype=fp8_e4m3` (a static
+per-layer scale, elementwise, so batch-invariant). Refused: AWQ/GPTQ/Marlin int4 (Marlin splits
+K across CTAs by M and, on sm_90, reduces with atomicAdd: batch-variant and run-to-run
+nondeterministic), `w8a8_fp8` (it reaches the same `apply_fp8_linear` as online FP8, but has
+never run on a GPU here, and no setting reaches an engine on reasoning alone), and every other
+setting nobody has tested.
 
 Checkpoint problems are checked from config.json and the safetensors headers alone (no tensor is
 read): a block size the kernels do not run, an FP8 weight without its scale or with a scale of
@@ -27,7 +28,7 @@ from safetensors import safe_open
 
 from specdash.errors import CheckpointError, EnvironmentProblem, UsageError
 
-EXACT_QUANTIZATION = ("fp8", "w8a8_fp8")
+EXACT_QUANTIZATION = ("fp8",)
 """`quantization` values whose GEMMs `fp8_routing` keeps batch-invariant."""
 EXACT_KV_CACHE = ("auto", "bf16", "bfloat16", "fp8_e4m3")
 EXACT_FP8_GEMM_BACKEND = ("auto",)
@@ -37,7 +38,7 @@ MARLIN = ("awq", "awq_marlin", "gptq", "gptq_marlin", "marlin", "moe_wna16", "gp
 FP8_MIN_CAPABILITY = (8, 9)
 INSTEAD = (
     "exact quantizations: --sglang-arg quantization=fp8 (online, on a bf16 checkpoint), "
-    "quantization=w8a8_fp8, a block-FP8 [128, 128] checkpoint, kv_cache_dtype=fp8_e4m3"
+    "a block-FP8 [128, 128] checkpoint, kv_cache_dtype=fp8_e4m3"
 )
 UNTESTED_ARGS = ("modelopt_quant", "torchao_config", "quantization_param_path")
 """Engine arguments that quantize by other means; any value is untested."""
@@ -48,6 +49,11 @@ def _why(setting: str, value: Any) -> str:
         reason = (
             "SGLang runs it on Marlin int4 kernels, which split K across CTAs by batch size and "
             "reduce with atomicAdd, so a row's bits depend on its batch (and on the run)"
+        )
+    elif str(value) == "w8a8_fp8":
+        reason = (
+            "its GEMMs are online FP8's (quantization=fp8 on a bf16 checkpoint is the same "
+            "per-token x per-channel W8A8), but w8a8_fp8 itself is untested for bit-exactness"
         )
     else:
         reason = "untested for bit-exactness at every batch size"
