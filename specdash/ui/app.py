@@ -273,6 +273,9 @@ class SpecdashApp(App[int]):
         self._asked = (self._asked[0] | changes, len(self.model.errors))
         self._shown_revision = -1  # the status bar says it now, not at the next tick
         self.refresh_numbers()
+        # one note for what is pending: seven `+` presses make one note, not seven stacked
+        # over the panels (the status bar shows the whole pending change as well)
+        self.clear_notifications()
         self.notify(f"{changes_text(changes)} (applies at the next step)")
 
     def _offer_gemm(self) -> None:
