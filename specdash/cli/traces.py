@@ -25,7 +25,7 @@ from specdash.errors import (
 from specdash.events import Event, SessionStart
 from specdash.output_files import Output
 from specdash.trace.diff import label
-from specdash.trace.jsonl import read_trace
+from specdash.trace.jsonl import open_trace, read_trace
 
 if TYPE_CHECKING:
     from specdash.trace.compare import Comparison
@@ -61,24 +61,25 @@ def _output(args: argparse.Namespace, suffix: str) -> Output:
 
 
 def run_export(args: argparse.Namespace) -> int:
-    from specdash.trace.export import perfetto_trace, write_csv
+    from specdash.trace.export import write_csv, write_perfetto
 
     suffix = ".perfetto.json" if args.format == "perfetto" else ".csv"
     output = None if args.output == "-" else _output(args, suffix)
-    header, events, _ = _read(args.trace)
+    # each event is written as it is read: export holds one event, whatever the trace's size
+    with open_trace(args.trace) as (header, events, warnings):
 
-    def write(out: IO[str]) -> None:
-        if args.format == "perfetto":
-            json.dump(perfetto_trace(header, events), out, allow_nan=False)
+        def write(out: IO[str]) -> None:
+            (write_perfetto if args.format == "perfetto" else write_csv)(header, events, out)
+
+        if output is None:
+            write_stdout(write)
         else:
-            write_csv(header, events, out)
-
-    if output is None:
-        write_stdout(write)
-        return EXIT_OK
-    with output.replace() as f:
-        write(f)
-    print(f"wrote {output.path}", file=sys.stderr)
+            with output.replace() as f:
+                write(f)
+    for w in warnings:
+        print(f"specdash: warning: {w}", file=sys.stderr)
+    if output is not None:
+        print(f"wrote {output.path}", file=sys.stderr)
     return EXIT_OK
 
 
@@ -90,17 +91,21 @@ def run_report(args: argparse.Namespace) -> int:
     from specdash.trace.report import render_report
 
     output = None if args.output == "-" else _output(args, ".html")
-    header, events, warnings = _read(args.trace)
-    comparison = None
-    if args.compare:
+    title = Path(args.trace).name
+    if args.compare:  # the comparison reads both traces whole
+        header, events, warnings = _read(args.trace)
         header_b, events_b, more = _read(args.compare)
-        warnings = [*warnings, *more]
         comparison = (
             _compare(args, (header, events), (header_b, events_b)),
             label(args.trace, header),
             label(args.compare, header_b),
         )
-    page = render_report(header, events, warnings, Path(args.trace).name, comparison)
+        page = render_report(header, events, [*warnings, *more], title, comparison)
+    else:  # the page keeps only what it shows of each event as the trace is read
+        with open_trace(args.trace) as (header, stream, warnings):
+            page = render_report(header, stream, warnings, title)
+        for w in warnings:
+            print(f"specdash: warning: {w}", file=sys.stderr)
     if output is None:  # `-o -`: stdout, as `export` takes it
         write_stdout(lambda out: out.write(page))
         return EXIT_OK

@@ -11,6 +11,7 @@ from __future__ import annotations
 import csv
 import json
 import math
+from collections.abc import Iterable, Iterator
 from dataclasses import asdict, dataclass, fields
 from typing import IO, Any
 
@@ -65,43 +66,40 @@ class StepRow:
         return self.draft_s + self.verify_s + self.rollback_s
 
 
-def step_rows(header: SessionStart, events: list[Event]) -> list[StepRow]:
+def step_row(header: SessionStart, e: VerifyStep) -> StepRow:
+    emitted = len(e.emitted_tokens)
     shadow = header.shadow
-    rows: list[StepRow] = []
-    for e in events:
-        if not isinstance(e, VerifyStep):
-            continue
-        emitted = len(e.emitted_tokens)
-        rows.append(
-            StepRow(
-                t_s=(e.t_ns - header.t_ns) / 1e9,
-                prompt_index=e.prompt_index,
-                step=e.step,
-                k=e.k,
-                plain=e.plain,
-                drafted=e.proposed,
-                accepted=e.accepted,
-                emitted=emitted,
-                verify_mode=e.verify_mode,
-                gemm_backend=e.gemm_backend,
-                draft_s=e.draft_s,
-                verify_s=e.verify_s,
-                rollback_s=e.rollback_s,
-                shadow_s=e.shadow_s if shadow else 0.0,
-                tokens_per_s=metrics.tokens_per_s(emitted, e.spec_s) or 0.0,
-                shadow_tokens_per_s=(metrics.tokens_per_s(emitted, e.shadow_s) or 0.0)
-                if shadow
-                else None,
-            )
-        )
-    return rows
+    return StepRow(
+        t_s=(e.t_ns - header.t_ns) / 1e9,
+        prompt_index=e.prompt_index,
+        step=e.step,
+        k=e.k,
+        plain=e.plain,
+        drafted=e.proposed,
+        accepted=e.accepted,
+        emitted=emitted,
+        verify_mode=e.verify_mode,
+        gemm_backend=e.gemm_backend,
+        draft_s=e.draft_s,
+        verify_s=e.verify_s,
+        rollback_s=e.rollback_s,
+        shadow_s=e.shadow_s if shadow else 0.0,
+        tokens_per_s=metrics.tokens_per_s(emitted, e.spec_s) or 0.0,
+        shadow_tokens_per_s=(metrics.tokens_per_s(emitted, e.shadow_s) or 0.0) if shadow else None,
+    )
 
 
-def write_csv(header: SessionStart, events: list[Event], out: IO[str]) -> None:
+def step_rows(header: SessionStart, events: Iterable[Event]) -> list[StepRow]:
+    return [step_row(header, e) for e in events if isinstance(e, VerifyStep)]
+
+
+def write_csv(header: SessionStart, events: Iterable[Event], out: IO[str]) -> None:
+    """One row per verify step, written as each step is read: the events may be a stream."""
     writer = csv.writer(out, lineterminator="\n")
     writer.writerow([f.name for f in fields(StepRow)])
-    for row in step_rows(header, events):
-        writer.writerow(asdict(row).values())
+    for e in events:
+        if isinstance(e, VerifyStep):
+            writer.writerow(asdict(step_row(header, e)).values())
 
 
 def _us(t_ns: int, t0_ns: int) -> float:
@@ -184,25 +182,25 @@ def _metadata(header: SessionStart) -> list[dict]:
     return meta
 
 
-def perfetto_trace(header: SessionStart, events: list[Event]) -> dict[str, Any]:
+def perfetto_events(header: SessionStart, events: Iterable[Event]) -> Iterator[dict]:
+    """The Chrome trace events of `events`, in their order, each made as its event is read."""
     t0 = header.t_ns
-    out = _metadata(header)
-    rows = iter(step_rows(header, events))  # one per VerifyStep, in event order
+    yield from _metadata(header)
     for e in events:
         ts = _us(e.t_ns, t0)
         if isinstance(e, VerifyStep):
-            out += _verify_step_events(e, t0)
-            row = next(rows)
-            out.append(_counter(ENGINE_PID, "tokens_per_s", row.tokens_per_s, ts))
+            yield from _verify_step_events(e, t0)
+            row = step_row(header, e)
+            yield _counter(ENGINE_PID, "tokens_per_s", row.tokens_per_s, ts)
             if row.shadow_tokens_per_s is not None:
-                out.append(_counter(ENGINE_PID, "shadow_tokens_per_s", row.shadow_tokens_per_s, ts))
+                yield _counter(ENGINE_PID, "shadow_tokens_per_s", row.shadow_tokens_per_s, ts)
         elif isinstance(e, PromptStart):
             args: dict[str, Any] = {"prompt": e.prompt_index, "prompt_tokens": e.prompt_tokens}
-            out.append(_instant(f"prompt {e.prompt_index}", ts, args, scope="p"))
+            yield _instant(f"prompt {e.prompt_index}", ts, args, scope="p")
         elif isinstance(e, Prefill):
             tid = "verify" if e.run == "spec" else e.run
             args = {"prompt": e.prompt_index, "tokens": e.tokens}
-            out.append(_slice(f"prefill ({e.run})", tid, ts - e.seconds * 1e6, e.seconds, args))
+            yield _slice(f"prefill ({e.run})", tid, ts - e.seconds * 1e6, e.seconds, args)
         elif isinstance(e, Divergence):
             args = {
                 "prompt": e.prompt_index, "pos": e.position, "step": e.step, "what": e.what,
@@ -214,17 +212,19 @@ def perfetto_trace(header: SessionStart, events: list[Event]) -> dict[str, Any]:
                 "shadow_margin": "" if e.shadow_margin is None else
                 e.shadow_margin.text(flipped=e.what == "token"),
             }  # fmt: skip
-            out.append(_instant(f"divergence ({e.what})", ts, args))
+            yield _instant(f"divergence ({e.what})", ts, args)
         elif isinstance(e, ControlChange):
             args = {"old": e.old, "new": e.new, "applied_step": e.applied_step}
-            out.append(_instant(f"{e.name}: {e.old} -> {e.new}", ts, args))
+            yield _instant(f"{e.name}: {e.old} -> {e.new}", ts, args)
         elif isinstance(e, TelemetrySample):
             for name in GPU_COUNTERS:
                 value = getattr(e, name)
                 if value is not None and math.isfinite(value):
-                    out.append(_counter(GPU_PID, name, value, ts))
+                    yield _counter(GPU_PID, name, value, ts)
+
+
+def _document_tail(header: SessionStart) -> dict[str, Any]:
     return {
-        "traceEvents": out,
         "displayTimeUnit": "ms",
         "otherData": {
             "schema": header.schema_version,
@@ -234,3 +234,17 @@ def perfetto_trace(header: SessionStart, events: list[Event]) -> dict[str, Any]:
             "config": json.dumps(header.config, sort_keys=True, default=str),
         },
     }
+
+
+def perfetto_trace(header: SessionStart, events: Iterable[Event]) -> dict[str, Any]:
+    return {"traceEvents": list(perfetto_events(header, events)), **_document_tail(header)}
+
+
+def write_perfetto(header: SessionStart, events: Iterable[Event], out: IO[str]) -> None:
+    """`perfetto_trace` as strict JSON (`json.dump(..., allow_nan=False)`, byte for byte),
+    written an event at a time: the events may be a stream, and the document is never held
+    whole (it is several times the trace's size)."""
+    out.write('{"traceEvents": [')
+    for i, event in enumerate(perfetto_events(header, events)):
+        out.write((", " if i else "") + json.dumps(event, allow_nan=False))
+    out.write("], " + json.dumps(_document_tail(header), allow_nan=False)[1:])

@@ -18,7 +18,7 @@ import contextlib
 import json
 import subprocess
 import threading
-from collections.abc import Iterable
+from collections.abc import Iterable, Iterator
 from pathlib import Path
 from typing import IO
 
@@ -246,19 +246,37 @@ def read_trace(path: Path | str) -> tuple[SessionStart, list[Event], list[str]]:
     does a second `session_start` (two recordings joined). The file is read a line at a time
     and only the events are kept (`_compact`): a trace reader's memory is its events'.
     """
+    with open_trace(path) as (header, events, warnings):
+        return header, [_compact(e) for e in events], warnings
+
+
+@contextlib.contextmanager
+def open_trace(
+    path: Path | str,
+) -> Iterator[tuple[SessionStart, Iterator[Event], list[str]]]:
+    """The trace's header, checked now, and its events as they are read, for a reader that
+    needs each event once (`export`): its memory is then one event's, not the trace's. The
+    checks are `read_trace`'s, made as the events go by, so a damaged line ends the iteration
+    with its `UsageError`; the warnings list fills as it goes, whole once the events are."""
     path = Path(path)
     try:
-        with open(path, "rb") as f:
-            return _read_lines(f, path)
+        f = open(path, "rb")  # noqa: SIM115 (closed by the with below)
     except FileNotFoundError:
         raise UsageError(f"trace not found: {path}") from None
     except IsADirectoryError:
         raise UsageError(f"{path} is a directory, not a trace") from None
     except OSError as e:
         raise UsageError(f"cannot read trace {path}: {e.strerror or e}") from None
+    with f:
+        try:
+            header = _read_first(f, path)
+        except OSError as e:
+            raise UsageError(f"cannot read trace {path}: {e.strerror or e}") from None
+        warnings: list[str] = []
+        yield header, _events(f, path, header, warnings), warnings
 
 
-def _read_lines(f: IO[bytes], path: Path) -> tuple[SessionStart, list[Event], list[str]]:
+def _read_first(f: IO[bytes], path: Path) -> SessionStart:
     first = f.readline()
     if not first.strip():
         if not any(line.strip() for line in f):
@@ -270,12 +288,20 @@ def _read_lines(f: IO[bytes], path: Path) -> tuple[SessionStart, list[Event], li
         except json_text.JsonTextError:
             if b'"session_start"' in first:
                 raise UsageError(f"{path} is truncated: its header line is incomplete") from None
-    header = _read_header(first, path)
+    return _read_header(first, path)
+
+
+def _events(f: IO[bytes], path: Path, header: SessionStart, warnings: list[str]) -> Iterator[Event]:
     shift_v1_positions = _schema_major(header.schema_version) == 1 and header.engine != "sglang"
     prompt_tokens: dict[int, int] = {}
-    events: list[Event] = []
-    warnings: list[str] = []
-    for number, line in enumerate(f, start=2):
+    lines = enumerate(f, start=2)
+    while True:
+        try:
+            number, line = next(lines)
+        except StopIteration:
+            return
+        except OSError as e:  # the disk, not the trace: said as the reader's own error
+            raise UsageError(f"cannot read trace {path}: {e.strerror or e}") from None
         try:
             event = parse_event(line)
         except ValidationError as e:
@@ -287,7 +313,7 @@ def _read_lines(f: IO[bytes], path: Path) -> tuple[SessionStart, list[Event], li
                 f"{path}:{number}: skipped a torn last line ({len(line)} bytes); "
                 "the recording was cut off mid-write"
             )
-            break
+            return
         if isinstance(event, SessionStart):
             raise UsageError(
                 f"{path}:{number}: a second session_start header (two recordings joined "
@@ -295,8 +321,7 @@ def _read_lines(f: IO[bytes], path: Path) -> tuple[SessionStart, list[Event], li
             )
         if shift_v1_positions:
             event = _v1_position(event, prompt_tokens)
-        events.append(_compact(event))
-    return header, events, warnings
+        yield event
 
 
 _FIELD_SETS: dict[frozenset[str], set[str]] = {}

@@ -14,15 +14,22 @@ import io
 import math
 import re
 from collections import Counter
-from collections.abc import Callable
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 from datetime import UTC, datetime
 from typing import TYPE_CHECKING
 
 from specdash import metrics
-from specdash.events import Divergence, Event, SessionStart, Summary, TelemetrySample
+from specdash.events import (
+    Divergence,
+    Event,
+    SessionStart,
+    Summary,
+    TelemetrySample,
+    VerifyStep,
+)
 from specdash.trace.compare import Agreement, Comparison, format_totals, totals
-from specdash.trace.export import StepRow, step_rows
+from specdash.trace.export import StepRow, step_row
 
 if TYPE_CHECKING:
     from matplotlib.axes import Axes
@@ -343,17 +350,28 @@ td { overflow-wrap: anywhere; } .wide { overflow-x: auto; }
 
 def render_report(
     header: SessionStart,
-    events: list[Event],
+    events: Iterable[Event],
     warnings: list[str],
     title: str,
     comparison: tuple[Comparison, str, str] | None = None,
 ) -> str:
-    """The page; `comparison`: `compare`'s result with A's and B's labels (A: this trace)."""
-    rows = step_rows(header, events)
-    samples = [e for e in events if isinstance(e, TelemetrySample)]
+    """The page; `comparison`: `compare`'s result with A's and B's labels (A: this trace).
+    `events` is read once and only what the page shows is kept (its steps' rows, telemetry,
+    divergences): they may be a stream (`open_trace`), whose warnings are whole after it."""
+    rows: list[StepRow] = []
+    samples: list[TelemetrySample] = []
+    divs: list[Divergence] = []
+    summary: Summary | None = None
+    for e in events:
+        if isinstance(e, VerifyStep):
+            rows.append(step_row(header, e))
+        elif isinstance(e, TelemetrySample):
+            samples.append(e)
+        elif isinstance(e, Divergence):
+            divs.append(e)
+        elif isinstance(e, Summary):
+            summary = e
     data = ReportData(rows, samples, header.t_ns)
-    summary = next((e for e in reversed(events) if isinstance(e, Summary)), None)
-    divs = [e for e in events if isinstance(e, Divergence)]
     figures = "".join(
         f"<figure id='plot-{key}'><figcaption>{caption}</figcaption>"
         f"<img alt='{caption}' src='data:image/png;base64,{_png(plot, data)}'></figure>"

@@ -20,7 +20,7 @@ from specdash.cli import main
 from specdash.errors import EXIT_ENVIRONMENT, EXIT_OK, EXIT_USAGE
 from specdash.events import TelemetrySample, VerifyStep
 from specdash.trace.export import GPU_COUNTERS, perfetto_trace, step_rows, write_csv
-from specdash.trace.jsonl import TraceWriter
+from specdash.trace.jsonl import TraceWriter, read_trace
 
 PHASES = {"B", "E", "X", "i", "I", "C", "b", "e", "n", "s", "t", "f", "M"}
 
@@ -75,6 +75,31 @@ def test_perfetto_json_follows_the_format(trace, tmp_path):
         slices = [e for e in evs if e["ph"] == "X" and e["name"] == phase]
         assert len(slices) == len(steps)
         assert all({"step", "k", "accepted", "backend"} <= set(s["args"]) for s in slices)
+
+
+def test_the_streamed_perfetto_file_is_the_document_json_dump_writes(trace, tmp_path):
+    """`export` writes the document an event at a time; the bytes are those of dumping it
+    whole, so viewers and scripts see the same file."""
+    path, events = trace
+    out = tmp_path / "p.json"
+    assert main(["export", str(path), "--format", "perfetto", "-o", str(out)]) == EXIT_OK
+    header, read, _ = read_trace(path)
+    assert out.read_text() == json.dumps(perfetto_trace(header, read), allow_nan=False)
+
+
+def test_a_damaged_line_mid_trace_leaves_no_export(trace, tmp_path, capsys):
+    """The events are checked as they are written: a bad line ends the export with its one
+    line (exit 2), and the half-written document is not left under the output's name."""
+    path, _ = trace
+    lines = path.read_text().splitlines(keepends=True)
+    lines[len(lines) // 2] = '{"kind": "verify_step"}\n'
+    path.write_text("".join(lines))
+    out = tmp_path / "p.json"
+    assert main(["export", str(path), "--format", "perfetto", "-o", str(out)]) == EXIT_USAGE
+    err = capsys.readouterr().err
+    assert err.startswith("specdash: error: ") and len(err.splitlines()) == 1, err
+    assert f"s.jsonl:{len(lines) // 2 + 1}: not a specdash event" in err
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["s.jsonl"]
 
 
 def test_timestamps_are_microseconds_since_the_header(trace):

@@ -318,3 +318,74 @@ def test_a_trace_readers_memory_is_bounded_by_the_traces_size(tmp_path, capsys, 
     capsys.readouterr()
     assert code == 0
     assert peak < PEAK_PER_TRACE_BYTE * read, f"peak {peak / read:.1f} bytes per trace byte"
+
+
+STREAMED_PEAK_PER_TRACE_BYTE = 0.5
+"""What a reader that needs each event once may hold at its peak per trace byte: a few events
+and its own output buffers. Holding the events (or, for Perfetto, the whole document, about 8
+bytes per trace byte) is far above it."""
+
+
+@pytest.mark.parametrize(
+    "command",
+    [
+        lambda t, out: ["export", str(t), "--format", "perfetto", "-o", str(out)],
+        lambda t, out: ["export", str(t), "--format", "perfetto", "-o", "-"],
+        lambda t, out: ["export", str(t), "--format", "csv", "-o", str(out)],
+    ],
+    ids=["export perfetto", "export perfetto to stdout", "export csv"],
+)
+def test_export_holds_an_event_at_a_time_not_the_trace(tmp_path, monkeypatch, command):
+    """A stdout that is a file, as in `export -o - > file`: pytest's captured stdout would hold
+    the output in memory, which is the test's and not export's."""
+    import tracemalloc
+
+    from specdash.cli import main
+    from specdash.trace import export  # noqa: F401 (imported before measuring)
+
+    trace = tmp_path / "big.jsonl"
+    record(trace, session(Plan(prompts=150, new_tokens=64)))
+    argv = command(trace, tmp_path / "out")
+    stdout = tmp_path / "stdout"
+    with open(stdout, "w", encoding="utf-8") as f:
+        monkeypatch.setattr("sys.stdout", f)
+        tracemalloc.start()
+        try:
+            code = main(argv)
+            _, peak = tracemalloc.get_traced_memory()
+        finally:
+            tracemalloc.stop()
+    assert code == 0
+    size = trace.stat().st_size
+    assert peak < STREAMED_PEAK_PER_TRACE_BYTE * size, f"peak {peak / size:.2f} B per trace byte"
+    written = (stdout if argv[-1] == "-" else tmp_path / "out").read_text()
+    if "perfetto" in argv:  # the whole document, each verify step in it
+        doc = json.loads(written)
+        steps = sum(1 for e in session(Plan(prompts=150, new_tokens=64)) if e.kind == "verify_step")
+        assert sum(e.get("name") == "tokens_per_s" for e in doc["traceEvents"]) == steps
+        assert doc["otherData"]["schema"] == SCHEMA
+    else:
+        assert len(written.splitlines()) > 1000
+
+
+def test_report_without_compare_keeps_what_the_page_shows(tmp_path, capsys):
+    """The page needs its steps' rows, not their tokens: the events are read as a stream."""
+    import tracemalloc
+
+    pytest.importorskip("matplotlib")
+    from specdash.cli import main
+    from specdash.trace import report  # noqa: F401 (imported before measuring)
+
+    trace = tmp_path / "big.jsonl"
+    record(trace, session(Plan(prompts=150, new_tokens=64)))
+    main(["report", str(trace), "-o", str(tmp_path / "warm.html")])  # matplotlib's first use
+    tracemalloc.start()
+    try:
+        code = main(["report", str(trace), "-o", str(tmp_path / "r.html")])
+        _, peak = tracemalloc.get_traced_memory()
+    finally:
+        tracemalloc.stop()
+    capsys.readouterr()
+    assert code == 0 and "<h2>Summary</h2>" in (tmp_path / "r.html").read_text()
+    size = trace.stat().st_size
+    assert peak < 3 * size, f"peak {peak / size:.2f} B per trace byte"
