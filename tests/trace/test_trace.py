@@ -286,6 +286,20 @@ def test_a_v2_header_reads_with_its_config_as_the_typed_fields(tmp_path):
     assert header.usable_gemm_backends == ["torch"]
 
 
+def peak_memory_of(argv: list[str]) -> tuple[int, int]:
+    """The CLI's exit code for `argv` and the peak of what Python allocated while it ran."""
+    import tracemalloc
+
+    from specdash.cli import main
+
+    tracemalloc.start()
+    try:
+        code = main(argv)
+        return code, tracemalloc.get_traced_memory()[1]
+    finally:
+        tracemalloc.stop()
+
+
 PEAK_PER_TRACE_BYTE = 5
 """What a trace reader may hold at its peak per byte of each trace it reads: its events, once
 (one that held the file whole and its split lines beside the events needed about twice it)."""
@@ -300,21 +314,14 @@ PEAK_PER_TRACE_BYTE = 5
     ids=["export csv", "diff"],
 )
 def test_a_trace_readers_memory_is_bounded_by_the_traces_size(tmp_path, capsys, command):
-    import tracemalloc
 
-    from specdash.cli import main
     from specdash.trace import diff, export  # noqa: F401 (imported before measuring)
 
     trace = tmp_path / "big.jsonl"
     record(trace, session(Plan(prompts=150, new_tokens=64)))
     argv = command(trace, tmp_path / "out.csv")
     read = argv.count(str(trace)) * trace.stat().st_size
-    tracemalloc.start()
-    try:
-        code = main(argv)
-        _, peak = tracemalloc.get_traced_memory()
-    finally:
-        tracemalloc.stop()
+    code, peak = peak_memory_of(argv)
     capsys.readouterr()
     assert code == 0
     assert peak < PEAK_PER_TRACE_BYTE * read, f"peak {peak / read:.1f} bytes per trace byte"
@@ -338,9 +345,7 @@ bytes per trace byte) is far above it."""
 def test_export_holds_an_event_at_a_time_not_the_trace(tmp_path, monkeypatch, command):
     """A stdout that is a file, as in `export -o - > file`: pytest's captured stdout would hold
     the output in memory, which is the test's and not export's."""
-    import tracemalloc
 
-    from specdash.cli import main
     from specdash.trace import export  # noqa: F401 (imported before measuring)
 
     trace = tmp_path / "big.jsonl"
@@ -349,12 +354,7 @@ def test_export_holds_an_event_at_a_time_not_the_trace(tmp_path, monkeypatch, co
     stdout = tmp_path / "stdout"
     with open(stdout, "w", encoding="utf-8") as f:
         monkeypatch.setattr("sys.stdout", f)
-        tracemalloc.start()
-        try:
-            code = main(argv)
-            _, peak = tracemalloc.get_traced_memory()
-        finally:
-            tracemalloc.stop()
+        code, peak = peak_memory_of(argv)
     assert code == 0
     size = trace.stat().st_size
     assert peak < STREAMED_PEAK_PER_TRACE_BYTE * size, f"peak {peak / size:.2f} B per trace byte"
