@@ -55,14 +55,21 @@ async def settle(pilot):
     await pilot.pause()
 
 
-KEY_EFFECTS = [
-    ("g", lambda app: state(app).gemm_backend == "torch"),
-    ("s", lambda app: state(app).speculation is False),
-    ("plus", lambda app: state(app).k == 5),
-    ("minus", lambda app: state(app).k == 3),
-    ("v", lambda app: state(app).verify_mode == "fast"),
-    ("space", lambda app: state(app).paused is True),
-    ("n", lambda app: app.source.controls.take_next_prompt_request()),
+CONTROL_EFFECTS = [
+    ("g", "GEMM backend", lambda app: state(app).gemm_backend == "torch"),
+    ("s", "spec on/off", lambda app: state(app).speculation is False),
+    ("plus", "one more token", lambda app: state(app).k == 5),
+    ("minus", "one token fewer", lambda app: state(app).k == 3),
+    ("v", "verify mode", lambda app: state(app).verify_mode == "fast"),
+    ("space", "pause", lambda app: state(app).paused is True),
+    ("n", "next prompt", lambda app: app.source.controls.take_next_prompt_request()),
+]
+"""A control's key, its palette title and what either does to the session's controls."""
+KEY_EFFECTS = [(key, effect) for key, _, effect in CONTROL_EFFECTS]
+PALETTE_EFFECTS = [(title, effect) for _, title, effect in CONTROL_EFFECTS] + [
+    ("export trace", lambda app: app.trace_writer is not None),
+    ("type prompt", lambda app: app.focused.id == "prompt"),
+    ("glossary", lambda app: isinstance(app.screen, HelpScreen)),
 ]
 
 
@@ -97,21 +104,7 @@ async def test_k_stays_in_range(tmp_path):
         assert any("k stays in" in n for n in app.notes)
 
 
-@pytest.mark.parametrize(
-    ("title", "effect"),
-    [
-        ("GEMM backend", lambda app: state(app).gemm_backend == "torch"),
-        ("spec on/off", lambda app: state(app).speculation is False),
-        ("one more token", lambda app: state(app).k == 5),
-        ("one token fewer", lambda app: state(app).k == 3),
-        ("verify mode", lambda app: state(app).verify_mode == "fast"),
-        ("pause", lambda app: state(app).paused is True),
-        ("next prompt", lambda app: app.source.controls.take_next_prompt_request()),
-        ("export trace", lambda app: app.trace_writer is not None),
-        ("type prompt", lambda app: app.focused.id == "prompt"),
-        ("glossary", lambda app: isinstance(app.screen, HelpScreen)),
-    ],
-)
+@pytest.mark.parametrize(("title", "effect"), PALETTE_EFFECTS)
 async def test_palette_command(tmp_path, title, effect):
     app = make_app(tmp_path)
     async with app.run_test(size=SIZE) as pilot:
