@@ -2,9 +2,11 @@
 kernel profile of a decode step, speculative exactness, and the native engine on the same card.
 
 The target is `sglang_checkpoint.py --shape 27b --config-only` (64 layers, the real dims, the
-shipped tokenizer's vocabulary) loaded with `load_format=dummy`: SGLang's seeded random weights,
-the same in every engine, so a shadow engine started later decodes the same model. One engine
-at a time (54 GB of bf16: two fit only on an H200).
+shipped tokenizer's vocabulary; `--fp8-block`: as a block-FP8 [128, 128] checkpoint) loaded with
+`load_format=dummy`: SGLang's seeded random weights, the same in every engine, so a shadow engine
+started later decodes the same model. One engine at a time (54 GB of bf16: two fit only on an
+H200). `--target` (with `--draft`, `--dflash-draft`) runs a checkpoint with real weights instead,
+e.g. the small pair `sglang_checkpoint.py` writes.
 
 Phases (comma-separated `--phases`, in this order):
 - plain:  patched plain decode, CUDA graphs on, batch 1: for each `--routes` GEMM route
@@ -17,8 +19,8 @@ Phases (comma-separated `--phases`, in this order):
           NEXTN, DFLASH with a DFlash draft of the target, `sglang_checkpoint.py --dflash-draft`,
           dummy weights too, k + 1 block rows; k = `--k`) the patched speculative engine: ids
           and fp32 logprob bits per prompt against the shadow, tok/s of both, accepted length;
-          for the first algorithm also `--batches` requests sent together. With
-          `--stock-spec`, stock beside it.
+          then `--batches` requests sent together, each against the same batch-1 shadow. With
+          `--stock-spec`, stock beside it (the first algorithm).
 - native: `specdash run --headless --device cuda --preset qwen3.5-27b-shape --no-spec` on the
           same prompts (its own tok/s: decode only).
 tok/s here: generated tokens / wall time of the generate calls, prompt by prompt (prefill
@@ -26,7 +28,8 @@ included, ~0.1 s of a 48-token prompt), after one warm-up prompt per engine and 
 
 Usage (GPU box, SGLang importable): python benchmarks/bench_sglang_shape.py --json OUT.json
     [--phases plain,stock,spec,native] [--routes sglang-triton,auto] [--batches 8,32]
-    [--stock-spec] [--prompts 12] [--max-new 48] [--budget-s 560]
+    [--stock-spec] [--prompts 12] [--max-new 48] [--budget-s 560] [--fp8-block]
+    [--target DIR [--draft DIR] [--dflash-draft DIR]]
 """
 
 from __future__ import annotations
@@ -99,11 +102,10 @@ def engine(
         speculative_algorithm=algorithm or "NGRAM",
         unpatch=off,
         engine_args={
-            "load_format": "dummy",
+            **args.load_args,
             "mem_fraction_static": args.mem,
             "max_running_requests": max(args.batches, default=1),
             "context_length": 8192,
-            "speculative_draft_load_format": "dummy",  # NEXTN's MTP head, DFLASH's draft too
             **graphs,
             **args.sglang_args,
         },
@@ -243,9 +245,9 @@ def run_batched(e: Any, texts: list[str], n: int, max_new: int) -> dict[str, Any
 
 
 def phase_spec(args, res, texts) -> None:
-    """Speculative engines against the batch-1 plain shadow (one engine at a time): batch 1 for
-    every algorithm, then `--batches` concurrent requests for the first algorithm (prompt i of a
-    batch compared with the shadow's prompt i mod len(texts))."""
+    """Speculative engines against the batch-1 plain shadow (one engine at a time): for every
+    algorithm batch 1, then `--batches` concurrent requests (prompt i of a batch compared with
+    the shadow's prompt i mod len(texts))."""
     texts = args.spec_texts
     variants = [((), "patched")] + ([(ALL_OFF, "stock")] if args.stock_spec else [])
     strip = lambda run: {k: v for k, v in run.items() if k != "outputs"}  # noqa: E731
@@ -256,7 +258,7 @@ def phase_spec(args, res, texts) -> None:
                 plain = run_prompts(e, texts, args.max_new, decode_rate=True)
             res.put(f"shadow/{label}", strip(plain))
         algorithms = args.algorithms if label == "patched" else args.algorithms[:1]
-        for i, algorithm in enumerate(algorithms):
+        for algorithm in algorithms:
             if res.left() < 60:
                 return
             with engine(args, algorithm=algorithm, off=off) as e:
@@ -265,7 +267,7 @@ def phase_spec(args, res, texts) -> None:
                 if plain is None:
                     continue
                 res.put(f"exact/{label}/{algorithm}", compare(spec["outputs"], plain["outputs"]))
-                for n in args.batches if i == 0 else ():
+                for n in args.batches:
                     many = [texts[j % len(texts)] for j in range(max(n, len(texts)))]
                     run = run_batched(e, many, n, args.max_new)
                     shadow = [plain["outputs"][j % len(texts)] for j in range(len(many))]
@@ -339,6 +341,10 @@ def main() -> int:
     p.add_argument("--mem", type=float, default=0.85)
     p.add_argument("--budget-s", type=float, default=560)
     p.add_argument("--sglang-arg", action="append", default=[], metavar="KEY=VALUE")
+    p.add_argument("--fp8-block", action="store_true", help="the 27B config as block-FP8")
+    p.add_argument("--target", type=Path, help="a checkpoint with weights, not the dummy 27B")
+    p.add_argument("--draft", type=Path, help="with --target: STANDALONE's draft")
+    p.add_argument("--dflash-draft", type=Path, help="with --target: DFLASH's draft")
     args = p.parse_args()
     args.sglang_args = dict(parse_engine_arg(a) for a in args.sglang_arg)
     args.routes = args.routes.split(",")
@@ -347,11 +353,20 @@ def main() -> int:
     args.graph_bs = sorted({1, 2, 4, 8, 16, 24, 32, *args.batches})
     args.out_dir = args.json.parent
     args.prof_dir = Path("/tmp/sglang-profiles")
-    out = Path("/tmp/sglang_27b_shape")
-    args.draft, args.dflash_draft = None, out / "dflash"
-    args.target, _ = build(
-        out, layers=args.layers, shape="27b", config_only=True, dflash_draft=args.dflash_draft
-    )
+    if args.target is not None:
+        args.load_args = {}
+    else:  # NEXTN's MTP head and DFLASH's draft load as dummy weights too
+        args.load_args = {"load_format": "dummy", "speculative_draft_load_format": "dummy"}
+        out = Path("/tmp/sglang_27b_shape" + ("_fp8_block" if args.fp8_block else ""))
+        args.draft, args.dflash_draft = None, out / "dflash"
+        args.target, _ = build(
+            out,
+            layers=args.layers,
+            shape="27b",
+            config_only=True,
+            dflash_draft=args.dflash_draft,
+            fp8_block=args.fp8_block,
+        )
     shipped = [pr.text for pr in load_prompts(None)]
     texts = shipped[: args.prompts]
     args.spec_texts = shipped[: args.spec_prompts]
@@ -359,6 +374,7 @@ def main() -> int:
     res.put(
         "setup",
         {
+            "target": str(args.target),
             "layers": args.layers,
             "prompts": len(texts),
             "max_new": args.max_new,

@@ -8,6 +8,10 @@
 #   start     benchmarks/bench_sglang_start.py: the sessions START_RUNS names (default: NGRAM,
 #             STANDALONE), start phases
 #   cli       specdash run --headless --engine sglang (NGRAM k=3, --json), once per CLI_RUNS entry
+#   matrix    benchmarks/bench_sglang_shape.py --phases spec on this pair, once per ';'-separated
+#             MATRIX_RUNS entry (e.g. "--algorithms NEXTN,DFLASH --batches 8,32"): one batch-1
+#             shadow, then each algorithm at batch 1 and at every --batches against it; an entry
+#             runs until the call's time is up unless it names its own --budget-s
 #   bench     benchmarks/bench_sglang.py --phases $PHASES
 #   tests     pytest -m sglang_gpu ($TEST_ARGS added, e.g. -k STANDALONE)
 #   dashboard benchmarks/sglang_dashboard_shot.py (Textual headless, SVG)
@@ -50,6 +54,19 @@ for step in ${STEPS:-cli bench}; do
         # specdash's stderr, so a run's one file says what SGLang did
         for f in /tmp/specdash-sglang-[0-9]*.log; do
           [ -e "$f" ] && { echo "== $f"; cat "$f"; rm -f "$f"; } >> "$OUT/cli-$n.log"; done
+      done ;;
+    matrix)
+      n=0; IFS=';' read -ra RUNS <<< "${MATRIX_RUNS:- }"
+      for run_args in "${RUNS[@]}"; do
+        n=$((n + 1)); l=$(left); [ "$l" -lt 60 ] && { echo "== SKIP matrix-$n (${l}s left)"; continue; }
+        echo "== matrix-$n: $run_args"
+        # shellcheck disable=SC2086  # run_args is a list of arguments
+        timeout $(( l - 5 )) python3 benchmarks/bench_sglang_shape.py --phases spec \
+          --json "$OUT/matrix-$n.json" --budget-s $(( l - 15 )) --target $CK/target \
+          --draft $CK/draft --dflash-draft $CK/dflash --sglang-arg grammar_backend=none \
+          --sglang-arg sampling_backend=pytorch $run_args > "$OUT/matrix-$n.log" 2>&1; echo "exit $?"
+        grep -aE '^\[ *[0-9.]+s\] (exact|error)|engine .* started|Error' "$OUT/matrix-$n.log" | cut -c1-300
+        gzip -f "$OUT/matrix-$n.log"
       done ;;
     start)  # time to the first verified token, phase by phase (benchmarks/bench_sglang_start.py)
       # START_RUNS: the labels to run, in order (a label run twice: cold, then warm cache)
