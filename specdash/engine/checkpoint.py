@@ -9,6 +9,7 @@ weights stay FP8 on CUDA (the FP8 tile runs them) and are dequantized exactly el
 from __future__ import annotations
 
 import json
+import math
 import re
 from pathlib import Path
 
@@ -152,6 +153,38 @@ def _refuse_non_finite(t: torch.Tensor, name: str, file: Path) -> None:
     if bad:
         dtype = str(t.dtype).removeprefix("torch.")
         raise CheckpointError(f"{file}: {name} holds NaN or infinite values (as {dtype})")
+
+
+SCAN_ELEMENTS = 1 << 26
+"""Elements read at a time by `refuse_non_finite_weights` (256 MB as fp32): its memory bound."""
+
+
+def refuse_non_finite_weights(path: Path) -> None:
+    """CheckpointError for the first float tensor of the checkpoint at `path` that holds a NaN
+    or an infinity, read from disk in slices of rows: for an engine that loads the weights
+    itself (SGLang), so nothing of its own is checked before it starts. Costs one read of the
+    weights (the page cache then serves the engine's own)."""
+    for file in sorted(set(_shard_files(path).values())):
+        _check_readable(file)
+        try:
+            with safe_open(file, "pt", device="cpu") as f:
+                for name in f.keys():  # noqa: SIM118 (safe_open has no __iter__)
+                    part = f.get_slice(name)
+                    shape = part.get_shape()
+                    if not shape:
+                        _refuse_non_finite_float(f.get_tensor(name), name, file)
+                        continue
+                    row = max(1, math.prod(shape[1:]))
+                    step = max(1, SCAN_ELEMENTS // row)
+                    for start in range(0, shape[0], step):
+                        _refuse_non_finite_float(part[start : start + step], name, file)
+        except (SafetensorError, OSError, RuntimeError) as e:
+            raise CheckpointError(f"{file}: corrupt safetensors file ({e})") from None
+
+
+def _refuse_non_finite_float(t: torch.Tensor, name: str, file: Path) -> None:
+    if t.dtype.is_floating_point:  # integer tensors (an index, a count) have no NaN
+        _refuse_non_finite(t, name, file)
 
 
 def load_tokenizer(path: Path) -> Tokenizer:

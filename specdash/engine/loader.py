@@ -56,6 +56,13 @@ def device_of(settings: SessionSettings) -> torch.device:
         raise EnvironmentProblem(
             f"{settings.device!r}: no CUDA device is available", setting="device"
         )
+    if dev.type == "cuda" and dev.index is not None and dev.index >= torch.cuda.device_count():
+        count = torch.cuda.device_count()
+        names = ", ".join(f"cuda:{i}" for i in range(count))
+        raise EnvironmentProblem(
+            f"{settings.device!r}: torch sees {count} CUDA device{'s' * (count != 1)} ({names})",
+            setting="device",
+        )
     return dev
 
 

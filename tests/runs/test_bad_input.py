@@ -248,6 +248,22 @@ def test_a_cpu_device_index_is_refused(capsys, pair) -> None:
     )  # fmt: skip
 
 
+def test_a_cuda_index_past_the_visible_gpus_is_refused(capsys, pair, monkeypatch) -> None:
+    """torch would fail deep inside the first allocation: `cuda:2` on a machine with two GPUs
+    is refused up front, naming the devices there are."""
+    import torch
+
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
+    monkeypatch.setattr(torch.cuda, "device_count", lambda: 2)
+    expect(
+        capsys,
+        EXIT_ENVIRONMENT,
+        "--device: 'cuda:2': torch sees 2 CUDA devices (cuda:0, cuda:1)",
+        "--model", str(pair[0]), "--drafter", "ngram", "--prompts", str(pair[2]),
+        "--device", "cuda:2",
+    )  # fmt: skip
+
+
 def test_a_draft_with_the_ngram_drafter_is_refused(capsys, pair) -> None:
     line = (
         f"--draft: {pair[1]} is not used with --drafter ngram (it drafts from the prompt); "

@@ -6,6 +6,8 @@ deep_gemm, where lazy_dsa_import is not applied."""
 
 from __future__ import annotations
 
+from pathlib import Path
+
 import pytest
 
 from specdash.errors import EnvironmentProblem
@@ -85,3 +87,50 @@ def test_headless_refuses_before_any_engine_starts(monkeypatch, capsys, tmp_path
         "specdash: error: sglang cannot start here: tp_size=2 needs 2 GPUs; torch sees 1: "
         "use --sglang-arg tp_size=1 or a machine with 2 GPUs\n"
     )
+
+
+def _checkpoint(directory, tensors) -> str:
+    from safetensors.torch import save_file
+
+    directory.mkdir()
+    (directory / "config.json").write_text('{"architectures": ["Qwen3_5ForCausalLM"]}')
+    save_file(tensors, str(directory / "model.safetensors"))
+    return str(directory)
+
+
+def test_non_finite_weights_are_refused_before_any_engine_starts(
+    monkeypatch, capsys, tmp_path
+) -> None:
+    """SGLang loads the weights itself, so the session reads them first: a NaN or an infinity
+    anywhere (a bf16 weight, an FP8 block scale), in any slice of rows, is one line, exit 3,
+    and no engine starts; integer tensors and finite weights pass."""
+    import torch
+
+    from specdash.cli import main
+    from specdash.engine import checkpoint
+    from specdash.runs.sglang import process
+    from specdash.runs.sglang.patches import check
+
+    monkeypatch.setattr(check, "require_sglang", lambda: "0.5.17")
+    monkeypatch.setattr(check, "ensure_patchable", lambda force: "0.5.17")
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
+    monkeypatch.setattr(torch.cuda, "device_count", lambda: 1)
+    monkeypatch.setattr(process, "start_engine", lambda *a, **k: pytest.fail("an engine started"))
+    monkeypatch.setattr(checkpoint, "SCAN_ELEMENTS", 64)  # rows 0..7 of 8 x 8: eight slices
+    weight = torch.randn(64, 8, dtype=torch.bfloat16)
+    nan, inf_scale = weight.clone(), torch.ones(1, 1)
+    nan[61, 5] = float("nan")
+    inf_scale[0, 0] = float("inf")
+    fine = {"a.weight": weight, "positions": torch.arange(64)}
+    cases = {
+        "nan": ({**fine, "b.weight": nan}, "b.weight holds NaN or infinite values (as bfloat16)"),
+        "inf": ({**fine, "s.weight_scale_inv": inf_scale}, "s.weight_scale_inv holds NaN"),
+    }
+    for name, (tensors, reason) in cases.items():
+        model = _checkpoint(tmp_path / name, tensors)
+        argv = ["run", "--headless", "--engine", "sglang", "--model", model]
+        assert main([*argv, "--speculative-algorithm", "NGRAM"]) == 3, name
+        err = capsys.readouterr().err
+        assert err.count("\n") == 1 and err.startswith("specdash: error: "), err
+        assert f"{model}/model.safetensors: {reason}" in err, err
+    assert checkpoint.refuse_non_finite_weights(Path(_checkpoint(tmp_path / "ok", fine))) is None

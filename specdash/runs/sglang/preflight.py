@@ -11,6 +11,7 @@ from __future__ import annotations
 import importlib.util
 import os
 import re
+from pathlib import Path
 from typing import Any
 
 from specdash.errors import EnvironmentProblem, UsageError
@@ -75,9 +76,9 @@ def check_can_start(kwargs: dict[str, Any], gpus: int) -> None:
 def check_startable(options: SGLangOptions, engines: list[dict[str, Any]]) -> str:
     """Install hint, the algorithm (its name, and whether the checkpoints and the installed
     SGLang can run it: `algorithms`), the quantization (exact or refused: `quantization`), CUDA,
-    FP8 on this card, patch targets and whether each engine's arguments (`engines`, the
-    speculative engine's first) can start on this machine, before anything is started; the
-    release row whose patches apply (`check.ensure_patchable`)."""
+    FP8 on this card, patch targets, whether each engine's arguments (`engines`, the
+    speculative engine's first) can start on this machine and finite weights, before anything
+    is started; the release row whose patches apply (`check.ensure_patchable`)."""
     from specdash.runs.sglang.patches.check import ensure_patchable, require_sglang
 
     require_sglang()
@@ -104,7 +105,29 @@ def check_startable(options: SGLangOptions, engines: list[dict[str, Any]]) -> st
             card = torch.cuda.get_device_capability(), torch.cuda.get_device_name()
             quantization.check_card(kwargs, *card)
         check_can_start(kwargs, torch.cuda.device_count())
+    _refuse_non_finite_checkpoints(engines)  # last: it reads every weight
     return row
+
+
+def _refuse_non_finite_checkpoints(engines: list[dict[str, Any]]) -> None:
+    """CheckpointError (exit 3) for NaN or infinite weights in a checkpoint the engines load
+    (each once: the shadow's target is the speculative engine's, NEXTN's draft its target).
+    SGLang would load and decode them, every output as exact as its shadow and all of them
+    garbage. Dummy weights (`load_format=dummy`) have no file to read."""
+    from specdash.engine.checkpoint import refuse_non_finite_weights
+
+    checkpoints = (
+        ("model_path", "load_format"),
+        ("speculative_draft_model_path", "speculative_draft_load_format"),
+    )
+    paths = {
+        Path(kwargs[path_arg])
+        for kwargs in engines
+        for path_arg, format_arg in checkpoints
+        if kwargs.get(path_arg) and kwargs.get(format_arg) != "dummy"
+    }
+    for path in sorted(p for p in paths if p.is_dir()):
+        refuse_non_finite_weights(path)
 
 
 _FRAME = re.compile(r'File "(?P<file>[^"]+)", line \d+, in (?P<func>\S+)')
