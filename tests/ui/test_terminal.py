@@ -131,6 +131,49 @@ def test_sigterm_in_a_real_terminal_restores_it_and_exits_143(tmp_path):
     assert any(e.kind == "verify_step" for e in events)
 
 
+def specdash_pids(session: str) -> list[int]:
+    """The pane's specdash process and every process under it (the engine's)."""
+    shell = int(tmux("display-message", "-p", "-t", session, "#{pane_pid}").strip())
+    found, todo = [], [shell]
+    while todo:
+        pid = todo.pop()
+        with contextlib.suppress(OSError):
+            kids = [int(c) for c in Path(f"/proc/{pid}/task/{pid}/children").read_text().split()]
+            todo += kids
+            found += [c for c in kids if pid != shell or "specdash" in _cmdline(c)]
+    return found
+
+
+def _cmdline(pid: int) -> str:
+    with contextlib.suppress(OSError):
+        return Path(f"/proc/{pid}/cmdline").read_text()
+    return ""
+
+
+@pytest.mark.parametrize("when", ["decoding", "idle"])
+def test_a_vanished_terminal_ends_the_session_and_its_engine(tmp_path, when):
+    """The tmux server killed with SIGKILL (its pty gone, no signal sent on its behalf), while
+    decoding and while idle after the set: the dashboard, and the engine in its own process,
+    exit within 20 s instead of spinning on a dead terminal, and the trace is closed."""
+    flags = f"--max-new-tokens {2000 if when == 'decoding' else 4} --trace t.jsonl"
+    with specdash_in_tmux(tmp_path, flags) as (session, _):
+        if when == "idle":
+            wait_for(session, lambda s: "IDLE" in s and "24 done" in s, timeout=300)
+        pids = specdash_pids(session)
+        assert len(pids) >= 2, pids  # the dashboard and its engine
+        server = int(tmux("display-message", "-p", "#{pid}").strip())
+        os.kill(server, signal.SIGKILL)
+        deadline = time.monotonic() + 20
+        while time.monotonic() < deadline and any(Path(f"/proc/{p}").exists() for p in pids):
+            time.sleep(0.2)
+        alive = {p: _cmdline(p) for p in pids if Path(f"/proc/{p}").exists()}
+        for p in alive:
+            os.kill(p, signal.SIGKILL)
+        assert not alive, alive
+    _, events, problems = read_trace(tmp_path / "t.jsonl")
+    assert any(e.kind == "verify_step" for e in events) and not problems, problems
+
+
 def test_a_prompt_typed_after_the_shipped_set_is_decoded(tmp_path):
     """The session stays open after its prompts: `/`, a prompt and Enter decode it, and `q`
     then ends the session with the typed prompt in its trace and summary."""
