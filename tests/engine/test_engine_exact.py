@@ -12,7 +12,7 @@ from pathlib import Path
 
 import pytest
 import torch
-from tiny_models import plain_greedy, write_pair
+from tiny_models import plain_greedy
 
 from specdash.engine.loader import load_models
 from specdash.events import Divergence, Event, PromptDone, Token
@@ -22,11 +22,6 @@ from specdash.runs.session import Session
 from specdash.settings import SessionSettings
 
 MAX_NEW = 24
-
-
-@pytest.fixture(scope="module")
-def pair(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, Path, Path]:
-    return write_pair(tmp_path_factory.mktemp("tiny"))
 
 
 @dataclass

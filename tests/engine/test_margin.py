@@ -7,11 +7,9 @@ from __future__ import annotations
 import json
 import math
 import struct
-from pathlib import Path
 
 import pytest
 import torch
-from tiny_models import write_pair
 
 from specdash.engine.state import SeqState
 from specdash.events import Divergence, Event, Margin, PromptStart, Token
@@ -41,11 +39,6 @@ def test_margin_judges_ties_by_the_compute_dtype():
     # 0.01 nats is thousands of fp32 ulps, but within bf16's rounding of a logit
     assert not Margin.between((5, -0.50), (7, -0.51), "float32").near_tie
     assert Margin.between((5, -0.50), (7, -0.51), "bfloat16").near_tie
-
-
-@pytest.fixture(scope="module")
-def pair(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, Path, Path]:
-    return write_pair(tmp_path_factory.mktemp("tiny"))
 
 
 @pytest.fixture(scope="module")

@@ -16,7 +16,7 @@ from pathlib import Path
 
 import pytest
 from safetensors.torch import load_file, save_file
-from tiny_models import build_tokenizer, write_pair
+from tiny_models import build_tokenizer
 
 from specdash.cli import main
 from specdash.errors import EXIT_CHECKPOINT, EXIT_ENVIRONMENT, EXIT_INTERRUPTED, EXIT_USAGE
@@ -24,11 +24,6 @@ from specdash.prompts import load_prompts
 from specdash.runs.native import NativeBackend
 from specdash.settings import SessionSettings
 from specdash.trace.jsonl import read_trace
-
-
-@pytest.fixture(scope="module")
-def pair(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, Path, Path]:
-    return write_pair(tmp_path_factory.mktemp("tiny"))
 
 
 def copy_target(pair: tuple[Path, Path, Path], tmp_path: Path) -> Path:

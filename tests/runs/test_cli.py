@@ -6,16 +6,11 @@ import json
 from pathlib import Path
 
 import pytest
-from tiny_models import CORPUS, PROMPTS, write_pair
+from tiny_models import CORPUS, PROMPTS
 
 from specdash.cli import main
 from specdash.errors import EXIT_DIVERGED, EXIT_OK
 from specdash.events import Event, PromptStart
-
-
-@pytest.fixture(scope="module")
-def pair(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, Path, Path]:
-    return write_pair(tmp_path_factory.mktemp("tiny"))
 
 
 def _model_args(pair: tuple[Path, Path, Path]) -> list[str]:

@@ -11,10 +11,8 @@ import errno
 import io
 import os
 import time
-from pathlib import Path
 
 import pytest
-from tiny_models import write_pair
 
 from specdash import output_files
 from specdash.cli import build_parser, main
@@ -28,11 +26,6 @@ from specdash.errors import (
     UsageError,
 )
 from specdash.trace.jsonl import TraceWriter, read_trace
-
-
-@pytest.fixture(scope="module")
-def pair(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, Path, Path]:
-    return write_pair(tmp_path_factory.mktemp("tiny"))
 
 
 def headless(pair, *args: str) -> list[str]:

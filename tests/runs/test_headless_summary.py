@@ -3,10 +3,7 @@ the wall rate with what it includes, and that a --no-spec session speculated not
 
 from __future__ import annotations
 
-from pathlib import Path
-
 import pytest
-from tiny_models import write_pair
 
 from specdash.cli import main
 from specdash.cli.headless import format_summary
@@ -93,11 +90,6 @@ def test_the_wall_clock_stops_while_paused_or_idle():
     stats.consume(Idle(t_ns=7_000_000_000))
     stats.consume(PromptStart(t_ns=20_000_000_000, prompt_index=1, prompt_tokens=3, text="x"))
     assert stats.summary(at_ns=21_000_000_000).wall_seconds == pytest.approx(3.0)
-
-
-@pytest.fixture(scope="module")
-def pair(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, Path, Path]:
-    return write_pair(tmp_path_factory.mktemp("tiny"))
 
 
 def test_no_spec_says_nothing_was_speculated(capsys, pair):

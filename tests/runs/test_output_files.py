@@ -165,13 +165,6 @@ def test_without_hard_links_the_rename_still_writes_it(tmp_path, monkeypatch) ->
 
 
 @pytest.fixture(scope="module")
-def pair(tmp_path_factory):
-    from tiny_models import write_pair
-
-    return write_pair(tmp_path_factory.mktemp("tiny"))
-
-
-@pytest.fixture(scope="module")
 def recorded(pair, tmp_path_factory):
     trace = tmp_path_factory.mktemp("trace") / "t.jsonl"
     assert main(headless(pair, "--trace", str(trace))) == 0

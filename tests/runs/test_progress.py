@@ -14,9 +14,7 @@ import sys
 import termios
 from pathlib import Path
 
-import pytest
 from rich.console import Console
-from tiny_models import write_pair
 
 from specdash.cli import main
 from specdash.cli.progress import SessionProgress, make_progress
@@ -24,11 +22,6 @@ from specdash.errors import EXIT_OK
 from specdash.events import Event, StartPhase
 from specdash.runs.runner import run_engine
 from specdash.settings import SessionSettings
-
-
-@pytest.fixture(scope="module")
-def pair(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, Path, Path]:
-    return write_pair(tmp_path_factory.mktemp("tiny"))
 
 
 def _model_args(pair: tuple[Path, Path, Path]) -> list[str]:

@@ -7,17 +7,11 @@ from pathlib import Path
 
 import pytest
 from fake_events import folded
-from tiny_models import write_pair
 
 from specdash.controls import Controls
 from specdash.events import ControlChange, EngineError, Event, PromptDone, PromptStart
 from specdash.runs.native import native_session
 from specdash.settings import SessionSettings
-
-
-@pytest.fixture(scope="module")
-def pair(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, Path, Path]:
-    return write_pair(tmp_path_factory.mktemp("tiny"))
 
 
 def _settings(pair: tuple[Path, Path, Path], **kw: object) -> SessionSettings:

@@ -5,13 +5,10 @@ and a replay's clocks are the trace's, whatever way it is watched."""
 
 from __future__ import annotations
 
-from pathlib import Path
-
 import pytest
 from fake_events import ScriptedSource, fake_session
 from synthetic_trace import Plan, session
 from textual.widgets import Input
-from tiny_models import write_pair
 
 from specdash.controls import Controls
 from specdash.events import (
@@ -33,11 +30,6 @@ from specdash.ui.app import SpecdashApp
 from specdash.ui.replay_app import ReplayApp
 
 SIZE = (160, 48)
-
-
-@pytest.fixture(scope="module")
-def pair(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, Path, Path]:
-    return write_pair(tmp_path_factory.mktemp("tiny"))
 
 
 def _settings(pair, **kw) -> SessionSettings:

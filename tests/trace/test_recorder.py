@@ -8,7 +8,6 @@ import io
 import os
 from pathlib import Path
 
-import pytest
 from synthetic_trace import FullDisk, Plan, session
 
 from specdash.cli import main
@@ -193,13 +192,6 @@ def test_a_failed_last_flush_on_close_is_an_io_stop_too():
         == "recording stopped: Input/output error; t.jsonl holds the session up to then"
     )
     assert recorder.exit_code == EXIT_ENVIRONMENT
-
-
-@pytest.fixture(scope="module")
-def pair(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, Path, Path]:
-    from tiny_models import write_pair
-
-    return write_pair(tmp_path_factory.mktemp("tiny"))
 
 
 def test_headless_records_through_the_recorder(capsys, pair, tmp_path) -> None:

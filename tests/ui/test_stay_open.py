@@ -5,11 +5,8 @@ from __future__ import annotations
 
 import threading
 import tracemalloc
-from pathlib import Path
 
-import pytest
 from fake_events import ScriptedSource, fake_session
-from tiny_models import write_pair
 
 from specdash.controls import Controls
 from specdash.events import (
@@ -28,11 +25,6 @@ from specdash.ui.app import SpecdashApp
 from specdash.ui.dashboard_model import MAX_REQUESTS
 
 SIZE = (120, 40)
-
-
-@pytest.fixture(scope="module")
-def pair(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, Path, Path]:
-    return write_pair(tmp_path_factory.mktemp("tiny"))
 
 
 def test_runner_waits_idle_for_a_typed_prompt_and_ends_on_stop(pair):
