@@ -530,6 +530,11 @@ def test_short_draft_is_refused_at_load(capsys, pair, tmp_path) -> None:
         ({"rms_norm_eps": "tiny"}, "rms_norm_eps: Input should be a valid number"),
         ({"rms_norm_eps": -1e-6}, "rms_norm_eps: Input should be greater than 0"),
         (
+            {"rope_parameters": {"rope_type": "default", "rope_theta": 0}},
+            "rope_parameters.rope_theta: Input should be greater than 0 (got 0)",
+        ),
+        ({"rope_theta": 0}, "rope_theta: Input should be greater than 0 (got 0)"),
+        (
             {
                 "rope_parameters": {
                     "rope_type": "default",
