@@ -544,7 +544,11 @@ def test_short_draft_is_refused_at_load(capsys, pair, tmp_path) -> None:
             },
             "rope_parameters.partial_rotary_factor: Input should be less than or equal to 1",
         ),
-        ({"eos_token_id": "0"}, "eos_token_id"),
+        (
+            {"eos_token_id": "0"},
+            'eos_token_id: Input should be a token id or a JSON array of token ids (got "0")',
+        ),
+        ({"eos_token_id": [1, "2"]}, "eos_token_id: Input should be a token id or a JSON array"),
         (
             {"num_key_value_heads": 3},
             "num_attention_heads 4 is not a multiple of num_key_value_heads 3",
