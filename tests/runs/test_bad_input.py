@@ -156,6 +156,7 @@ def test_prompt_longer_than_context(capsys, pair, tmp_path) -> None:
 def expect_flag_error(capsys, line: str, *args: str, command: str = "run") -> None:
     """A flag error: its line, then the hint every flag error has, exit 2 (argparse's own
     errors exit through SystemExit, the ones it cannot see alone return the code)."""
+    code: object
     try:
         code = main([command, *(["--headless"] if command == "run" else []), *args])
     except SystemExit as e:
