@@ -13,7 +13,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Annotated, Any, Literal, TypeVar, cast
 
-from pydantic import BaseModel, ConfigDict, Field, ValidationError
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
+from pydantic_core import PydanticCustomError
 
 from specdash import json_text
 from specdash.errors import CheckpointError, FlagError
@@ -330,6 +331,23 @@ class _HFConfig(BaseModel):
     linear_value_head_dim: _GdnDim = 0
     linear_conv_kernel_dim: Annotated[int, Field(ge=1, le=64)] = 4
     eos_token_id: int | list[int] | None = None
+
+    @field_validator("eos_token_id", mode="before")
+    @classmethod
+    def _token_ids(cls, value: object) -> object:
+        """Judged whole: the union's own error would name one of its branches
+        (`eos_token_id.int`) rather than what the field takes."""
+
+        def token_id(v: object) -> bool:
+            return isinstance(v, int) and not isinstance(v, bool)
+
+        if value is None or token_id(value):
+            return value
+        if isinstance(value, list) and all(token_id(v) for v in value):
+            return value
+        raise PydanticCustomError(
+            "token_ids", "Input should be a token id or a JSON array of token ids"
+        )
 
 
 class _Top(BaseModel):

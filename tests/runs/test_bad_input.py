@@ -151,6 +151,7 @@ def test_prompt_longer_than_context(capsys, pair, tmp_path) -> None:
 def expect_flag_error(capsys, line: str, *args: str, command: str = "run") -> None:
     """A flag error: its line, then the hint every flag error has, exit 2 (argparse's own
     errors exit through SystemExit, the ones it cannot see alone return the code)."""
+    code: object
     try:
         code = main([command, *(["--headless"] if command == "run" else []), *args])
     except SystemExit as e:
@@ -525,6 +526,11 @@ def test_short_draft_is_refused_at_load(capsys, pair, tmp_path) -> None:
         ({"rms_norm_eps": "tiny"}, "rms_norm_eps: Input should be a valid number"),
         ({"rms_norm_eps": -1e-6}, "rms_norm_eps: Input should be greater than 0"),
         (
+            {"rope_parameters": {"rope_type": "default", "rope_theta": 0}},
+            "rope_parameters.rope_theta: Input should be greater than 0 (got 0)",
+        ),
+        ({"rope_theta": 0}, "rope_theta: Input should be greater than 0 (got 0)"),
+        (
             {
                 "rope_parameters": {
                     "rope_type": "default",
@@ -534,7 +540,11 @@ def test_short_draft_is_refused_at_load(capsys, pair, tmp_path) -> None:
             },
             "rope_parameters.partial_rotary_factor: Input should be less than or equal to 1",
         ),
-        ({"eos_token_id": "0"}, "eos_token_id"),
+        (
+            {"eos_token_id": "0"},
+            'eos_token_id: Input should be a token id or a JSON array of token ids (got "0")',
+        ),
+        ({"eos_token_id": [1, "2"]}, "eos_token_id: Input should be a token id or a JSON array"),
         (
             {"num_key_value_heads": 3},
             "num_attention_heads 4 is not a multiple of num_key_value_heads 3",
