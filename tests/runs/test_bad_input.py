@@ -619,6 +619,37 @@ def test_safetensors_that_is_a_directory(capsys, pair, tmp_path) -> None:
     expect_model_error(capsys, pair, model, "is a directory, not a safetensors file")
 
 
+@pytest.mark.parametrize("name", ["config.json", "model.safetensors"])
+def test_a_checkpoint_file_without_read_permission(pair, tmp_path, name) -> None:
+    """Mode 000: said as unreadable, not as missing or corrupt. Root reads any file, so the
+    CLI runs without the capabilities that let it (setpriv drops them from its bounding set)."""
+    setpriv = shutil.which("setpriv")
+    if os.geteuid() == 0 and setpriv is None:
+        pytest.skip("needs setpriv to run as root without CAP_DAC_OVERRIDE")
+    model = copy_target(pair, tmp_path)
+    (model / name).chmod(0)
+    drop = (
+        [setpriv, "--bounding-set", "-dac_override,-dac_read_search"] if os.geteuid() == 0 else []
+    )
+    cli = "import sys; from specdash.cli import main; sys.exit(main(sys.argv[1:]))"
+    args = [
+        "run",
+        "--headless",
+        "--model",
+        str(model),
+        "--drafter",
+        "ngram",
+        "--prompts",
+        str(pair[2]),
+    ]
+    proc = subprocess.run(
+        [*drop, sys.executable, "-c", cli, *args], capture_output=True, text=True, timeout=120
+    )
+    assert proc.returncode == EXIT_CHECKPOINT, proc.stderr
+    assert proc.stderr.count("\n") == 1 and proc.stderr.startswith("specdash: error: "), proc.stderr
+    assert str(model / name) in proc.stderr and "Permission denied" in proc.stderr, proc.stderr
+
+
 def test_a_draft_vocabulary_larger_than_the_targets(capsys, pair, tmp_path) -> None:
     import torch
 
