@@ -632,16 +632,8 @@ def test_a_checkpoint_file_without_read_permission(pair, tmp_path, name) -> None
         [setpriv, "--bounding-set", "-dac_override,-dac_read_search"] if os.geteuid() == 0 else []
     )
     cli = "import sys; from specdash.cli import main; sys.exit(main(sys.argv[1:]))"
-    args = [
-        "run",
-        "--headless",
-        "--model",
-        str(model),
-        "--drafter",
-        "ngram",
-        "--prompts",
-        str(pair[2]),
-    ]
+    args = ["run", "--headless", "--model", str(model), "--drafter", "ngram",
+            "--prompts", str(pair[2])]  # fmt: skip
     proc = subprocess.run(
         [*drop, sys.executable, "-c", cli, *args], capture_output=True, text=True, timeout=120
     )
